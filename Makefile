@@ -1,0 +1,49 @@
+# replicad — two commands on a fresh machine: `make run` and `make test`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench lint deps apt venv clean unit integration
+
+deps: apt venv
+
+apt:
+	@if ! command -v zkServer.sh >/dev/null 2>&1 && [ ! -x /usr/share/zookeeper/bin/zkServer.sh ] || \
+	    ! command -v clickhouse-server >/dev/null 2>&1 && [ ! -x /usr/bin/clickhouse ] || \
+	    ! command -v java >/dev/null 2>&1; then \
+	  echo "installing Debian packages: zookeeper clickhouse-server default-jre-headless"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper clickhouse-server clickhouse-client >/dev/null; \
+	fi
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py replicad/native/cityhash102.c
+	@[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,bench]'
+	@touch $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check replicad tests bench
+	$(BIN)/mypy
+
+test: deps lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+unit: venv
+	$(BIN)/python -m pytest -q tests/unit
+
+integration: deps
+	$(BIN)/python -m pytest -q tests/integration
+
+run: deps
+	$(BIN)/python -m scripts.run_cluster
+
+bench: deps
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf run-data bench-data build *.egg-info

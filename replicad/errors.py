@@ -1,0 +1,92 @@
+"""One root error type.  ``code`` is ClickHouse's error code (sent as X-ClickHouse-Exception-Code)."""
+
+from __future__ import annotations
+
+
+class ReplicadError(Exception):
+    code: int = 1000
+    http_status: int = 500
+    retriable: bool = False
+
+    def __init__(self, message: str, *, code: int | None = None, retriable: bool | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        if retriable is not None:
+            self.retriable = retriable
+
+
+class BadInputError(ReplicadError):
+    """Malformed rows, wrong types, out-of-range values.  The message names the column and row."""
+
+    code = 27  # CANNOT_PARSE_INPUT_ASSERTION_FAILED
+    http_status = 400
+
+
+class SyntaxError_(ReplicadError):
+    code = 62  # SYNTAX_ERROR
+    http_status = 400
+
+
+class UnknownTableError(ReplicadError):
+    code = 60  # UNKNOWN_TABLE
+    http_status = 404
+
+
+class UnknownSettingError(ReplicadError):
+    code = 115  # UNKNOWN_SETTING
+    http_status = 400
+
+
+class BodyTooLargeError(ReplicadError):
+    code = 307  # TOO_MANY_BYTES
+    http_status = 413
+
+
+class TooManyPartsError(ReplicadError):
+    code = 252  # TOO_MANY_PARTS
+    http_status = 429
+    retriable = True
+
+
+class ReadOnlyError(ReplicadError):
+    code = 242  # TABLE_IS_READ_ONLY
+    http_status = 503
+    retriable = True
+
+
+class CorruptedDataError(ReplicadError):
+    """Checksum mismatch, truncated file, bad compressed block."""
+
+    code = 40  # CHECKSUM_DOESNT_MATCH
+
+
+class BadPartNameError(ReplicadError):
+    code = 233  # BAD_DATA_PART_NAME
+    http_status = 400
+
+
+class InsecurePathError(ReplicadError):
+    code = 572  # INSECURE_PATH
+    http_status = 400
+
+
+class MetadataMismatchError(ReplicadError):
+    code = 342  # METADATA_MISMATCH
+
+
+class KeeperError(ReplicadError):
+    """A ZooKeeper operation failed; ``retriable`` for connection loss / session expiry."""
+
+    code = 999  # KEEPER_EXCEPTION
+
+
+class UnknownInsertStatusError(ReplicadError):
+    """The commit's ZooKeeper answer was lost: the insert may or may not have happened."""
+
+    code = 319  # UNKNOWN_STATUS_OF_INSERT
+    retriable = True
+
+
+class QuorumError(ReplicadError):
+    code = 286  # UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE / TOO_FEW_LIVE_REPLICAS family

@@ -1,0 +1,11 @@
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "replicad.native._cityhash102",
+            sources=["replicad/native/cityhash102.c"],
+            extra_compile_args=["-O3"],
+        )
+    ]
+)
