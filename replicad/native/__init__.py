@@ -1,0 +1,1 @@
+"""C extensions.  ``_cityhash102``: CityHash v1.0.2 128-bit hashes and ClickHouse's chained file hash."""
