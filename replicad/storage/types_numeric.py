@@ -1,0 +1,144 @@
+"""Fixed-width numeric types: Int8..Int64, UInt8..UInt64, Float32/64, and the shared fixed-width codec."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replicad.errors import CorruptedDataError
+from replicad.storage.types_base import (
+    FIELD_FLOAT64,
+    FIELD_INT64,
+    FIELD_UINT64,
+    DataType,
+    checked,
+    first_true,
+    is_stringlike,
+)
+
+
+class FixedWidthType(DataType):
+    """A type whose every value is ``np_dtype.itemsize`` bytes in ``.bin`` (little-endian)."""
+
+    np_dtype: np.dtype[Any]
+
+    def storage_numpy(self, arr: pa.Array) -> npt.NDArray[Any]:
+        """Storage Arrow -> numpy values in the serialized dtype (nulls become 0)."""
+        if arr.null_count:
+            arr = arr.fill_null(pa.scalar(0, arr.type))
+        return np.asarray(arr.to_numpy(zero_copy_only=False)).astype(self.np_dtype, copy=False)
+
+    def storage_from_numpy(self, values: npt.NDArray[Any]) -> pa.Array:
+        return pa.array(values, type=self.arrow_type)
+
+    def encode(self, arr: pa.Array) -> bytes:
+        return self.storage_numpy(arr).tobytes()
+
+    def decode(self, data: memoryview, n: int) -> tuple[pa.Array, int]:
+        size = n * self.np_dtype.itemsize
+        if len(data) < size:
+            raise CorruptedDataError(f"{self.name}: need {size} bytes for {n} rows, have {len(data)}")
+        values = np.frombuffer(data, dtype=self.np_dtype, count=n)
+        return self.storage_from_numpy(values), size
+
+
+def strip_text(arr: pa.Array) -> pa.Array:
+    """Binary/string input -> utf8 strings without surrounding whitespace."""
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        arr = arr.cast(pa.string())
+    return pc.utf8_trim_whitespace(arr)
+
+
+_INT_RE = r"^[+-]?[0-9]+$"
+
+
+class IntType(FixedWidthType):
+    is_integer_like = True
+
+    def __init__(self, bits: int, signed: bool) -> None:
+        self.bits = bits
+        self.signed = signed
+        self.name = f"{'Int' if signed else 'UInt'}{bits}"
+        self.np_dtype = np.dtype(f"<{'i' if signed else 'u'}{bits // 8}")
+        self.arrow_type = pa.from_numpy_dtype(self.np_dtype.newbyteorder("="))
+        self.field_type = FIELD_INT64 if signed else FIELD_UINT64
+        self.field_kind = "int64" if signed else "uint64"
+        self.min = -(1 << (bits - 1)) if signed else 0
+        self.max = (1 << (bits - 1)) - 1 if signed else (1 << bits) - 1
+
+    def _field_payload(self, arr: pa.Array, i: int, legacy_decimal: bool) -> bytes:
+        v = int(arr[i].as_py())
+        return bytes([self.field_type]) + struct.pack("<q" if self.signed else "<Q", v)
+
+    def convert(self, arr: pa.Array, tz: str) -> pa.Array:
+        return convert_integers(self, arr, self.arrow_type)
+
+
+def convert_integers(dt: DataType, arr: pa.Array, target: pa.DataType) -> pa.Array:
+    """Integers, integral floats, bools and integer text -> ``target`` (an Arrow int type), range checked."""
+    t = arr.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return checked(arr, lambda a: a.cast(target), dt, "is out of range")
+    if pa.types.is_boolean(t):
+        return arr.cast(target)
+    if pa.types.is_null(t):
+        return pa.nulls(len(arr), target)
+    if is_stringlike(t) or pa.types.is_dictionary(t):
+        if pa.types.is_dictionary(t):
+            arr = arr.dictionary_decode()
+        text = checked(arr, strip_text, dt, "is not valid UTF-8 text")
+        bad = first_true(pc.invert(pc.match_substring_regex(text, _INT_RE)))
+        if bad >= 0:
+            raise dt.reject(arr, bad, "cannot be parsed as an integer")
+        text = pc.replace_substring_regex(text, r"^\+", "")
+        wide = pa.uint64() if (pa.types.is_unsigned_integer(target)) else pa.int64()
+        try:
+            parsed = text.cast(wide)
+        except pa.ArrowException:
+            parsed = None
+        if parsed is None:  # beyond 64 bits, or a minus sign for an unsigned type
+            return checked(text, lambda a: a.cast(pa.decimal128(38, 0)).cast(target), dt, "is out of range")
+        return checked(parsed, lambda a: a.cast(target), dt, "is out of range")
+    raise dt.wrong_input(arr)
+
+
+class FloatType(FixedWidthType):
+    field_type = FIELD_FLOAT64
+    field_kind = "float64"
+
+    def __init__(self, bits: int) -> None:
+        self.name = f"Float{bits}"
+        self.np_dtype = np.dtype(f"<f{bits // 8}")
+        self.arrow_type = pa.float32() if bits == 32 else pa.float64()
+
+    def _field_payload(self, arr: pa.Array, i: int, legacy_decimal: bool) -> bytes:
+        return bytes([FIELD_FLOAT64]) + struct.pack("<d", float(arr[i].as_py()))
+
+    def convert(self, arr: pa.Array, tz: str) -> pa.Array:
+        t = arr.type
+        numeric = (pa.types.is_floating, pa.types.is_integer, pa.types.is_boolean, pa.types.is_decimal)
+        if any(f(t) for f in numeric):
+            return arr.cast(self.arrow_type, safe=False)
+        if pa.types.is_null(t):
+            return pa.nulls(len(arr), self.arrow_type)
+        if is_stringlike(t) or pa.types.is_dictionary(t):
+            if pa.types.is_dictionary(t):
+                arr = arr.dictionary_decode()
+            text = checked(arr, strip_text, self, "is not valid UTF-8 text")
+            # ClickHouse spellings of the special values
+            text = pc.replace_substring_regex(text, r"^(?i)([+-]?)inf$", r"\1inf")
+            return checked(text, lambda a: a.cast(pa.float64()).cast(self.arrow_type, safe=False),
+                           self, "cannot be parsed as a number")
+        raise self.wrong_input(arr)
+
+
+INT_TYPES: dict[str, IntType] = {
+    t.name: t for t in (IntType(b, s) for s in (True, False) for b in (8, 16, 32, 64))
+}
+FLOAT_TYPES: dict[str, FloatType] = {"Float32": FloatType(32), "Float64": FloatType(64)}
+
