@@ -90,3 +90,9 @@ class UnknownInsertStatusError(ReplicadError):
 
 class QuorumError(ReplicadError):
     code = 286  # UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE / TOO_FEW_LIVE_REPLICAS family
+
+
+class ZnodeFormatError(ReplicadError):
+    """A ZooKeeper node's text (log entry, mutation, quorum, host …) cannot be parsed or written."""
+
+    code = 6  # CANNOT_PARSE_TEXT

@@ -1,0 +1,574 @@
+"""Replication log entries: the text of ``log/log-NNNNNNNNNN`` and ``replicas/<r>/queue/queue-NNNNNNNNNN``.
+
+``LogEntry.parse`` reads every format ClickHouse has written (format versions 1–7: 18.16 and modern servers,
+including ``part_type:``/``storage_type:`` lines, ``log_entry_id:``, multi-id ``block_id:``, the modern
+MERGE_PARTS / MUTATE_PART optional lines and the entry types 18.16 does not know).  ``LogEntry.to_text``
+prints like ClickHouse's ``writeText``: an entry that only uses what 18.16 knows comes out as format 4,
+byte-identical to 18.16's own output; modern-only fields are printed the way modern servers print them (and
+``readable_by_18_16`` is then False).
+
+``create_time`` is unix seconds; the text holds it as local time of the server time zone, so parse and print
+take the time zone (default UTC).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from replicad.errors import ZnodeFormatError
+from replicad.model.text_io import (
+    TextReader,
+    check_raw,
+    decode,
+    encode,
+    escape,
+    format_datetime,
+    quote,
+    quote_list,
+)
+
+#: Levels that mark a "fake" part covering a block range (DROP/DETACH PARTITION, REPLACE PARTITION).
+MAX_LEVEL = 999_999_999
+LEGACY_MAX_LEVEL = 4_294_967_295
+FAKE_DROP_LEVELS = frozenset((MAX_LEVEL, LEGACY_MAX_LEVEL))
+
+MERGE_TYPE_REGULAR = 1
+_LAST_FORMAT_VERSION = 7
+_NIL_UUID = "00000000-0000-0000-0000-000000000000"
+_EXTRA_LINE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*: [^\n]*")
+
+
+class LogEntryType(StrEnum):
+    """ClickHouse's ``ReplicatedMergeTreeLogEntryData::Type`` names (as shown in system.replication_queue)."""
+
+    GET_PART = "GET_PART"
+    ATTACH_PART = "ATTACH_PART"
+    MERGE_PARTS = "MERGE_PARTS"
+    DROP_RANGE = "DROP_RANGE"
+    DROP_PART = "DROP_PART"
+    CLEAR_COLUMN = "CLEAR_COLUMN"
+    CLEAR_INDEX = "CLEAR_INDEX"
+    REPLACE_RANGE = "REPLACE_RANGE"
+    MUTATE_PART = "MUTATE_PART"
+    ALTER_METADATA = "ALTER_METADATA"
+    SYNC_PINNED_PART_UUIDS = "SYNC_PINNED_PART_UUIDS"
+    CLONE_PART_FROM_SHARD = "CLONE_PART_FROM_SHARD"
+
+
+#: The types an 18.16 server can parse.
+TYPES_18_16 = frozenset(
+    (
+        LogEntryType.GET_PART,
+        LogEntryType.MERGE_PARTS,
+        LogEntryType.DROP_RANGE,
+        LogEntryType.DROP_PART,  # written as a plain "drop"; 18.16 treats it as a range drop of that part
+        LogEntryType.CLEAR_COLUMN,
+        LogEntryType.REPLACE_RANGE,
+        LogEntryType.MUTATE_PART,
+    )
+)
+
+
+def part_level(name: str, data_format_version: int = 1) -> int:
+    """The level field of a part name (``<pid>_<min>_<max>_<level>[_<mutation>]``; format 0 has two dates)."""
+    fields = name.split("_")
+    idx = 3 if data_format_version >= 1 else 4
+    if len(fields) not in (idx + 1, idx + 2) or not fields[idx].isdigit():
+        raise ZnodeFormatError(f"Unexpected part name: {name!r}")
+    return int(fields[idx])
+
+
+def is_fake_drop_range_name(name: str, data_format_version: int = 1) -> bool:
+    """NEW's ``isFakeDropRangePart``: the level is 999999999 or 4294967295."""
+    return part_level(name, data_format_version) in FAKE_DROP_LEVELS
+
+
+@dataclass(frozen=True)
+class ReplaceRangeEntry:
+    """Body of a REPLACE_RANGE entry (REPLACE/ATTACH PARTITION FROM, MOVE PARTITION)."""
+
+    drop_range_part_name: str
+    from_database: str
+    from_table: str
+    src_part_names: tuple[str, ...] = ()
+    new_part_names: tuple[str, ...] = ()
+    part_names_checksums: tuple[str, ...] = ()
+    columns_version: int = 0
+    #: One modern release wrote an optional escaped ``commands:`` line; None when absent.
+    commands: str | None = None
+
+    def to_text(self) -> str:
+        out = [
+            f"drop_range_name: {check_raw(self.drop_range_part_name, 'drop range name')}\n",
+            f"from_database: {escape(self.from_database)}\n",
+            f"from_table: {escape(self.from_table)}\n",
+        ]
+        if self.commands is not None:
+            out.append(f"commands: {escape(self.commands)}\n")
+        out.append(f"source_parts: {quote_list(self.src_part_names)}\n")
+        out.append(f"new_parts: {quote_list(self.new_part_names)}\n")
+        out.append(f"part_checksums: {quote_list(self.part_names_checksums)}\n")
+        out.append(f"columns_version: {self.columns_version}")
+        return "".join(out)
+
+    @classmethod
+    def read(cls, r: TextReader) -> ReplaceRangeEntry:
+        r.expect(b"drop_range_name: ")
+        drop_range = r.raw()
+        r.expect(b"\nfrom_database: ")
+        from_database = r.escaped()
+        r.expect(b"\nfrom_table: ")
+        from_table = r.escaped()
+        r.expect(b"\n")
+        commands = None
+        if r.check(b"commands: "):
+            commands = r.escaped()
+            r.expect(b"\n")
+        r.expect(b"source_parts: ")
+        src = r.quoted_list()
+        r.expect(b"\nnew_parts: ")
+        new = r.quoted_list()
+        r.expect(b"\npart_checksums: ")
+        checksums = r.quoted_list()
+        r.expect(b"\ncolumns_version: ")
+        columns_version = r.integer()
+        return cls(drop_range, from_database, from_table, src, new, checksums, columns_version, commands)
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One replication log / queue entry.  Fields not used by a type keep their defaults."""
+
+    type: LogEntryType
+    #: Resulting part (GET/ATTACH/MERGE/MUTATE/CLONE) or the covered range (DROP_RANGE, CLEAR_COLUMN/INDEX).
+    new_part_name: str = ""
+    source_parts: tuple[str, ...] = ()
+    #: Empty for entries a replica put into its own queue (cloneReplica, CLEAR_COLUMN in 18.16).
+    source_replica: str = ""
+    #: Unix seconds; 0 = unknown (format 1), then ``parse(ctime=…)`` supplies the znode's ctime.
+    create_time: int = 0
+    #: Deduplication id(s) as written: modern servers may join several ids with ``,`` (see ``block_ids``).
+    block_id: str = ""
+    log_entry_id: str = ""
+    quorum: int = 0
+    deduplicate: bool = False
+    merge_type: int = MERGE_TYPE_REGULAR
+    #: ``into_uuid`` (MERGE_PARTS) / ``to_uuid`` (MUTATE_PART); "" = nil.
+    new_part_uuid: str = ""
+    deduplicate_by_columns: tuple[str, ...] = ()
+    cleanup: bool = False
+    #: MERGE_PARTS ``apply_patches`` (lightweight updates, 25.x).
+    patch_parts: tuple[str, ...] = ()
+    detach: bool = False
+    column_name: str = ""
+    index_name: str = ""
+    replace_range: ReplaceRangeEntry | None = None
+    #: MUTATE_PART of an ALTER and ALTER_METADATA; -1 = none.
+    alter_version: int = -1
+    have_mutation: bool = False
+    columns_str: str = ""
+    metadata_str: str = ""
+    #: ATTACH_PART: 32 upper-case hex digits of the part's total checksum.
+    part_checksum: str = ""
+    source_shard: str = ""
+    part_type: str = "Wide"
+    storage_type: str = "Full"
+    #: Unknown ``key: value`` lines met after the body (kept so the entry can be printed again).
+    extra_lines: tuple[str, ...] = ()
+    #: Format version the text was read with (informational; ``to_text`` chooses its own).
+    format_version: int = field(default=4, compare=False)
+    #: ``log-NNNNNNNNNN`` / ``queue-NNNNNNNNNN``; not part of the text.
+    znode_name: str = field(default="", compare=False)
+
+    # -- constructors --------------------------------------------------------------------------------------
+    @classmethod
+    def get_part(
+        cls, part: str, *, source_replica: str, block_id: str = "", create_time: int = 0, quorum: int = 0
+    ) -> LogEntry:
+        return cls(
+            LogEntryType.GET_PART,
+            new_part_name=part,
+            source_replica=source_replica,
+            block_id=block_id,
+            create_time=create_time,
+            quorum=quorum,
+        )
+
+    @classmethod
+    def merge_parts(
+        cls,
+        sources: list[str] | tuple[str, ...],
+        new_part: str,
+        *,
+        source_replica: str,
+        create_time: int = 0,
+        deduplicate: bool = False,
+    ) -> LogEntry:
+        return cls(
+            LogEntryType.MERGE_PARTS,
+            new_part_name=new_part,
+            source_parts=tuple(sources),
+            source_replica=source_replica,
+            create_time=create_time,
+            deduplicate=deduplicate,
+        )
+
+    @classmethod
+    def mutate_part(
+        cls, source: str, new_part: str, *, source_replica: str, create_time: int = 0
+    ) -> LogEntry:
+        return cls(
+            LogEntryType.MUTATE_PART,
+            new_part_name=new_part,
+            source_parts=(source,),
+            source_replica=source_replica,
+            create_time=create_time,
+        )
+
+    @classmethod
+    def drop_range(
+        cls, range_name: str, *, source_replica: str, detach: bool = False, create_time: int = 0
+    ) -> LogEntry:
+        kind = LogEntryType.DROP_RANGE if is_fake_drop_range_name(range_name) else LogEntryType.DROP_PART
+        return cls(
+            kind,
+            new_part_name=range_name,
+            source_replica=source_replica,
+            detach=detach,
+            create_time=create_time,
+        )
+
+    @classmethod
+    def clear_column(cls, column: str, range_name: str, *, create_time: int = 0) -> LogEntry:
+        """18.16 writes CLEAR_COLUMN with an empty ``source replica:``."""
+        return cls(
+            LogEntryType.CLEAR_COLUMN, new_part_name=range_name, column_name=column, create_time=create_time
+        )
+
+    # -- derived facts ---------------------------------------------------------------------------------------
+    @property
+    def block_ids(self) -> tuple[str, ...]:
+        return tuple(self.block_id.split(",")) if self.block_id else ()
+
+    @property
+    def is_alter_mutation(self) -> bool:
+        return self.type is LogEntryType.MUTATE_PART and self.alter_version != -1
+
+    @property
+    def drop_range_name(self) -> str | None:
+        """The range whose parts disappear when the entry succeeds (DROP_RANGE/DROP_PART/REPLACE_RANGE)."""
+        if self.type in (LogEntryType.DROP_RANGE, LogEntryType.DROP_PART):
+            return self.new_part_name
+        if self.type is LogEntryType.REPLACE_RANGE and self.replace_range is not None:
+            return self.replace_range.drop_range_part_name
+        return None
+
+    def virtual_part_names(self) -> tuple[str, ...]:
+        """Parts that exist once the entry is executed, plus ranges in which merges must not be assigned
+        (``getVirtualPartNames``)."""
+        t = self.type
+        if t in (
+            LogEntryType.ALTER_METADATA,
+            LogEntryType.CLEAR_COLUMN,
+            LogEntryType.CLEAR_INDEX,
+            LogEntryType.SYNC_PINNED_PART_UUIDS,
+            LogEntryType.CLONE_PART_FROM_SHARD,
+        ):
+            return ()
+        if t is LogEntryType.REPLACE_RANGE:
+            rr = self.replace_range
+            assert rr is not None
+            return (*rr.new_part_names, rr.drop_range_part_name)
+        return (self.new_part_name,) if self.new_part_name else ()
+
+    def blocking_part_names(self) -> tuple[str, ...]:
+        """Ranges tagged as future parts while the entry executes (``getBlockingPartNames``)."""
+        names = self.virtual_part_names()
+        if self.type in (LogEntryType.CLEAR_COLUMN, LogEntryType.CLEAR_INDEX):
+            names = (*names, self.new_part_name)
+        return names
+
+    @property
+    def readable_by_18_16(self) -> bool:
+        """Whether an 18.16 replica can parse ``to_text()`` of this entry."""
+        return (
+            self.type in TYPES_18_16
+            and self.text_format_version() == 4
+            and self.merge_type == MERGE_TYPE_REGULAR
+            and not self.cleanup
+            and not self.patch_parts
+            and self.alter_version == -1
+            and self.part_type in ("Wide", "", "Unknown")
+            and self.storage_type in ("Full", "", "Unknown")
+            and not self.extra_lines
+            and (self.replace_range is None or self.replace_range.commands is None)
+        )
+
+    def text_format_version(self) -> int:
+        version = 4
+        if self.deduplicate_by_columns:
+            version = max(version, 6)
+        if self.new_part_uuid and self.new_part_uuid != _NIL_UUID:
+            version = max(version, 5)
+        if self.log_entry_id:
+            version = max(version, 7)
+        return version
+
+    # -- text ----------------------------------------------------------------------------------------------
+    def to_text(self, tz: str = "UTC") -> str:
+        version = self.text_format_version()
+        name = check_raw(self.new_part_name, "part name")
+        out = [
+            f"format version: {version}\n",
+            f"create_time: {format_datetime(self.create_time, tz)}\n",
+            f"source replica: {check_raw(self.source_replica, 'source replica')}\n",
+            f"block_id: {escape(self.block_id)}\n",
+        ]
+        if version >= 7:
+            out.append(f"log_entry_id: {escape(self.log_entry_id)}\n")
+        has_uuid = bool(self.new_part_uuid) and self.new_part_uuid != _NIL_UUID
+        t = self.type
+        if t is LogEntryType.GET_PART:
+            out.append(f"get\n{name}")
+        elif t is LogEntryType.CLONE_PART_FROM_SHARD:
+            out.append(
+                f"clone_part_from_shard\n{name}\nsource_shard: {check_raw(self.source_shard, 'shard')}"
+            )
+        elif t is LogEntryType.ATTACH_PART:
+            out.append(f"attach\n{name}\npart_checksum: {check_raw(self.part_checksum, 'checksum')}")
+        elif t is LogEntryType.MERGE_PARTS:
+            out.append("merge\n")
+            out.extend(f"{check_raw(s, 'part name')}\n" for s in self.source_parts)
+            out.append(f"into\n{name}\ndeduplicate: {int(self.deduplicate)}")
+            if self.merge_type != MERGE_TYPE_REGULAR:
+                out.append(f"\nmerge_type: {self.merge_type}")
+            if has_uuid:
+                out.append(f"\ninto_uuid: {self.new_part_uuid}")
+            if self.deduplicate_by_columns:
+                out.append(
+                    "\ndeduplicate_by_columns: " + ",".join(quote(c) for c in self.deduplicate_by_columns)
+                )
+            if self.cleanup:
+                out.append("\ncleanup: 1")
+            if self.patch_parts:
+                out.append(f"\napply_patches: {len(self.patch_parts)}")
+                out.extend(f"\n{check_raw(p, 'part name')}" for p in self.patch_parts)
+        elif t in (LogEntryType.DROP_RANGE, LogEntryType.DROP_PART):
+            out.append(("detach\n" if self.detach else "drop\n") + name)
+        elif t is LogEntryType.CLEAR_COLUMN:
+            out.append(f"clear_column\n{escape(self.column_name)}\nfrom\n{name}")
+        elif t is LogEntryType.CLEAR_INDEX:
+            out.append(f"clear_index\n{escape(self.index_name)}\nfrom\n{name}")
+        elif t is LogEntryType.REPLACE_RANGE:
+            if self.replace_range is None:
+                raise ZnodeFormatError("REPLACE_RANGE entry without its range description")
+            out.append("REPLACE_RANGE\n" + self.replace_range.to_text())
+        elif t is LogEntryType.MUTATE_PART:
+            if len(self.source_parts) != 1:
+                raise ZnodeFormatError(
+                    f"MUTATE_PART needs exactly one source part, got {self.source_parts!r}"
+                )
+            out.append(f"mutate\n{check_raw(self.source_parts[0], 'part name')}\nto\n{name}")
+            if has_uuid:
+                out.append(f"\nto_uuid\n{self.new_part_uuid}")
+            if self.alter_version != -1:
+                out.append(f"\nalter_version\n{self.alter_version}")
+        elif t is LogEntryType.ALTER_METADATA:
+            columns, metadata = encode(self.columns_str), encode(self.metadata_str)
+            out.append(
+                f"alter\nalter_version\n{self.alter_version}\nhave_mutation\n{int(self.have_mutation)}\n"
+                f"columns_str_size:\n{len(columns)}\n{self.columns_str}\n"
+                f"metadata_str_size:\n{len(metadata)}\n{self.metadata_str}"
+            )
+        elif t is LogEntryType.SYNC_PINNED_PART_UUIDS:
+            out.append("sync_pinned_part_uuids\n")
+        else:  # pragma: no cover - exhaustive
+            raise ZnodeFormatError(f"Unknown log entry type {t!r}")
+        out.append("\n")
+        if self.part_type not in ("Wide", "", "Unknown"):
+            out.append(f"part_type: {check_raw(self.part_type, 'part type')}\n")
+        if self.storage_type not in ("Full", "", "Unknown"):
+            out.append(f"storage_type: {check_raw(self.storage_type, 'storage type')}\n")
+        out.extend(f"{check_raw(line, 'line')}\n" for line in self.extra_lines)
+        if self.quorum:
+            out.append(f"quorum: {self.quorum}\n")
+        return "".join(out)
+
+    def to_bytes(self, tz: str = "UTC") -> bytes:
+        return encode(self.to_text(tz))
+
+    @classmethod
+    def parse(
+        cls,
+        text: bytes | str,
+        *,
+        tz: str = "UTC",
+        znode_name: str = "",
+        ctime: int = 0,
+        data_format_version: int = 1,
+    ) -> LogEntry:
+        """Parse any format 1–7 entry.  ``ctime`` (znode ctime, seconds) stands in for a missing create_time;
+        ``data_format_version`` is the table's part-name format (0 = old-syntax tables)."""
+        r = TextReader(text, f"replication log entry {znode_name or ''}".rstrip())
+        r.expect(b"format version: ")
+        version = r.integer()
+        if not 1 <= version <= _LAST_FORMAT_VERSION:
+            raise r.error(f"unknown ReplicatedMergeTreeLogEntry format version {version}")
+        r.expect(b"\n")
+        f: dict[str, object] = {"format_version": version, "znode_name": znode_name}
+        create_time = 0
+        if version >= 2:
+            r.expect(b"create_time: ")
+            create_time = r.datetime(tz)
+            r.expect(b"\n")
+        f["create_time"] = create_time or ctime
+        r.expect(b"source replica: ")
+        f["source_replica"] = r.raw()
+        r.expect(b"\n")
+        if version >= 3:
+            r.expect(b"block_id: ")
+            f["block_id"] = r.escaped()
+            r.expect(b"\n")
+        if version >= 7:
+            r.expect(b"log_entry_id: ")
+            f["log_entry_id"] = r.escaped()
+            r.expect(b"\n")
+        type_str = r.raw()
+        r.expect(b"\n")
+        trailing_newline_found = False
+        if type_str == "get":
+            f["type"] = LogEntryType.GET_PART
+            f["new_part_name"] = r.raw()
+        elif type_str == "attach":
+            f["type"] = LogEntryType.ATTACH_PART
+            f["new_part_name"] = r.raw()
+            r.expect(b"\npart_checksum: ")
+            f["part_checksum"] = r.raw()
+        elif type_str == "merge":
+            f["type"] = LogEntryType.MERGE_PARTS
+            sources: list[str] = []
+            while True:
+                if r.eof():
+                    raise r.error("merge entry without 'into'")
+                s = r.raw()
+                r.expect(b"\n")
+                if s == "into":
+                    break
+                sources.append(s)
+            f["source_parts"] = tuple(sources)
+            f["new_part_name"] = r.raw()
+            if version >= 4:
+                r.expect(b"\ndeduplicate: ")
+                f["deduplicate"] = r.boolean()
+                trailing_newline_found = _read_merge_options(r, f)
+        elif type_str in ("drop", "detach"):
+            name = r.raw()
+            f["new_part_name"] = name
+            f["detach"] = type_str == "detach"
+            fake = is_fake_drop_range_name(name, data_format_version)
+            f["type"] = LogEntryType.DROP_RANGE if fake else LogEntryType.DROP_PART
+        elif type_str in ("clear_column", "clear_index"):
+            f["type"] = LogEntryType.CLEAR_COLUMN if type_str == "clear_column" else LogEntryType.CLEAR_INDEX
+            f["column_name" if type_str == "clear_column" else "index_name"] = r.escaped()
+            r.expect(b"\nfrom\n")
+            f["new_part_name"] = r.raw()
+        elif type_str == "REPLACE_RANGE":
+            f["type"] = LogEntryType.REPLACE_RANGE
+            f["replace_range"] = ReplaceRangeEntry.read(r)
+        elif type_str == "mutate":
+            f["type"] = LogEntryType.MUTATE_PART
+            f["source_parts"] = (r.raw(),)
+            r.expect(b"\nto\n")
+            f["new_part_name"] = r.raw()
+            while not trailing_newline_found:
+                r.expect(b"\n")
+                if r.check(b"alter_version\n"):
+                    f["alter_version"] = r.integer()
+                elif r.check(b"to_uuid\n"):
+                    f["new_part_uuid"] = r.uuid()
+                else:
+                    trailing_newline_found = True
+        elif type_str == "alter":
+            f["type"] = LogEntryType.ALTER_METADATA
+            r.expect(b"alter_version\n")
+            f["alter_version"] = r.integer()
+            r.expect(b"\nhave_mutation\n")
+            f["have_mutation"] = r.boolean()
+            r.expect(b"\ncolumns_str_size:\n")
+            n = r.unsigned()
+            r.expect(b"\n")
+            f["columns_str"] = decode(r.take(n))
+            r.expect(b"\nmetadata_str_size:\n")
+            n = r.unsigned()
+            r.expect(b"\n")
+            f["metadata_str"] = decode(r.take(n))
+        elif type_str == "sync_pinned_part_uuids":
+            f["type"] = LogEntryType.SYNC_PINNED_PART_UUIDS
+        elif type_str == "clone_part_from_shard":
+            f["type"] = LogEntryType.CLONE_PART_FROM_SHARD
+            f["new_part_name"] = r.raw()
+            r.expect(b"\nsource_shard: ")
+            f["source_shard"] = r.raw()
+        else:
+            raise r.error(f"unknown log entry type {type_str!r}")
+        if not trailing_newline_found:
+            r.expect(b"\n")
+        _read_tail(r, f)
+        return cls(**f)  # type: ignore[arg-type]
+
+    def with_znode(self, znode_name: str) -> LogEntry:
+        return replace(self, znode_name=znode_name)
+
+
+def _read_merge_options(r: TextReader, f: dict[str, object]) -> bool:
+    """MERGE_PARTS optional lines after ``deduplicate:``; returns True (the body's final LF was consumed)."""
+    while True:
+        r.expect(b"\n")
+        if r.check(b"merge_type: "):
+            f["merge_type"] = r.unsigned()
+        elif r.check(b"into_uuid: "):
+            f["new_part_uuid"] = r.uuid()
+        elif r.check(b"deduplicate_by_columns: "):
+            cols = [r.quoted()]
+            while r.check(b","):
+                cols.append(r.quoted())
+            f["deduplicate_by_columns"] = tuple(cols)
+        elif r.check(b"cleanup: "):
+            f["cleanup"] = r.boolean()
+        elif r.check(b"apply_patches:"):
+            r.expect(b" ")
+            n = r.unsigned()
+            r.expect(b"\n")
+            patches: list[str] = []
+            for i in range(n):
+                patches.append(r.raw())
+                if i + 1 != n:
+                    r.expect(b"\n")
+            f["patch_parts"] = tuple(patches)
+        else:
+            return True
+
+
+def _read_tail(r: TextReader, f: dict[str, object]) -> None:
+    """Lines after the body: ``part_type:``, ``storage_type:``, unknown ``key: value`` lines, ``quorum:``."""
+    extra: list[str] = []
+    while not r.eof():
+        if r.check(b"part_type: "):
+            f["part_type"] = r.raw()
+        elif r.check(b"storage_type: "):
+            f["storage_type"] = r.raw()
+        elif r.check(b"quorum: "):
+            f["quorum"] = r.unsigned()
+            r.expect(b"\n")
+            r.expect_eof()
+            break
+        else:
+            line = decode(r.line())
+            if not _EXTRA_LINE_RE.fullmatch(line):
+                raise r.error(f"unexpected line {line!r} after the entry body")
+            extra.append(line)
+        r.expect(b"\n")
+    if extra:
+        f["extra_lines"] = tuple(extra)
