@@ -13,8 +13,9 @@ checksums.txt.
 
 from __future__ import annotations
 
+import ctypes
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO, Literal
 
 import lz4.block
@@ -52,6 +53,43 @@ _MODERN_METHODS = {
 }
 
 
+def _system_lz4() -> Callable[[BytesLike], bytes] | None:
+    """``LZ4_compress_default`` of the system liblz4 (the library 18.16 is linked with), if present.
+
+    python-lz4's block API is compatible but occasionally emits a slightly different (equally valid)
+    encoding; the C library gives byte-identical blocks to 18.16 (e.g. its checksums.txt)."""
+    try:
+        lib = ctypes.CDLL("liblz4.so.1")
+        compress = lib.LZ4_compress_default
+        bound = lib.LZ4_compressBound
+    except (OSError, AttributeError):
+        return None
+    compress.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    compress.restype = ctypes.c_int
+    bound.argtypes = [ctypes.c_int]
+    bound.restype = ctypes.c_int
+
+    def run(data: BytesLike) -> bytes:
+        n = len(data)
+        if n == 0 or n > 0x7E000000:
+            return lz4.block.compress(data, mode="default", store_size=False)  # type: ignore[no-any-return]
+        src: object = data
+        if not isinstance(data, bytes):
+            mv = _as_bytes_view(data)
+            src = mv.tobytes() if mv.readonly else (ctypes.c_char * n).from_buffer(mv)
+        cap = bound(n)
+        out = ctypes.create_string_buffer(cap)
+        size = compress(src, out, n, cap)
+        if size <= 0:
+            raise RuntimeError("LZ4_compress_default failed")
+        return ctypes.string_at(out, size)
+
+    return run
+
+
+_LZ4_SYSTEM = _system_lz4()
+
+
 def method_byte(method: Method) -> int:
     if method in ("lz4", "lz4hc"):
         return METHOD_LZ4
@@ -64,6 +102,8 @@ def method_byte(method: Method) -> int:
 
 def _compress_payload(data: BytesLike, method: Method, level: int) -> bytes:
     if method == "lz4":
+        if _LZ4_SYSTEM is not None:
+            return _LZ4_SYSTEM(data)
         return lz4.block.compress(data, mode="default", store_size=False)  # type: ignore[no-any-return]
     if method == "lz4hc":
         return lz4.block.compress(  # type: ignore[no-any-return]
