@@ -96,3 +96,9 @@ class ZnodeFormatError(ReplicadError):
     """A ZooKeeper node's text (log entry, mutation, quorum, host …) cannot be parsed or written."""
 
     code = 6  # CANNOT_PARSE_TEXT
+
+
+class UnsupportedPartFormatError(CorruptedDataError):
+    """A part layout replicad does not read (Compact parts, compressed marks, sparse columns ...)."""
+
+    code = 48  # NOT_IMPLEMENTED

@@ -1,0 +1,160 @@
+"""Part writer throughput: replicad's PartWriter vs ClickHouse 18.16 inserting the same rows.
+
+    .venv/bin/python bench/part_writer.py [--rows 2000000] [--method zstd|lz4] [--threads N] [--no-fsync]
+
+Rows: (d Date, ts DateTime, k UInt64, s String, f Float64, u UInt8), one month, random order.
+replicad: Arrow (memory-mapped IPC file) -> sort by ORDER BY (k) -> PartWriter -> part; measured in a
+fresh child process so that its peak RSS is the writer's.  ClickHouse: the same rows as TSV over HTTP
+into a plain MergeTree with the same PARTITION BY / ORDER BY on a throwaway 18.16 server (same
+compression method).  Prints rows/s, MB/s (uncompressed column bytes), peak RSS, and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+COLUMNS = [
+    ("d", "Date"), ("ts", "DateTime"), ("k", "UInt64"), ("s", "String"), ("f", "Float64"), ("u", "UInt8"),
+]
+
+
+def make_rows(n: int, seed: int = 7) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    d = rng.integers(19723, 19723 + 30, n).astype(np.int32)  # 2024-01-01 .. 2024-01-30
+    ts = d.astype(np.int64) * 86400 + rng.integers(0, 86400, n)
+    k = rng.integers(0, 1 << 40, n).astype(np.uint64)
+    lens = rng.integers(5, 30, n)
+    alphabet = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz_-0123456789", np.uint8)
+    chars = alphabet[rng.integers(0, len(alphabet), int(lens.sum()))]
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    buffers = [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(chars.tobytes())]
+    s = pa.BinaryArray.from_buffers(pa.binary(), n, buffers)
+    f = np.round(rng.normal(100, 30, n), 3)
+    u = rng.integers(0, 256, n).astype(np.uint8)
+    return pa.table({
+        "d": pa.array(d, pa.date32()), "ts": pa.array(ts, pa.timestamp("s")), "k": k, "s": s, "f": f, "u": u,
+    })
+
+
+def to_tsv(table: pa.Table) -> bytes:
+    cols = [pc.cast(table.column(n), pa.string()) for n, _ in COLUMNS]
+    lines = pc.binary_join_element_wise(*cols, "\t")
+    return "\n".join(lines.to_pylist()).encode() + b"\n"
+
+
+def child(ipc_path: str, out_dir: str, method: str, threads: int, fsync: bool) -> None:
+    """Runs in a fresh process: read Arrow, sort, write the part; print JSON stats."""
+    from replicad.storage.types import parse_type
+    from replicad.storage.writer import PartWriter, WriterSettings, sort_table
+
+    types = [(n, parse_type(t)) for n, t in COLUMNS]
+    with pa.memory_map(ipc_path) as src:
+        table = pa.ipc.open_file(src).read_all()
+        rss0 = vm_hwm_kb(os.getpid())
+        t0 = time.perf_counter()
+        table = sort_table(table, [table.column("k")])
+        t_sort = time.perf_counter() - t0
+        settings = WriterSettings(method=method, threads=threads, fsync=fsync)  # type: ignore[arg-type]
+        with PartWriter(Path(out_dir) / "tmp_insert_202401_1_1_0", types, settings, primary_key=["k"],
+                        minmax_columns=["d"], partition_value=[(parse_type("UInt32"), 202401)]) as w:
+            for batch in table.to_batches(max_chunksize=65536):
+                w.write(batch)
+            part = w.finish()
+        elapsed = time.perf_counter() - t0
+    from replicad.storage.reader import PartReader
+
+    rows_back = sum(b.num_rows for b in PartReader(part.path).iter_batches(["k"]))
+    uncompressed = sum(c.uncompressed_size for c in part.checksums.files.values() if c.is_compressed)
+    print(json.dumps({
+        "seconds": elapsed, "sort_seconds": t_sort, "rows": part.rows, "uncompressed": uncompressed,
+        "bytes_on_disk": part.bytes_on_disk, "rss0_kb": rss0,
+        "peak_rss_kb": vm_hwm_kb(os.getpid()), "rows_read_back": rows_back,
+    }))
+
+
+def vm_hwm_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--method", default="zstd", choices=["zstd", "lz4"])
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--no-fsync", action="store_true")
+    ap.add_argument("--skip-clickhouse", action="store_true")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child[0], args.child[1], args.method, args.threads, not args.no_fsync)
+        return
+
+    work = Path(tempfile.mkdtemp(prefix="bench-part-writer-"))
+    try:
+        table = make_rows(args.rows)
+        ipc = work / "rows.arrow"
+        with pa.OSFile(str(ipc), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+        out = work / "replicad"
+        out.mkdir()
+        cmd = [sys.executable, __file__, "--method", args.method, "--threads", str(args.threads),
+               "--child", str(ipc), str(out)] + (["--no-fsync"] if args.no_fsync else [])
+        res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        mb = res["uncompressed"] / 1e6
+        print(f"replicad  : {res['rows']} rows in {res['seconds']:.3f} s "
+              f"(sort {res['sort_seconds']:.3f} s) = "
+              f"{res['rows'] / res['seconds']:,.0f} rows/s, {mb / res['seconds']:.1f} MB/s uncompressed, "
+              f"part {res['bytes_on_disk'] / 1e6:.1f} MB, peak RSS {res['peak_rss_kb'] / 1024:.0f} MiB "
+              f"(input mapped: {res['rss0_kb'] / 1024:.0f} MiB before writing)")
+        if args.skip_clickhouse:
+            return
+        from tests.support.ch_local_server import ClickHouseServer
+
+        tsv = to_tsv(table)
+        del table
+        extra = ""
+        if args.method == "zstd":
+            extra = ("<compression><case><min_part_size>0</min_part_size>"
+                     "<min_part_size_ratio>0</min_part_size_ratio>"
+                     "<method>zstd</method></case></compression>")
+        with ClickHouseServer(work / "ch", extra_config=extra) as ch:
+            ddl = ", ".join(f"{n} {t}" for n, t in COLUMNS)
+            ch.query(f"CREATE TABLE t ({ddl}) ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k")
+            assert ch.proc is not None
+            hwm0 = vm_hwm_kb(ch.proc.pid)
+            t0 = time.perf_counter()
+            ch.query("INSERT INTO t FORMAT TSV", data=tsv)
+            ch_s = time.perf_counter() - t0
+            hwm = vm_hwm_kb(ch.proc.pid)
+            n = int(ch.query("SELECT count() FROM t"))
+            parts = ch.query(
+                "SELECT count(), sum(bytes_on_disk) FROM system.parts WHERE table = 't' AND active"
+            )
+        print(f"clickhouse: {n} rows in {ch_s:.3f} s = {n / ch_s:,.0f} rows/s, "
+              f"{mb / ch_s:.1f} MB/s uncompressed "
+              f"(TSV {len(tsv) / 1e6:.0f} MB over HTTP; parts, bytes: {parts.decode().strip()}), "
+              f"server peak RSS {hwm / 1024:.0f} MiB (before insert {hwm0 / 1024:.0f} MiB)")
+        print(f"ratio (replicad speed / ClickHouse speed): {ch_s / res['seconds']:.2f}x")
+    finally:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""One part directory on disk: its small metadata files and whole-part verification.
+
+A ClickHouse 18.16 Wide part (FACTS §5.1) holds, besides the column streams (``<stream>.bin`` +
+``<stream>.mrk``): ``columns.txt``, ``checksums.txt``, ``count.txt``, ``primary.idx`` (only with a primary
+key) and, when the table has a partition key, ``partition.dat`` and ``minmax_<col>.idx``.
+
+:class:`PartDirectory` loads these lazily and re-hashes files against ``checksums.txt`` (:meth:`verify`).
+Reading column data is :mod:`replicad.storage.reader`'s job, writing a part :mod:`replicad.storage.writer`'s.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from replicad.errors import CorruptedDataError
+from replicad.model.checksums import Checksums
+from replicad.model.cityhash import FileHasher, hash_file
+from replicad.storage.compression import iter_blocks
+from replicad.storage.types import DataType, escape_for_file_name, parse_type
+
+COLUMNS_FILE = "columns.txt"
+CHECKSUMS_FILE = "checksums.txt"
+COUNT_FILE = "count.txt"
+PRIMARY_INDEX_FILE = "primary.idx"
+PARTITION_FILE = "partition.dat"
+DATA_EXT = ".bin"
+MARKS_EXT = ".mrk"
+MARK_SIZE = 16  # two UInt64: offset of the block in the .bin file, offset inside the decompressed block
+
+#: files that are part of a part but not listed in its checksums.txt
+UNCHECKED_FILES = frozenset(
+    {CHECKSUMS_FILE, COLUMNS_FILE, "default_compression_codec.txt", "metadata_version.txt",
+     "columns_substreams.txt", "txn_version.txt", "uuid.txt", "delete-on-destroy.txt"}
+)
+
+_COLUMNS_HEADER = "columns format version: 1\n"
+
+_BACKQUOTE_ESCAPES = {
+    "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0", "\\": "\\\\", "`": "\\`",
+}
+_UNESCAPES = {
+    "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "0": "\0", "a": "\a", "v": "\v", "e": "\x1b",
+}
+
+
+def minmax_file_name(column: str) -> str:
+    return f"minmax_{escape_for_file_name(column)}.idx"
+
+
+def back_quote(name: str) -> str:
+    """ClickHouse ``writeBackQuotedString``: backquotes, with ``\\b \\f \\n \\r \\t \\0 \\\\ \\```
+    escaped."""
+    return "`" + "".join(_BACKQUOTE_ESCAPES.get(ch, ch) for ch in name) + "`"
+
+
+def _read_back_quoted(text: str, pos: int) -> tuple[str, int]:
+    """Parse a backquoted name at ``text[pos]`` (backslash escapes and SQL-style doubled quotes)."""
+    if pos >= len(text) or text[pos] != "`":
+        raise CorruptedDataError(f"columns.txt: expected '`' at offset {pos}")
+    out: list[str] = []
+    i = pos + 1
+    while i < len(text):
+        ch = text[i]
+        if ch == "`":
+            if i + 1 < len(text) and text[i + 1] == "`":
+                out.append("`")
+                i += 2
+                continue
+            return "".join(out), i + 1
+        if ch == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt == "x" and i + 3 < len(text):
+                out.append(chr(int(text[i + 2:i + 4], 16)))
+                i += 4
+                continue
+            out.append(_UNESCAPES.get(nxt, nxt))
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    raise CorruptedDataError("columns.txt: unterminated backquoted name")
+
+
+def columns_text(columns: Sequence[tuple[str, DataType]] | Sequence[tuple[str, str]]) -> str:
+    """``columns.txt`` (NamesAndTypesList text): header, ``<N> columns:``, one `` `name` Type`` line each."""
+    lines = [_COLUMNS_HEADER, f"{len(columns)} columns:\n"]
+    for name, dtype in columns:
+        type_text = dtype if isinstance(dtype, str) else dtype.name
+        lines.append(f"{back_quote(name)} {type_text}\n")
+    return "".join(lines)
+
+
+def parse_columns_text(text: str) -> list[tuple[str, str]]:
+    """Inverse of :func:`columns_text`: ``[(name, type text)]``; CorruptedDataError if malformed."""
+    if not text.startswith(_COLUMNS_HEADER):
+        raise CorruptedDataError("columns.txt: bad header")
+    pos = len(_COLUMNS_HEADER)
+    end = text.find(" columns:\n", pos)
+    if end < 0 or not text[pos:end].isdigit():
+        raise CorruptedDataError("columns.txt: bad column count line")
+    count = int(text[pos:end])
+    pos = end + len(" columns:\n")
+    out: list[tuple[str, str]] = []
+    for _ in range(count):
+        name, pos = _read_back_quoted(text, pos)
+        if pos >= len(text) or text[pos] != " ":
+            raise CorruptedDataError(f"columns.txt: expected ' ' after column {name!r}")
+        nl = text.find("\n", pos + 1)
+        if nl < 0:
+            raise CorruptedDataError(f"columns.txt: unterminated type of column {name!r}")
+        type_text = text[pos + 1:nl]
+        if "\t" in type_text:
+            raise CorruptedDataError(f"columns.txt: bad type of column {name!r}")
+        out.append((name, type_text))
+        pos = nl + 1
+    if pos != len(text):
+        raise CorruptedDataError("columns.txt: trailing data")
+    return out
+
+
+def stream_names(column: str, dtype: DataType) -> list[str]:
+    """File stems (without ``.bin``/``.mrk``) of a column's streams, in ClickHouse's order."""
+    base = escape_for_file_name(column)
+    return [base + suffix for suffix in dtype.substreams()]
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so that renames/creations inside it survive a crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def hash_compressed_file(path: str | os.PathLike[str]) -> tuple[int, bytes, int, bytes]:
+    """(file size, file hash, uncompressed size, uncompressed hash) of a ``.bin`` file.
+
+    Every block's checksum is verified on the way (CorruptedDataError otherwise).
+    """
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0, FileHasher().digest(), 0, FileHasher().digest()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        view = memoryview(mm)
+        try:
+            file_hasher = FileHasher(view)
+            plain = FileHasher()
+            for _offset, payload in iter_blocks(view):
+                plain.update(payload)
+            return size, file_hasher.digest(), plain.size, plain.digest()
+        finally:
+            view.release()
+
+
+@dataclass(frozen=True)
+class PartDirectory:
+    """A part directory (active, temporary or detached) and its metadata files, loaded on first use."""
+
+    path: Path
+
+    @classmethod
+    def at(cls, path: str | os.PathLike[str]) -> PartDirectory:
+        return cls(Path(path))
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def has(self, name: str) -> bool:
+        return (self.path / name).exists()
+
+    def read_bytes(self, name: str) -> bytes:
+        try:
+            return (self.path / name).read_bytes()
+        except FileNotFoundError:
+            raise CorruptedDataError(f"part {self.name}: no file {name}") from None
+
+    def files(self) -> list[str]:
+        """Names of the regular files in the directory, sorted."""
+        return sorted(e.name for e in os.scandir(self.path) if e.is_file())
+
+    # ---- metadata files ------------------------------------------------------------------------------
+
+    @cached_property
+    def columns_text(self) -> str:
+        return self.read_bytes(COLUMNS_FILE).decode("utf-8")
+
+    @cached_property
+    def column_types(self) -> list[tuple[str, str]]:
+        """``[(name, type text)]`` from columns.txt."""
+        return parse_columns_text(self.columns_text)
+
+    @cached_property
+    def columns(self) -> list[tuple[str, DataType]]:
+        """``[(name, DataType)]`` from columns.txt."""
+        return [(name, parse_type(t)) for name, t in self.column_types]
+
+    @cached_property
+    def checksums(self) -> Checksums:
+        return Checksums.parse(self.read_bytes(CHECKSUMS_FILE))
+
+    @cached_property
+    def rows(self) -> int:
+        """Rows from count.txt (decimal, no newline)."""
+        text = self.read_bytes(COUNT_FILE)
+        if not text.isdigit():
+            raise CorruptedDataError(f"part {self.name}: bad count.txt {text[:32]!r}")
+        return int(text)
+
+    @cached_property
+    def partition_dat(self) -> bytes | None:
+        """Raw ``partition.dat`` (serializeBinary of each partition-key value) or None without one."""
+        p = self.path / PARTITION_FILE
+        return p.read_bytes() if p.exists() else None
+
+    def minmax_bytes(self, column: str) -> bytes | None:
+        """Raw ``minmax_<col>.idx`` (serializeBinary(min) ++ serializeBinary(max)) or None."""
+        p = self.path / minmax_file_name(column)
+        return p.read_bytes() if p.exists() else None
+
+    def minmax(self, column: str, dtype: DataType) -> tuple[object, object] | None:
+        """(min, max) of a partition-key column as Python values of the storage Arrow type."""
+        data = self.minmax_bytes(column)
+        if data is None:
+            return None
+        arr = dtype.deserialize({"": data}, 2)
+        return arr[0].as_py(), arr[1].as_py()
+
+    @cached_property
+    def bytes_on_disk(self) -> int:
+        return sum(e.stat().st_size for e in os.scandir(self.path) if e.is_file())
+
+    # ---- verification --------------------------------------------------------------------------------
+
+    def verify(self, *, check_uncompressed: bool = True, require_all_files_listed: bool = False) -> None:
+        """Re-hash every file listed in checksums.txt; CorruptedDataError naming the first bad file.
+
+        With ``check_uncompressed`` every compressed block is decompressed and checked too (block
+        checksums, uncompressed size and hash).  With ``require_all_files_listed`` a file on disk that
+        checksums.txt does not know is an error as well.
+        """
+        checksums = self.checksums
+        for name, expected in sorted(checksums.files.items()):
+            path = self.path / name
+            if not path.exists():
+                raise CorruptedDataError(f"part {self.name}: file {name} listed in checksums.txt is missing")
+            if expected.is_compressed and check_uncompressed:
+                size, digest, usize, udigest = hash_compressed_file(path)
+                if (usize, udigest) != (expected.uncompressed_size, expected.uncompressed_hash):
+                    raise CorruptedDataError(
+                        f"part {self.name}: checksum mismatch for uncompressed data of {name}: "
+                        f"expected size {expected.uncompressed_size} "
+                        f"hash {expected.uncompressed_hash.hex()}, "
+                        f"got size {usize} hash {udigest.hex()}"
+                    )
+            else:
+                size, digest = hash_file(path)
+            if size != expected.file_size:
+                raise CorruptedDataError(
+                    f"part {self.name}: file {name} has size {size}, checksums.txt says {expected.file_size}"
+                )
+            if digest != expected.file_hash:
+                raise CorruptedDataError(
+                    f"part {self.name}: checksum mismatch for file {name}: expected "
+                    f"{expected.file_hash.hex()}, got {digest.hex()}"
+                )
+        if require_all_files_listed:
+            extra = [f for f in self.files() if f not in checksums.files and f not in UNCHECKED_FILES]
+            if extra:
+                raise CorruptedDataError(f"part {self.name}: files not in checksums.txt: {', '.join(extra)}")
+
+    def iter_files(self) -> Iterator[Path]:
+        for name in self.files():
+            yield self.path / name
