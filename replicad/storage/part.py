@@ -10,7 +10,6 @@ Reading column data is :mod:`replicad.storage.reader`'s job, writing a part :mod
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 from replicad.errors import CorruptedDataError
 from replicad.model.checksums import Checksums
 from replicad.model.cityhash import FileHasher, hash_file
-from replicad.storage.compression import iter_blocks
+from replicad.storage.compression import iter_file_blocks
 from replicad.storage.types import DataType, escape_for_file_name, parse_type
 
 COLUMNS_FILE = "columns.txt"
@@ -141,21 +140,15 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 def hash_compressed_file(path: str | os.PathLike[str]) -> tuple[int, bytes, int, bytes]:
     """(file size, file hash, uncompressed size, uncompressed hash) of a ``.bin`` file.
 
-    Every block's checksum is verified on the way (CorruptedDataError otherwise).
+    Every block's checksum is verified on the way (CorruptedDataError otherwise); memory is bounded
+    by one block.
     """
-    size = os.path.getsize(path)
-    if size == 0:
-        return 0, FileHasher().digest(), 0, FileHasher().digest()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        view = memoryview(mm)
-        try:
-            file_hasher = FileHasher(view)
-            plain = FileHasher()
-            for _offset, payload in iter_blocks(view):
-                plain.update(payload)
-            return size, file_hasher.digest(), plain.size, plain.digest()
-        finally:
-            view.release()
+    size, digest = hash_file(path)
+    plain = FileHasher()
+    with open(path, "rb") as f:
+        for _offset, payload in iter_file_blocks(f, os.path.basename(path)):
+            plain.update(payload)
+    return size, digest, plain.size, plain.digest()
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import pyarrow as pa
 from replicad.errors import CorruptedDataError, MetadataMismatchError, UnsupportedPartFormatError
 from replicad.storage.compression import BLOCK_OVERHEAD, CHECKSUM_SIZE, read_block
 from replicad.storage.part import DATA_EXT, PartDirectory
-from replicad.storage.types import DataType, escape_for_file_name
+from replicad.storage.types import DataType, escape_for_file_name, parse_type
 
 _FIXED_WIDTHS = {
     "Int8": 1, "UInt8": 1, "Int16": 2, "UInt16": 2, "Int32": 4, "UInt32": 4, "Int64": 8, "UInt64": 8,
@@ -219,7 +219,10 @@ class _StreamReader:
     def close(self) -> None:
         self._cache = None
         if self._mm is not None:
-            self._mm.close()
+            try:
+                self._mm.close()
+            except BufferError:
+                pass  # a view is still referenced (e.g. by a traceback); the GC unmaps it later
             self._mm = None
 
 
@@ -228,7 +231,8 @@ class PartReader:
 
     ``columns`` (name -> DataType) selects and types the columns to return (default: all of
     columns.txt, typed from it); a requested column the part does not have is filled with the type's
-    defaults, as ClickHouse does after ``ALTER ADD COLUMN``.  ``index_granularity`` is the table's
+    defaults, as ClickHouse does after ``ALTER ADD COLUMN``; only the selected columns' types are parsed
+    and their streams opened.  ``index_granularity`` is the table's
     setting; when None it is inferred from a fixed-width stream (8192 if the part has none).
     """
 
@@ -243,24 +247,31 @@ class PartReader:
         self.part = part_dir if isinstance(part_dir, PartDirectory) else PartDirectory(Path(part_dir))
         if verify:
             self.part.verify()
-        self.part_columns: dict[str, DataType] = dict(self.part.columns)
+        part_types = dict(self.part.column_types)
         if columns is None:
-            self.columns: dict[str, DataType] = dict(self.part_columns)
+            self.columns: dict[str, DataType] = dict(self.part.columns)
         else:
             self.columns = dict(columns)
             for name, dtype in self.columns.items():
-                have = self.part_columns.get(name)
-                if have is not None and have != dtype:
+                have = part_types.get(name)
+                if have is not None and have != dtype.name and parse_type(have) != dtype:
                     raise MetadataMismatchError(
-                        f"part {self.part.name}: column {name} is {have.name} in the part, "
-                        f"{dtype.name} expected"
+                        f"part {self.part.name}: column {name} is {have} in the part, {dtype.name} expected"
                     )
-        first = next(iter(self.part_columns.items()), None)
+        #: the columns read from disk (requested and present in the part)
+        self.part_columns = {n: t for n, t in self.columns.items() if n in part_types}
+        # Streams opened: the selected columns', or the part's first column's for the geometry alone.
+        opened = dict(self.part_columns)
+        if not opened and part_types:
+            name0, type0 = next(iter(part_types.items()))
+            opened[name0] = parse_type(type0)
+        self._opened = opened
+        first = next(iter(opened.items()), None)
         first_stem = escape_for_file_name(first[0]) + first[1].substreams()[0] if first else None
         self.layout = detect_layout(self.part, first_stem)
         self._streams: dict[str, _StreamReader] = {}
         marks_count = None
-        for name, dtype in self.part_columns.items():
+        for name, dtype in opened.items():
             base = escape_for_file_name(name)
             for suffix in dtype.substreams():
                 stem = base + suffix
@@ -319,7 +330,7 @@ class PartReader:
         return out
 
     def _fixed_stream(self) -> tuple[_StreamReader, int] | None:
-        for name, dtype in self.part_columns.items():
+        for name, dtype in self._opened.items():
             base = escape_for_file_name(name)
             for suffix in dtype.substreams():
                 w = substream_width(dtype.name, suffix)

@@ -453,9 +453,8 @@ def sort_table(table: pa.Table, key_arrays: Sequence[pa.Array | pa.ChunkedArray]
     if not key_arrays or table.num_rows <= 1:
         return table
     keys = pa.table({f"k{i}": a for i, a in enumerate(key_arrays)})
-    indices = pc.sort_indices(
-        keys, sort_keys=[(f"k{i}", "ascending") for i in range(len(key_arrays))], null_placement="at_end"
-    )
+    sort_keys = [(f"k{i}", "ascending", "at_end") for i in range(len(key_arrays))]
+    indices = pc.sort_indices(keys, sort_keys=sort_keys)
     if _is_identity(indices):
         return table
     return table.take(indices)

@@ -1,0 +1,421 @@
+"""PartWriter / PartReader / PartDirectory: bytes on disk, block cutting, round trips, failures."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replicad.errors import BadInputError, CorruptedDataError, UnsupportedPartFormatError
+from replicad.model.checksums import Checksums
+from replicad.model.cityhash import file_hash
+from replicad.storage.compression import iter_blocks
+from replicad.storage.part import PartDirectory, back_quote, columns_text, parse_columns_text
+from replicad.storage.reader import PartReader, fixed_width
+from replicad.storage.types import DataType, parse_type
+from replicad.storage.writer import PartWriter, WriterSettings, prepare_block, sort_table
+
+U32 = parse_type("UInt32")
+
+
+def T(text: str) -> DataType:
+    return parse_type(text)
+
+
+def write_part(
+    path: Path,
+    columns: list[tuple[str, DataType]],
+    batches: list[pa.Table],
+    settings: WriterSettings | None = None,
+    **kw: object,
+) -> Path:
+    with PartWriter(path, columns, settings or WriterSettings(fsync=False), **kw) as w:  # type: ignore[arg-type]
+        for b in batches:
+            w.write(b)
+        w.finish()
+    return path
+
+
+def blocks(path: Path) -> list[tuple[int, int]]:
+    """(offset, decompressed size) of every block of a .bin file."""
+    return [(off, len(p)) for off, p in iter_blocks(path.read_bytes())]
+
+
+def marks(path: Path) -> list[tuple[int, int]]:
+    raw = path.read_bytes()
+    return [struct.unpack_from("<QQ", raw, i) for i in range(0, len(raw), 16)]
+
+
+# ---- metadata files ------------------------------------------------------------------------------------
+
+
+def test_columns_text_exact() -> None:
+    cols = [("id", T("Int8")), ("ctime", T("DateTime")), ("name", T("String"))]
+    assert columns_text(cols) == (
+        "columns format version: 1\n3 columns:\n`id` Int8\n`ctime` DateTime\n`name` String\n"
+    )
+
+
+def test_columns_text_matches_18_16_fixture() -> None:
+    part = PartDirectory.at(Path(__file__).parent.parent / "fixtures/ch18_part_basic/202611_1_1_0")
+    assert columns_text(part.column_types) == part.columns_text
+
+
+@given(st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=5, unique=True))
+def test_columns_text_roundtrip(names: list[str]) -> None:
+    cols = [(n, "UInt8") for n in names]
+    assert parse_columns_text(columns_text(cols)) == cols
+
+
+def test_back_quote_escapes() -> None:
+    assert back_quote("a`b\\c\nd\te") == "`a\\`b\\\\c\\nd\\te`"
+    assert parse_columns_text("columns format version: 1\n1 columns:\n`a``b` UInt8\n") == [("a`b", "UInt8")]
+
+
+def test_small_part_files(tmp_path: Path) -> None:
+    cols = [("id", T("Int8")), ("ctime", T("DateTime")), ("name", T("String"))]
+    t = pa.table({
+        "id": pa.array([-3, 1, 5], pa.int8()),
+        "ctime": pa.array([1795309013, 1795309323, 1795996799], pa.timestamp("s")),
+        "name": pa.array([b"hello", b"", b"x"]),
+    })
+    p = write_part(tmp_path / "p", cols, [t], WriterSettings(method="lz4", fsync=False), primary_key=["id"],
+                   minmax_columns=["ctime"], partition_value=[(U32, 202611)])
+    files = sorted(f.name for f in p.iterdir())
+    assert files == ["checksums.txt", "columns.txt", "count.txt", "ctime.bin", "ctime.mrk", "id.bin",
+                     "id.mrk",
+                     "minmax_ctime.idx", "name.bin", "name.mrk", "partition.dat", "primary.idx"]
+    assert (p / "count.txt").read_bytes() == b"3"
+    assert (p / "partition.dat").read_bytes() == struct.pack("<I", 202611)
+    assert (p / "primary.idx").read_bytes() == b"\xfd"  # first row of the only granule: Int8 -3
+    assert (p / "minmax_ctime.idx").read_bytes() == struct.pack("<II", 1795309013, 1795996799)
+    assert marks(p / "id.mrk") == [(0, 0)]
+    # compressed block: checksum, method LZ4, sizes, payload
+    raw = (p / "id.bin").read_bytes()
+    assert raw[16] == 0x82 and struct.unpack_from("<II", raw, 17)[1] == 3
+    sums = Checksums.parse((p / "checksums.txt").read_bytes())
+    assert set(sums.files) == set(files) - {"checksums.txt", "columns.txt"}
+    assert sums.files["count.txt"].file_hash == file_hash(b"3")
+    assert (p / "checksums.txt").read_bytes().startswith(b"checksums format version: 4\n")
+    PartDirectory.at(p).verify(require_all_files_listed=True)
+
+
+def test_no_partition_key_no_primary_key(tmp_path: Path) -> None:
+    p = write_part(tmp_path / "p", [("x", T("UInt16"))], [pa.table({"x": pa.array([1, 2], pa.uint16())})])
+    files = sorted(f.name for f in p.iterdir())
+    assert files == ["checksums.txt", "columns.txt", "count.txt", "x.bin", "x.mrk"]
+
+
+def test_default_method_is_zstd(tmp_path: Path) -> None:
+    p = write_part(tmp_path / "p", [("x", T("UInt16"))], [pa.table({"x": pa.array([1, 2], pa.uint16())})])
+    assert (p / "x.bin").read_bytes()[16] == 0x90
+
+
+# ---- block cutting rule -----------------------------------------------------------------------------
+
+
+def test_fixed_width_granule_blocks(tmp_path: Path) -> None:
+    """UInt64: every 8192-row granule is 64 KiB, so each granule gets its own block (FACTS §5.1)."""
+    n = 8192 * 3 + 100
+    t = pa.table({"k": pa.array(np.arange(n, dtype=np.uint64))})
+    p = write_part(tmp_path / "p", [("k", T("UInt64"))], [t])
+    b = blocks(p / "k.bin")
+    assert [s for _, s in b] == [65536, 65536, 65536, 800]
+    assert marks(p / "k.mrk") == [(off, 0) for off, _ in b]
+
+
+def test_small_granules_share_a_block(tmp_path: Path) -> None:
+    """UInt32: 32 KiB granules; a block is cut before a granule once >= 64 KiB are buffered."""
+    n = 8192 * 5
+    t = pa.table({"v": pa.array(np.arange(n, dtype=np.uint32))})
+    p = write_part(tmp_path / "p", [("v", T("UInt32"))], [t])
+    b = blocks(p / "v.bin")
+    assert [s for _, s in b] == [65536, 65536, 32768]
+    assert marks(p / "v.mrk") == [(0, 0), (0, 32768), (b[1][0], 0), (b[1][0], 32768), (b[2][0], 0)]
+
+
+def test_max_block_size_cut_mid_granule(tmp_path: Path) -> None:
+    """1000-byte strings, 2 MB granules: blocks of exactly 1 MiB cut inside a granule, the rest flushed
+    before the next granule's mark."""
+    n = 3000
+    t = pa.table({"s": pa.array([b"%04d" % i * 250 for i in range(n)])})
+    settings = WriterSettings(index_granularity=2048, fsync=False)
+    p = write_part(tmp_path / "p", [("s", T("String"))], [t], settings)
+    b = blocks(p / "s.bin")
+    g0 = 2048 * 1002  # VarUInt(1000) is two bytes
+    assert [s for _, s in b] == [1048576, g0 - 1048576, (n - 2048) * 1002]
+    assert marks(p / "s.mrk") == [(0, 0), (b[2][0], 0)]
+
+
+def test_exactly_full_block_is_flushed_at_granule_end(tmp_path: Path) -> None:
+    settings = WriterSettings(index_granularity=4, min_compress_block_size=64, max_compress_block_size=64,
+                              fsync=False)
+    t = pa.table({"x": pa.array(np.arange(16, dtype=np.uint64))})  # 32 bytes per granule
+    p = write_part(tmp_path / "p", [("x", T("UInt64"))], [t], settings)
+    b = blocks(p / "x.bin")
+    assert [s for _, s in b] == [64, 64]
+    assert marks(p / "x.mrk") == [(0, 0), (0, 32), (b[1][0], 0), (b[1][0], 32)]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(1, 3000),
+    cuts=st.lists(st.integers(0, 3000), max_size=6),
+    granularity=st.sampled_from([1, 7, 64, 333]),
+)
+def test_batch_boundaries_do_not_change_bytes(
+    tmp_path_factory: pytest.TempPathFactory, n: int, cuts: list[int], granularity: int
+) -> None:
+    rng = np.random.default_rng(n)
+    strings = [bytes(rng.integers(97, 123, int(rng.integers(0, 50))).astype(np.uint8)) for _ in range(n)]
+    t = pa.table({"k": pa.array(np.arange(n, dtype=np.uint64)), "s": pa.array(strings, pa.binary())})
+    cols = [("k", T("UInt64")), ("s", T("String"))]
+    settings = WriterSettings(index_granularity=granularity, min_compress_block_size=512,
+                              max_compress_block_size=2048, fsync=False)
+    base = tmp_path_factory.mktemp("w")
+    one = write_part(base / "one", cols, [t], settings, primary_key=["k", "s"])
+    points = sorted({c for c in cuts if 0 < c < n})
+    pieces = [t.slice(a, b - a) for a, b in zip([0, *points], [*points, n], strict=True)]
+    many = write_part(base / "many", cols, pieces, settings, primary_key=["k", "s"])
+    for f in sorted(x.name for x in one.iterdir()):
+        assert (one / f).read_bytes() == (many / f).read_bytes(), f
+    assert len(marks(one / "k.mrk")) == -(-n // granularity)
+    r = PartReader(many, index_granularity=granularity)
+    assert r.read().equals(t)
+    assert pa.concat_tables(list(r.iter_batches(granules_per_batch=3))).equals(t)
+
+
+# ---- reading -------------------------------------------------------------------------------------------
+
+
+def test_read_18_16_fixture_part() -> None:
+    fixture = Path(__file__).parent.parent / "fixtures/ch18_part_basic/202611_1_1_0"
+    part = PartDirectory.at(fixture)
+    part.verify(require_all_files_listed=True)
+    names = [n for n, _ in part.column_types]
+    assert names == ["id", "ctime", "name", "n", "tags"]
+    cols = {n: T(t) for n, t in part.column_types if n in ("id", "ctime", "name")}
+    t = PartReader(fixture, cols).read()
+    assert t.column("id").to_pylist() == [-3, 1, 5]
+    assert [len(x) for x in t.column("name").to_pylist()] == [3000, 5, 0]
+    assert [str(x) for x in t.column("ctime").to_pylist()] == [
+        "2026-11-23 10:00:00", "2026-11-22 01:16:53", "2026-11-30 23:59:59"]
+
+
+def test_infer_granularity_and_granule_ranges(tmp_path: Path) -> None:
+    n = 1000
+    t = pa.table({"s": pa.array([b"x" * (i % 7) for i in range(n)]),
+                  "v": pa.array(np.arange(n, dtype=np.int16))})
+    cols = [("s", T("String")), ("v", T("Int16"))]
+    s = WriterSettings(index_granularity=37, min_compress_block_size=100, fsync=False)
+    p = write_part(tmp_path / "p", cols, [t], s)
+    r = PartReader(p)  # granularity inferred from the Int16 stream
+    assert r.granules == -(-n // 37)
+    assert r.granule_rows(0) == 37 and r.granule_rows(r.granules - 1) == n - 37 * (r.granules - 1)
+    assert r.read_granules(3, 5).equals(t.slice(3 * 37, 2 * 37))
+    assert r.read(["v"]).column("v").equals(t.column("v"))
+
+
+def test_missing_column_read_as_defaults(tmp_path: Path) -> None:
+    p = write_part(tmp_path / "p", [("x", T("UInt8"))], [pa.table({"x": pa.array([1, 2], pa.uint8())})])
+    r = PartReader(p, {"x": T("UInt8"), "added": T("String")})
+    assert r.read().column("added").to_pylist() == [b"", b""]
+
+
+def test_adaptive_marks_mrk2(tmp_path: Path) -> None:
+    """A .mrk2 part (3 UInt64 per mark + final mark, as modern ClickHouse writes) reads the same."""
+    n = 100
+    t = pa.table({"x": pa.array(np.arange(n, dtype=np.uint32)), "s": pa.array([b"ab"] * n)})
+    cols = [("x", T("UInt32")), ("s", T("String"))]
+    p = write_part(tmp_path / "p", cols, [t], WriterSettings(index_granularity=30, min_compress_block_size=64,
+                                                             fsync=False))
+    for stem in ("x", "s"):
+        m = marks(p / f"{stem}.mrk")
+        rows = [30, 30, 30, 10]
+        size = (p / f"{stem}.bin").stat().st_size
+        raw = b"".join(struct.pack("<QQQ", a, b, r) for (a, b), r in zip(m, rows, strict=True))
+        (p / f"{stem}.mrk2").write_bytes(raw + struct.pack("<QQQ", size, 0, 0))
+        (p / f"{stem}.mrk").unlink()
+    r = PartReader(p)
+    assert r.layout.adaptive and r.granules == 4
+    assert r.read().equals(t)
+
+
+@pytest.mark.parametrize("extra", ["data.bin", "primary.cidx", "x.cmrk2"])
+def test_unsupported_layouts(tmp_path: Path, extra: str) -> None:
+    p = write_part(tmp_path / "p", [("x", T("UInt8"))], [pa.table({"x": pa.array([1], pa.uint8())})])
+    (p / extra).write_bytes(b"")
+    with pytest.raises(UnsupportedPartFormatError):
+        PartReader(p)
+
+
+def test_sparse_serialization_refused(tmp_path: Path) -> None:
+    p = write_part(tmp_path / "p", [("x", T("UInt8"))], [pa.table({"x": pa.array([1], pa.uint8())})])
+    (p / "serialization.json").write_text('{"columns":[{"name":"x","kind":"Sparse"}],"version":0}')
+    with pytest.raises(UnsupportedPartFormatError, match="Sparse"):
+        PartReader(p)
+
+
+def test_verify_detects_corruption(tmp_path: Path) -> None:
+    t = pa.table({"x": pa.array(np.arange(100, dtype=np.uint64))})
+    p = write_part(tmp_path / "p", [("x", T("UInt64"))], [t])
+    PartDirectory.at(p).verify()
+    data = bytearray((p / "x.bin").read_bytes())
+    data[-1] ^= 1
+    (p / "x.bin").write_bytes(bytes(data))
+    with pytest.raises(CorruptedDataError, match=r"x\.bin"):
+        PartDirectory.at(p).verify()
+    with pytest.raises(CorruptedDataError):
+        PartReader(p).read()
+
+
+def test_fixed_width() -> None:
+    assert fixed_width("Date") == 2 and fixed_width("DateTime('Europe/Moscow')") == 4
+    assert fixed_width("Decimal(20, 3)") == 16 and fixed_width("FixedString(5)") == 5
+    assert fixed_width("Nullable(Int16)") == 2 and fixed_width("String") is None
+    assert fixed_width("Enum8('a' = 1)") == 1 and fixed_width("Array(UInt8)") is None
+
+
+# ---- random round trips ------------------------------------------------------------------------------
+
+_ROUNDTRIP_TYPES = ["Int8", "UInt16", "Int32", "UInt64", "Float32", "Float64", "Date", "DateTime", "String",
+                    "FixedString(3)"]
+
+
+@st.composite
+def tables(draw: st.DrawFn) -> tuple[list[tuple[str, DataType]], pa.Table]:
+    names = draw(st.lists(st.sampled_from(_ROUNDTRIP_TYPES), min_size=1, max_size=4))
+    n = draw(st.integers(0, 400))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    cols, arrays = [], []
+    for i, tn in enumerate(names):
+        dt = T(tn)
+        at = dt.arrow_type
+        if pa.types.is_integer(at):
+            info = np.iinfo(at.to_pandas_dtype())
+            arr = pa.array(rng.integers(info.min, info.max, n, endpoint=True, dtype=info.dtype), at)
+        elif pa.types.is_floating(at):
+            arr = pa.array(rng.normal(0, 1e6, n).astype(at.to_pandas_dtype()), at)
+        elif pa.types.is_date32(at):
+            arr = pa.array(rng.integers(0, 65535, n).astype(np.int32), pa.date32())
+        elif pa.types.is_timestamp(at):
+            arr = pa.array(rng.integers(0, 2**32 - 1, n), pa.timestamp("s"))
+        elif pa.types.is_fixed_size_binary(at):
+            arr = pa.array([bytes(rng.integers(0, 256, 3).astype(np.uint8)) for _ in range(n)], at)
+        else:
+            arr = pa.array([bytes(rng.integers(0, 256, int(rng.integers(0, 300))).astype(np.uint8))
+                            for _ in range(n)], pa.binary())
+        cols.append((f"c{i}", dt))
+        arrays.append(arr)
+    return cols, pa.Table.from_arrays(arrays, names=[c for c, _ in cols])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=tables(), granularity=st.sampled_from([1, 3, 50, 8192]),
+       method=st.sampled_from(["zstd", "lz4", "none"]))
+def test_roundtrip(
+    tmp_path_factory: pytest.TempPathFactory,
+    data: tuple[list[tuple[str, DataType]], pa.Table],
+    granularity: int,
+    method: str,
+) -> None:
+    cols, t = data
+    s = WriterSettings(index_granularity=granularity, method=method, min_compress_block_size=1024,  # type: ignore[arg-type]
+                       max_compress_block_size=4096, fsync=False)
+    p = write_part(tmp_path_factory.mktemp("rt") / "p", cols, [t], s)
+    PartDirectory.at(p).verify(require_all_files_listed=True)
+    r = PartReader(p, index_granularity=granularity)
+    assert r.rows == t.num_rows
+    assert r.read().equals(t)
+
+
+# ---- failures ------------------------------------------------------------------------------------------
+
+
+def test_failure_removes_tmp_dir(tmp_path: Path) -> None:
+    w = PartWriter(tmp_path / "tmp_insert_x", [("x", T("UInt8"))], WriterSettings(fsync=False))
+    with pytest.raises(BadInputError, match="column x"):
+        w.write(pa.table({"x": pa.array([1], pa.int64())}))
+    assert not (tmp_path / "tmp_insert_x").exists()
+
+
+def test_context_manager_cleans_up_without_finish(tmp_path: Path) -> None:
+    with PartWriter(tmp_path / "t", [("x", T("UInt8"))], WriterSettings(fsync=False)) as w:
+        w.write(pa.table({"x": pa.array([1], pa.uint8())}))
+    assert not (tmp_path / "t").exists()
+
+
+def test_leftover_tmp_dir_is_replaced(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "junk.bin").write_bytes(b"junk")
+    p = write_part(tmp_path / "t", [("x", T("UInt8"))], [pa.table({"x": pa.array([1], pa.uint8())})])
+    assert not (p / "junk.bin").exists()
+
+
+def test_primary_key_expression_arrays(tmp_path: Path) -> None:
+    n = 10
+    t = pa.table({"x": pa.array(np.arange(n, dtype=np.uint32))})
+    key = pa.array(np.arange(n, dtype=np.uint32) // 3, pa.uint32())
+    with PartWriter(tmp_path / "p", [("x", T("UInt32"))], WriterSettings(index_granularity=4, fsync=False),
+                    primary_key=["intDiv(x, 3)", "x"], key_types={"intDiv(x, 3)": U32}) as w:
+        w.write(t.slice(0, 5), key_arrays={"intDiv(x, 3)": key.slice(0, 5)})
+        w.write(t.slice(5), key_arrays={"intDiv(x, 3)": key.slice(5)})
+        w.finish()
+    # granules start at rows 0, 4, 8: (0,0) (1,4) (2,8)
+    assert (tmp_path / "p" / "primary.idx").read_bytes() == struct.pack("<6I", 0, 0, 1, 4, 2, 8)
+
+
+# ---- prepare_block / sort_table ------------------------------------------------------------------------
+
+COLS = [("a", T("UInt8")), ("s", T("String"))]
+
+
+def test_prepare_block_maps_and_fills_defaults() -> None:
+    out = prepare_block(pa.table({"a": pa.array([1, 2])}), COLS)
+    assert out.schema.names == ["a", "s"]
+    assert out.column("a").type == pa.uint8()
+    assert out.column("s").to_pylist() == [b"", b""]
+
+
+def test_prepare_block_unknown_column() -> None:
+    with pytest.raises(BadInputError, match="column zz"):
+        prepare_block(pa.table({"a": [1], "zz": [2]}), COLS)
+
+
+def test_prepare_block_missing_column_strict() -> None:
+    with pytest.raises(BadInputError, match="column s"):
+        prepare_block(pa.table({"a": [1]}), COLS, fill_missing=False)
+
+
+def test_prepare_block_out_of_range_names_column_and_row() -> None:
+    with pytest.raises(BadInputError, match=r"column a.*row 2"):
+        prepare_block(pa.table({"a": [1, 2, 300], "s": ["x", "y", "z"]}), COLS)
+
+
+def test_prepare_block_wrong_type() -> None:
+    with pytest.raises(BadInputError, match="column a"):
+        prepare_block(pa.table({"a": pa.array([[1], [2]]), "s": ["x", "y"]}), COLS)
+
+
+def test_sort_table() -> None:
+    t = pa.table({"a": [3, 1, 2, 1], "b": ["x", "z", "y", "a"]})
+    out = sort_table(t, [t.column("a"), t.column("b")])
+    assert out.column("b").to_pylist() == ["a", "z", "y", "x"]
+    assert sort_table(out, [out.column("a")]) is out  # already sorted: no copy
+
+
+def test_granule_carry_matches_single_write(tmp_path: Path) -> None:
+    t = pa.table({"x": pa.array(np.arange(20000, dtype=np.uint64))})
+    one = write_part(tmp_path / "a", [("x", T("UInt64"))], [t])
+    pieces = [t.slice(0, 5000), t.slice(5000, 9000), t.slice(14000)]
+    two = write_part(tmp_path / "b", [("x", T("UInt64"))], pieces)
+    assert (one / "x.bin").read_bytes() == (two / "x.bin").read_bytes()
+    assert (one / "x.mrk").read_bytes() == (two / "x.mrk").read_bytes()
+    shutil.rmtree(one)
