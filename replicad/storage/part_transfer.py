@@ -1,0 +1,404 @@
+"""DataPartsExchange response body: sending a part and receiving one (the HTTP layer lives elsewhere).
+
+Body layout (integers little endian, ``String`` = VarUInt length + bytes), by negotiated protocol version:
+
+    v>=1  UInt64 sum of the file sizes listed in checksums.txt
+    v>=2  String ttl infos ("ttl format version: 1\\n" + JSON; "{}" without TTL)
+    v>=3  String part type ("Wide")
+    v>=5  36 ASCII chars part UUID
+    v>=7  UInt64 number of projections (each: String name + its own file list, before the main list)
+    file list: UInt64 n, then per file: String name, UInt64 size, the bytes, 16-byte file hash
+              (ClickHouse hashing-buffer hash of the bytes).
+
+18.16 speaks only v0 (no cookie, ignores client_protocol_version).  We send v0..v3; we receive v0..v10
+(zero-copy is never requested, projections are refused).  The sender streams files in chunks and checks
+every file against checksums.txt as it goes; the receiver validates names, streams files to disk with
+bounded memory, checks every hash, requires EOF, then checks the received checksums.txt against the files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import struct
+from collections.abc import AsyncIterator, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from replicad.errors import CorruptedDataError, InsecurePathError
+from replicad.model.checksums import Checksums, MinimalisticChecksums
+from replicad.model.cityhash import FileHasher
+
+CHECKSUMS_FILE = "checksums.txt"
+COLUMNS_FILE = "columns.txt"
+#: files a part may carry (and a sender may send) without an entry in checksums.txt
+NO_CHECKSUM_FILES = frozenset(
+    {
+        CHECKSUMS_FILE,
+        COLUMNS_FILE,
+        "default_compression_codec.txt",
+        "metadata_version.txt",
+        "columns_substreams.txt",
+        "txn_version.txt",
+    }
+)
+SEND_MAX_PROTOCOL_VERSION = 3  # answer cookie server_protocol_version = min(client, this)
+RECEIVE_MAX_PROTOCOL_VERSION = 10
+TTL_INFOS_HEADER = "ttl format version: 1\n"
+EMPTY_TTL_INFOS = TTL_INFOS_HEADER + "{}"
+NIL_UUID = "00000000-0000-0000-0000-000000000000"
+CHUNK_SIZE = 1 << 20
+MAX_FILES = 100_000
+MAX_FILE_SIZE = 1 << 40
+MAX_NAME_LENGTH = 255
+_SMALL_FILE = 1 << 16
+_U64 = struct.Struct("<Q")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.%+-]+")
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+class AsyncByteStream(Protocol):
+    """What we need from aiohttp's StreamReader (asyncio.StreamReader fits too)."""
+
+    async def readexactly(self, n: int) -> bytes: ...
+
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+def check_file_name(name: str) -> str:
+    """A file name inside a part directory: one plain path component of safe characters."""
+    if not name or len(name) > MAX_NAME_LENGTH or name in (".", "..") or not _NAME_RE.fullmatch(name):
+        raise InsecurePathError(f"Bad file name in part: {name!r}")
+    return name
+
+
+def _varuint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _string(b: bytes) -> bytes:
+    return _varuint(len(b)) + b
+
+
+# ---------------------------------------------------------------------------------------------- sending
+
+
+def body_header(checksums: Checksums, protocol_version: int, part_type: str = "Wide") -> bytes:
+    """The fields before the file list for ``protocol_version`` (0 → empty)."""
+    if not 0 <= protocol_version <= 7:
+        raise ValueError(f"cannot send DataPartsExchange protocol version {protocol_version}")
+    out = b""
+    if protocol_version >= 1:
+        out += _U64.pack(checksums.total_size)
+    if protocol_version >= 2:
+        out += _string(EMPTY_TTL_INFOS.encode())
+    if protocol_version >= 3:
+        out += _string(part_type.encode())
+    if protocol_version >= 5:
+        out += NIL_UUID.encode()
+    if protocol_version >= 7:
+        out += _U64.pack(0)  # no projections
+    return out
+
+
+def files_to_send(checksums: Checksums) -> list[str]:
+    """checksums.txt entries plus checksums.txt and columns.txt, in byte order of the names (as 18.16)."""
+    return sorted({*checksums.files, CHECKSUMS_FILE, COLUMNS_FILE})
+
+
+def iter_part_body_sync(
+    part_dir: str | os.PathLike[str],
+    checksums: Checksums,
+    protocol_version: int = 0,
+    chunk_size: int = CHUNK_SIZE,
+) -> Generator[bytes, None, None]:
+    """Generate the response body in pieces of about ``chunk_size`` bytes (blocking file reads).
+
+    Every file is hashed while being read and compared with its checksums.txt entry; a mismatch (or a
+    file changing size underneath) raises CorruptedDataError naming the file before its trailing hash
+    is produced, so the receiver sees a truncated body rather than a wrong part."""
+    base = Path(part_dir)
+    names = files_to_send(checksums)
+    buf = bytearray(body_header(checksums, protocol_version))
+    buf += _U64.pack(len(names))
+    for name in names:
+        expected = checksums.files.get(name)
+        with open(base / check_file_name(name), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if expected is not None and size != expected.file_size:
+                raise CorruptedDataError(
+                    f"Unexpected size of file {name} in part {base.name}: "
+                    f"{size} instead of {expected.file_size}"
+                )
+            buf += _string(name.encode())
+            buf += _U64.pack(size)
+            hasher = FileHasher()
+            remaining = size
+            while remaining:
+                piece = f.read(min(chunk_size, remaining))
+                if not piece:
+                    raise CorruptedDataError(f"File {name} of part {base.name} shrank while being sent")
+                hasher.update(piece)
+                remaining -= len(piece)
+                if not buf and len(piece) >= chunk_size // 2:
+                    yield piece
+                    continue
+                buf += piece
+                if len(buf) >= chunk_size:
+                    yield bytes(buf)
+                    buf = bytearray()
+            if f.read(1):
+                raise CorruptedDataError(f"File {name} of part {base.name} grew while being sent")
+        digest = hasher.digest()
+        if expected is not None and digest != expected.file_hash:
+            raise CorruptedDataError(f"Checksum mismatch for file {name} in part {base.name}")
+        buf += digest
+        if len(buf) >= chunk_size:
+            yield bytes(buf)
+            buf = bytearray()
+    if buf:
+        yield bytes(buf)
+
+
+async def iter_part_body(
+    part_dir: str | os.PathLike[str],
+    checksums: Checksums,
+    protocol_version: int = 0,
+    chunk_size: int = CHUNK_SIZE,
+) -> AsyncIterator[bytes]:
+    """Async version of :func:`iter_part_body_sync`: file reading and hashing run in a worker thread."""
+    gen = iter_part_body_sync(part_dir, checksums, protocol_version, chunk_size)
+    try:
+        while True:
+            piece = await asyncio.to_thread(next, gen, None)
+            if piece is None:
+                return
+            yield piece
+    finally:
+        try:
+            gen.close()
+        except ValueError:  # still running in its thread after a cancellation; it is collected later
+            pass
+
+
+# --------------------------------------------------------------------------------------------- receiving
+
+
+@dataclass(frozen=True)
+class ReceivedFile:
+    size: int
+    file_hash: bytes
+
+
+@dataclass(frozen=True)
+class ReceivedPart:
+    """A fetched part sitting, verified, in ``path`` (a temporary directory the caller then renames)."""
+
+    path: Path
+    checksums: Checksums
+    files: dict[str, ReceivedFile]
+    part_type: str = "Wide"
+    sum_files_size: int | None = None
+    ttl_infos: str | None = None
+    uuid: str | None = None
+    body_size: int = 0
+    extra_files: tuple[str, ...] = field(default=())
+
+
+class _Body:
+    """Counts bytes and turns a short read into CorruptedDataError."""
+
+    def __init__(self, stream: AsyncByteStream) -> None:
+        self.stream = stream
+        self.count = 0
+
+    async def exactly(self, n: int, what: str) -> bytes:
+        try:
+            data = await self.stream.readexactly(n) if n else b""
+        except asyncio.IncompleteReadError as e:
+            raise CorruptedDataError(
+                f"Truncated part body: {what} cut off at byte {self.count + len(e.partial)}"
+            ) from e
+        self.count += n
+        return data
+
+    async def u64(self, what: str) -> int:
+        return int(_U64.unpack(await self.exactly(8, what))[0])
+
+    async def varuint(self, what: str) -> int:
+        result = shift = 0
+        for _ in range(10):
+            b = (await self.exactly(1, what))[0]
+            result |= (b & 0x7F) << shift
+            if b < 0x80:
+                return result
+            shift += 7
+        raise CorruptedDataError(f"Bad VarUInt in part body ({what}) at byte {self.count}")
+
+    async def string(self, what: str, limit: int) -> bytes:
+        n = await self.varuint(what)
+        if n > limit:
+            raise CorruptedDataError(f"Too long {what} in part body: {n} bytes")
+        return await self.exactly(n, what)
+
+
+def _write_small(path: Path, data: bytes, fsync: bool) -> None:
+    with open(path, "xb") as f:
+        f.write(data)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _close(f: BinaryIO, fsync: bool) -> None:
+    try:
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        f.close()
+
+
+async def _receive_file(body: _Body, path: Path, size: int, name: str, fsync: bool) -> bytes:
+    hasher = FileHasher()
+    if size <= _SMALL_FILE:
+        data = await body.exactly(size, f"file {name}")
+        hasher.update(data)
+        await asyncio.to_thread(_write_small, path, data, fsync)
+    else:
+        f = await asyncio.to_thread(open, path, "xb")
+        try:
+            remaining = size
+            while remaining:
+                piece = await body.exactly(min(CHUNK_SIZE, remaining), f"file {name}")
+                remaining -= len(piece)
+                hasher.update(piece)
+                await asyncio.to_thread(f.write, piece)
+        finally:
+            await asyncio.to_thread(_close, f, fsync)
+    return hasher.digest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def receive_part(
+    stream: AsyncByteStream,
+    tmp_dir: str | os.PathLike[str],
+    server_protocol_version: int = 0,
+    expected_checksums: Checksums | MinimalisticChecksums | None = None,
+    *,
+    fsync: bool = False,
+    max_files: int = MAX_FILES,
+    max_file_size: int = MAX_FILE_SIZE,
+) -> ReceivedPart:
+    """Read a DataPartsExchange body from ``stream`` into the new directory ``tmp_dir`` and verify it.
+
+    ``server_protocol_version`` is the sender's ``server_protocol_version`` cookie (0 when absent, as
+    with 18.16).  Raises InsecurePathError for a bad file name and CorruptedDataError for anything else
+    wrong (truncation, wrong hash, sizes or files not matching checksums.txt, trailing data, mismatch with
+    ``expected_checksums``); ``tmp_dir`` is then removed.  ``tmp_dir`` must not exist yet."""
+    if not 0 <= server_protocol_version <= RECEIVE_MAX_PROTOCOL_VERSION:
+        raise CorruptedDataError(f"Unsupported DataPartsExchange protocol version {server_protocol_version}")
+    path = Path(tmp_dir)
+    await asyncio.to_thread(path.mkdir)
+    try:
+        return await _receive(
+            _Body(stream), path, server_protocol_version, expected_checksums, fsync, max_files, max_file_size
+        )
+    except BaseException:
+        await asyncio.shield(asyncio.to_thread(shutil.rmtree, path, True))
+        raise
+
+
+async def _receive(
+    body: _Body,
+    path: Path,
+    version: int,
+    expected: Checksums | MinimalisticChecksums | None,
+    fsync: bool,
+    max_files: int,
+    max_file_size: int,
+) -> ReceivedPart:
+    sum_size = ttl = uuid = None
+    part_type = "Wide"
+    if version >= 1:
+        sum_size = await body.u64("part size")
+    if version >= 2:
+        ttl = (await body.string("ttl infos", 1 << 20)).decode("utf-8", "replace")
+        if not ttl.startswith(TTL_INFOS_HEADER):
+            raise CorruptedDataError(f"Bad ttl infos in part body: {ttl[:40]!r}")
+    if version >= 3:
+        part_type = (await body.string("part type", 64)).decode("ascii", "replace")
+    if version >= 5:
+        uuid = (await body.exactly(36, "part uuid")).decode("ascii", "replace")
+        if not _UUID_RE.fullmatch(uuid):
+            raise CorruptedDataError(f"Bad part UUID in part body: {uuid!r}")
+    if version >= 7:
+        projections = await body.u64("projections count")
+        if projections:
+            raise CorruptedDataError(f"Parts with projections are not supported ({projections} sent)")
+
+    n_files = await body.u64("number of files")
+    if n_files > max_files:
+        raise CorruptedDataError(f"Too many files in part body: {n_files}")
+    files: dict[str, ReceivedFile] = {}
+    for _ in range(n_files):
+        raw = await body.string("file name", 4 * MAX_NAME_LENGTH)
+        try:
+            name = raw.decode("ascii")
+        except UnicodeDecodeError as e:
+            raise InsecurePathError(f"Bad file name in part: {raw!r}") from e
+        check_file_name(name)
+        if name in files:
+            raise CorruptedDataError(f"File {name} sent twice in part body")
+        size = await body.u64(f"size of {name}")
+        if size > max_file_size:
+            raise CorruptedDataError(f"File {name} in part body is too large: {size} bytes")
+        digest = await _receive_file(body, path / name, size, name, fsync)
+        sent = await body.exactly(16, f"hash of {name}")
+        if sent != digest:
+            raise CorruptedDataError(f"Checksum mismatch for file {name} transferred from other replica")
+        files[name] = ReceivedFile(size, digest)
+    if await body.stream.read(1):
+        raise CorruptedDataError(f"Unexpected data after the part body (after byte {body.count})")
+
+    for required in (CHECKSUMS_FILE, COLUMNS_FILE):
+        if required not in files:
+            raise CorruptedDataError(f"No {required} in the transferred part")
+    raw_checksums = await asyncio.to_thread((path / CHECKSUMS_FILE).read_bytes)
+    checksums = Checksums.parse(raw_checksums)
+    for name, c in checksums.files.items():
+        got = files.get(name)
+        if got is None:
+            raise CorruptedDataError(f"No file {name} in the transferred part")
+        if got.size != c.file_size:
+            raise CorruptedDataError(f"Unexpected size of file {name} in the transferred part")
+        if got.file_hash != c.file_hash:
+            raise CorruptedDataError(f"Checksum mismatch for file {name} in the transferred part")
+    extra = tuple(sorted(n for n in files if n not in checksums.files))
+    unexpected = [n for n in extra if n not in NO_CHECKSUM_FILES]
+    if unexpected:
+        raise CorruptedDataError(f"Unexpected file {unexpected[0]} in the transferred part")
+    if sum_size is not None and sum_size != checksums.total_size:
+        raise CorruptedDataError(f"Part size {sum_size} sent, but its files add up to {checksums.total_size}")
+    if isinstance(expected, MinimalisticChecksums):
+        expected.check_equal(checksums, True)
+    elif expected is not None:
+        expected.check_equal(checksums, False)
+    if fsync:
+        await asyncio.to_thread(_fsync_dir, path)
+    return ReceivedPart(path, checksums, files, part_type, sum_size, ttl, uuid, body.count, extra)

@@ -1,0 +1,295 @@
+"""DataPartsExchange body codec: our v0 output equals a real 18.16 response; receive verifies everything."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replicad.errors import CorruptedDataError, InsecurePathError
+from replicad.model.checksums import Checksum, Checksums, plain_checksum
+from replicad.model.cityhash import file_hash
+from replicad.storage.part_transfer import (
+    EMPTY_TTL_INFOS,
+    ReceivedPart,
+    body_header,
+    check_file_name,
+    files_to_send,
+    iter_part_body,
+    iter_part_body_sync,
+    receive_part,
+)
+
+FIXTURE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "ch18_part_basic"
+PART = FIXTURE_DIR / "202611_1_1_0"
+REAL_RESPONSE = (FIXTURE_DIR / "dpe_v0_response_202611_0_0_0.bin").read_bytes()
+CHECKSUMS = Checksums.parse((PART / "checksums.txt").read_bytes())
+
+
+def body_of(part: Path, cs: Checksums, version: int = 0, chunk: int = 1 << 20) -> bytes:
+    return b"".join(iter_part_body_sync(part, cs, version, chunk))
+
+
+def stream(data: bytes) -> asyncio.StreamReader:
+    r = asyncio.StreamReader()
+    r.feed_data(data)
+    r.feed_eof()
+    return r
+
+
+async def receive_from_bytes(
+    body: bytes, target: Path, version: int, expected: Checksums | None = None
+) -> ReceivedPart:
+    return await receive_part(stream(body), target, version, expected)
+
+
+def varuint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    return bytes([*out, n])
+
+
+def entry(name: bytes, data: bytes, digest: bytes | None = None) -> bytes:
+    return varuint(len(name)) + name + struct.pack("<Q", len(data)) + data + (digest or file_hash(data))
+
+
+def files_body(files: list[tuple[bytes, bytes]]) -> bytes:
+    return struct.pack("<Q", len(files)) + b"".join(entry(n, d) for n, d in files)
+
+
+def make_part(root: Path, extra: dict[str, bytes] | None = None) -> tuple[Path, Checksums]:
+    """A synthetic part: small files plus a 300 KB one (bigger than one receive chunk path threshold)."""
+    part = root / "all_1_1_0"
+    part.mkdir()
+    files = {
+        "count.txt": b"3",
+        "big.mrk": random.Random(7).randbytes(300_000),
+        "x.mrk": b"\x00" * 16,
+        **(extra or {}),
+    }
+    for name, data in files.items():
+        (part / name).write_bytes(data)
+    cs = Checksums({n: plain_checksum(d) for n, d in files.items()})
+    (part / "checksums.txt").write_bytes(cs.to_bytes())
+    (part / "columns.txt").write_bytes(b"columns format version: 1\n1 columns:\n`x` UInt8\n")
+    return part, cs
+
+
+async def test_v0_body_equals_real_18_16_response() -> None:
+    assert files_to_send(CHECKSUMS)[:3] == ["checksums.txt", "columns.txt", "count.txt"]
+    assert body_of(PART, CHECKSUMS) == REAL_RESPONSE
+    assert body_of(PART, CHECKSUMS, chunk=100) == REAL_RESPONSE
+    pieces = [p async for p in iter_part_body(PART, CHECKSUMS, 0, 1000)]
+    assert b"".join(pieces) == REAL_RESPONSE and max(map(len, pieces)) <= 2000
+
+
+async def test_receive_real_response(tmp_path: Path) -> None:
+    got = await receive_part(stream(REAL_RESPONSE), tmp_path / "tmp-fetch_202611_0_0_0", 0, CHECKSUMS)
+    assert isinstance(got, ReceivedPart)
+    assert got.checksums == CHECKSUMS and got.body_size == len(REAL_RESPONSE)
+    assert got.extra_files == ("checksums.txt", "columns.txt")
+    assert got.part_type == "Wide" and got.sum_files_size is None
+    for p in PART.iterdir():
+        assert (got.path / p.name).read_bytes() == p.read_bytes()
+    assert len(list(got.path.iterdir())) == 20
+    # the minimalistic value from ZooKeeper is accepted as the expectation as well
+    zk = Checksums.parse((PART / "checksums.txt").read_bytes()).minimalistic()
+    got2 = await receive_part(stream(REAL_RESPONSE), tmp_path / "b", 0, zk, fsync=True)
+    assert got2.checksums == CHECKSUMS
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, 7])
+async def test_roundtrip_versions(tmp_path: Path, version: int) -> None:
+    part, cs = make_part(tmp_path)
+    body = body_of(part, cs, version, chunk=70_000)
+    header = body_header(cs, version)
+    assert body.startswith(header)
+    if version >= 1:
+        assert struct.unpack_from("<Q", body)[0] == 300_000 + 1 + 16
+    if version >= 2:
+        assert body[8] == 24 and body[9:33] == EMPTY_TTL_INFOS.encode()
+    if version >= 3:
+        assert body[33:38] == b"\x04Wide"
+    got = await receive_part(stream(body), tmp_path / "recv", version, cs)
+    assert got.checksums == cs and got.part_type == "Wide"
+    assert got.sum_files_size == (cs.total_size if version >= 1 else None)
+    assert got.ttl_infos == (EMPTY_TTL_INFOS if version >= 2 else None)
+    assert got.uuid == ("00000000-0000-0000-0000-000000000000" if version >= 5 else None)
+    for name in files_to_send(cs):
+        assert (got.path / name).read_bytes() == (part / name).read_bytes()
+
+
+async def test_modern_extra_files_accepted(tmp_path: Path) -> None:
+    part, cs = make_part(tmp_path)
+    (part / "metadata_version.txt").write_bytes(b"0")
+    body = body_of(part, cs)
+    n = struct.unpack_from("<Q", body)[0]
+    body = struct.pack("<Q", n + 1) + body[8:] + entry(b"metadata_version.txt", b"0")
+    got = await receive_part(stream(body), tmp_path / "r", 0)
+    assert "metadata_version.txt" in got.extra_files
+
+
+def real_files() -> list[tuple[bytes, bytes]]:
+    return [(n.encode(), (PART / n).read_bytes()) for n in files_to_send(CHECKSUMS)]
+
+
+async def expect_failure(
+    tmp_path: Path, body: bytes, exc: type[Exception], match: str, version: int = 0
+) -> None:
+    target = tmp_path / "tmp-fetch_x"
+    with pytest.raises(exc, match=match):
+        await receive_part(stream(body), target, version, CHECKSUMS)
+    assert not target.exists()  # nothing left behind
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        *(b"../x", b"a/b", b"/etc/passwd", b"", b".", b"..", b"x\x00y", b"x" * 300),
+        *(b"caf\xc3\xa9", b"a\\b", b"a b", b"\xff"),
+    ],
+)
+async def test_bad_file_names(tmp_path: Path, name: bytes) -> None:
+    body = files_body([(name, b"data")])
+    await expect_failure(tmp_path, body, InsecurePathError, "Bad file name")
+    assert not (tmp_path.parent / "x").exists()
+
+
+async def test_hostile_bodies(tmp_path: Path) -> None:
+    files = real_files()
+    E = CorruptedDataError
+    await expect_failure(tmp_path, REAL_RESPONSE + b"\x00", E, "Unexpected data after")
+    bad_hash = REAL_RESPONSE[:-1] + bytes([REAL_RESPONSE[-1] ^ 1])
+    await expect_failure(tmp_path, bad_hash, E, "Checksum mismatch for file tags.size0.mrk")
+    # a file whose content differs from checksums.txt but is consistent with its own trailing hash
+    swapped = [(n, b"4" if n == b"count.txt" else d) for n, d in files]
+    await expect_failure(tmp_path, files_body(swapped), E, "Checksum mismatch for file count.txt")
+    longer = [(n, b"33" if n == b"count.txt" else d) for n, d in files]
+    await expect_failure(tmp_path, files_body(longer), E, "Unexpected size of file count.txt")
+    missing = [(n, d) for n, d in files if n != b"id.bin"]
+    await expect_failure(tmp_path, files_body(missing), E, "No file id.bin")
+    no_columns = [(n, d) for n, d in files if n != b"columns.txt"]
+    await expect_failure(tmp_path, files_body(no_columns), E, "No columns.txt")
+    extra = [*files, (b"zzz.bin", b"x")]
+    await expect_failure(tmp_path, files_body(extra), E, "Unexpected file zzz.bin")
+    dup = [*files, files[-1]]
+    await expect_failure(tmp_path, files_body(dup), E, "sent twice")
+    huge = struct.pack("<Q", 1) + entry(b"a", b"")[:-16 - 8] + struct.pack("<Q", 1 << 50)
+    await expect_failure(tmp_path, huge, E, "too large")
+    await expect_failure(tmp_path, struct.pack("<Q", 1 << 40), E, "Too many files")
+    await expect_failure(tmp_path, struct.pack("<Q", 5) + b"\x03ab", E, "Truncated")
+    await expect_failure(tmp_path, struct.pack("<Q", 1) + REAL_RESPONSE, E, "Part size", version=1)
+    v2 = struct.pack("<Q", CHECKSUMS.total_size) + b"\x03abc" + REAL_RESPONSE
+    await expect_failure(tmp_path, v2, E, "Bad ttl infos", version=2)
+    v7 = body_header(CHECKSUMS, 5) + struct.pack("<Q", 1) + REAL_RESPONSE
+    await expect_failure(tmp_path, v7, E, "projections", version=7)
+    v5 = body_header(CHECKSUMS, 3) + b"z" * 36 + REAL_RESPONSE
+    await expect_failure(tmp_path, v5, E, "UUID", version=5)
+    await expect_failure(tmp_path, REAL_RESPONSE, E, "protocol version", version=11)
+
+
+async def test_expected_checksums_mismatch(tmp_path: Path) -> None:
+    other = Checksums({**CHECKSUMS.files, "count.txt": Checksum(1, bytes(16))})
+    with pytest.raises(CorruptedDataError, match=r"count\.txt"):
+        await receive_part(stream(REAL_RESPONSE), tmp_path / "t", 0, other)
+    assert not (tmp_path / "t").exists()
+    with pytest.raises(CorruptedDataError, match="don't match"):
+        await receive_part(stream(REAL_RESPONSE), tmp_path / "t", 0, other.minimalistic())
+
+
+async def test_truncated_anywhere(tmp_path: Path) -> None:
+    cuts = sorted({*random.Random(1).sample(range(1, len(REAL_RESPONSE)), 60), 1, 8, len(REAL_RESPONSE) - 1})
+    for cut in cuts:
+        target = tmp_path / f"t{cut}"
+        with pytest.raises(CorruptedDataError):
+            await receive_part(stream(REAL_RESPONSE[:cut]), target, 0)
+        assert not target.exists()
+
+
+async def test_truncated_big_file(tmp_path: Path) -> None:
+    part, cs = make_part(tmp_path)
+    body = body_of(part, cs)
+    for cut in (200_000, len(body) - 17):
+        with pytest.raises(CorruptedDataError, match="Truncated"):
+            await receive_part(stream(body[:cut]), tmp_path / "t", 0, cs)
+        assert not (tmp_path / "t").exists()
+
+
+async def test_existing_target_is_not_touched(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "keep").write_bytes(b"1")
+    with pytest.raises(FileExistsError):
+        await receive_part(stream(REAL_RESPONSE), tmp_path / "t", 0)
+    assert (tmp_path / "t" / "keep").exists()
+
+
+def test_sender_detects_damaged_files(tmp_path: Path) -> None:
+    part = tmp_path / "p"
+    shutil.copytree(PART, part)
+    data = bytearray((part / "name.bin").read_bytes())
+    data[100] ^= 1
+    (part / "name.bin").write_bytes(data)
+    gen = iter_part_body_sync(part, CHECKSUMS, 0, 1 << 20)
+    with pytest.raises(CorruptedDataError, match=r"Checksum mismatch for file name\.bin"):
+        list(gen)
+    (part / "name.bin").write_bytes(data[:-1])
+    with pytest.raises(CorruptedDataError, match=r"Unexpected size of file name\.bin"):
+        body_of(part, CHECKSUMS)
+    os.remove(part / "id.bin")
+    with pytest.raises(FileNotFoundError):
+        body_of(part, CHECKSUMS)
+    with pytest.raises(ValueError):
+        body_header(CHECKSUMS, 8)
+
+
+def test_check_file_name() -> None:
+    for good in ("id.bin", "n.null.mrk", "a%2E1.bin", "skp_idx_i.idx", "minmax_ctime.idx", "c-1+2.txt"):
+        assert check_file_name(good) == good
+    for bad in ("", ".", "..", "a/b", "a\x00", "x" * 256, "é", "a\n"):
+        with pytest.raises(InsecurePathError):
+            check_file_name(bad)
+
+
+NAME = st.text(alphabet="abcxyz0129_.%-", min_size=1, max_size=12).filter(
+    lambda n: n not in (".", "..") and n not in ("checksums.txt", "columns.txt")
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(NAME, st.binary(max_size=5000), min_size=0, max_size=6), st.sampled_from([0, 1, 2, 3]))
+def test_roundtrip_property(tmp_path: Path, files: dict[str, bytes], version: int) -> None:
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    part = root / "part"
+    part.mkdir()
+    for name, data in files.items():
+        (part / name).write_bytes(data)
+    cs = Checksums({n: plain_checksum(d) for n, d in files.items()})
+    (part / "checksums.txt").write_bytes(cs.to_bytes())
+    (part / "columns.txt").write_bytes(b"columns format version: 1\n0 columns:\n")
+    body = body_of(part, cs, version, chunk=1000)
+    got = asyncio.run(receive_from_bytes(body, root / "recv", version, cs))
+    assert got.checksums == cs
+    assert {p.name: p.read_bytes() for p in got.path.iterdir()} == {
+        p.name: p.read_bytes() for p in part.iterdir()
+    }
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(min_value=0, max_value=len(REAL_RESPONSE) - 1), st.integers(min_value=1, max_value=255))
+def test_any_flipped_byte_is_rejected(tmp_path: Path, pos: int, xor: int) -> None:
+    body = bytearray(REAL_RESPONSE)
+    body[pos] ^= xor
+    target = Path(tempfile.mkdtemp(dir=tmp_path)) / "t"
+    with pytest.raises((CorruptedDataError, InsecurePathError)):
+        asyncio.run(receive_from_bytes(bytes(body), target, 0))
+    assert not target.exists()
