@@ -1,0 +1,527 @@
+"""The pure core of a replica's replication queue (ClickHouse's ``ReplicatedMergeTreeQueue``).
+
+It knows the queue entries (in execution-preference order), ``virtual_parts`` (every part that will exist
+once the whole queue has been executed, plus drop ranges that must block merge assignment),
+``current_parts`` (parts that exist now or are produced by entries already executed) and ``future_parts``
+(ranges being produced right now, each tagged by the entry producing it).  ``select_entry_to_process``
+applies ``shouldExecuteLogEntry``'s rules and records why the other entries were postponed; ``finish``
+applies an entry's outcome.  No I/O: the replication/ package persists queue nodes and runs the entries.
+
+Rules (18.16 plus the modern refinements that matter for correctness):
+
+* an entry producing a part (GET/ATTACH/MERGE/MUTATE/CLONE) waits while that part, or a part covering or
+  overlapping it, is being produced by another entry;
+* MERGE_PARTS / MUTATE_PART wait while one of their source parts is being produced;
+* DROP_RANGE / DROP_PART / REPLACE_RANGE / CLEAR_COLUMN / CLEAR_INDEX wait while an executing entry
+  produces a part that intersects their range; while they execute, their range is a future part, so
+  nothing inside it starts;
+* ALTER_METADATA entries run in alter-version order; an ALTER's MUTATE_PART waits for its metadata change;
+* after a failure an entry is retried with exponential back-off (capped per kind of work);
+* an entry whose result is already covered by a current part is still selected, with ``covering_part`` set,
+  so the executor can just confirm and drop it (ClickHouse's executeLogEntry shortcut).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from replicad.model.log_entry import LogEntry, LogEntryType
+from replicad.model.part_info import PartInfo
+from replicad.model.part_set import ActivePartSet, AddOutcome
+
+T = LogEntryType
+_PRODUCING = frozenset((T.GET_PART, T.ATTACH_PART, T.MERGE_PARTS, T.MUTATE_PART, T.CLONE_PART_FROM_SHARD))
+_RANGE_OPS = frozenset((T.DROP_RANGE, T.DROP_PART, T.REPLACE_RANGE, T.CLEAR_COLUMN, T.CLEAR_INDEX))
+_FETCHES = frozenset((T.GET_PART, T.ATTACH_PART, T.CLONE_PART_FROM_SHARD))
+_INSERTS = frozenset((T.GET_PART, T.ATTACH_PART))
+
+
+@dataclass(frozen=True)
+class BackoffSettings:
+    """Delay before retrying a failed entry: ``initial_s * 2**(failures-1)``, capped by the kind of work
+    (modern ClickHouse: max_postpone_time_for_failed_replicated_fetches_ms / _merges_ms / _tasks_ms and
+    max_postpone_time_for_failed_mutations_ms)."""
+
+    initial_s: float = 1.0
+    max_fetch_s: float = 60.0
+    max_merge_s: float = 60.0
+    max_mutation_s: float = 300.0
+    max_other_s: float = 300.0
+
+    def delay(self, entry_type: LogEntryType, failures: int) -> float:
+        if failures <= 0:
+            return 0.0
+        if entry_type in _FETCHES:
+            cap = self.max_fetch_s
+        elif entry_type is T.MERGE_PARTS:
+            cap = self.max_merge_s
+        elif entry_type is T.MUTATE_PART:
+            cap = self.max_mutation_s
+        else:
+            cap = self.max_other_s
+        return float(min(cap, self.initial_s * 2.0 ** min(failures - 1, 62)))
+
+
+@dataclass
+class QueueEntry:
+    """One queue node and its in-memory bookkeeping (system.replication_queue)."""
+
+    znode_name: str
+    entry: LogEntry
+    currently_executing: bool = False
+    num_tries: int = 0
+    #: Consecutive failures (reset by a success); drives the back-off.
+    num_failures: int = 0
+    last_exception: str = ""
+    last_exception_time: float = 0.0
+    last_attempt_time: float = 0.0
+    num_postponed: int = 0
+    postpone_reason: str = ""
+    last_postpone_time: float = 0.0
+    retry_not_before: float = 0.0
+    #: GET_PART may fetch a covering part instead; tagged as a future part while executing.
+    actual_new_part_name: str = ""
+    removed: bool = False
+
+    @property
+    def type(self) -> LogEntryType:
+        return self.entry.type
+
+    def describe(self) -> str:
+        target = self.entry.new_part_name or (self.entry.drop_range_name or "")
+        return f"{self.znode_name} ({self.type.value} {target})".replace(" )", ")")
+
+
+@dataclass(frozen=True)
+class Selected:
+    queue_entry: QueueEntry
+    #: For part-producing entries: a current part that already contains the result, if any.
+    covering_part: str | None = None
+
+    @property
+    def entry(self) -> LogEntry:
+        return self.queue_entry.entry
+
+
+@dataclass(frozen=True)
+class FinishResult:
+    #: Current parts that the executed entry made obsolete.
+    replaced_parts: tuple[str, ...] = ()
+    #: Result parts that could not be recorded because they intersect a current part (a bug elsewhere).
+    intersecting: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """The queue's share of system.replicas."""
+
+    queue_size: int
+    inserts_in_queue: int
+    merges_in_queue: int
+    part_mutations_in_queue: int
+    future_parts: int
+    queue_oldest_time: int
+    inserts_oldest_time: int
+    merges_oldest_time: int
+    part_mutations_oldest_time: int
+    oldest_part_to_get: str
+    oldest_part_to_merge_to: str
+    oldest_part_to_mutate_to: str
+    last_queue_update: float
+
+
+ExtraCheck = Callable[[LogEntry], str | None]
+
+
+class QueueState:
+    def __init__(self, *, new_contains: bool = False, backoff: BackoffSettings | None = None) -> None:
+        self.new_contains = new_contains
+        self.backoff = backoff or BackoffSettings()
+        self.entries: list[QueueEntry] = []
+        self._by_znode: dict[str, QueueEntry] = {}
+        self._executing: dict[str, QueueEntry] = {}
+        self.virtual_parts = ActivePartSet(new_contains=new_contains)
+        self.current_parts = ActivePartSet(new_contains=new_contains)
+        #: part (range) name -> znode name of the entry producing it.
+        self.future_parts: dict[str, str] = {}
+        self.min_unprocessed_insert_time = 0
+        self.max_processed_insert_time = 0
+        self.last_queue_update = 0.0
+
+    # -- loading --------------------------------------------------------------------------------------------
+    def initialize(self, active_parts: Iterable[str]) -> None:
+        """The replica's active local parts, before the queue is loaded."""
+        for name in active_parts:
+            self.current_parts.add(name)
+            self.virtual_parts.add(name)
+
+    def insert(self, znode_name: str, entry: LogEntry, now: float = 0.0) -> QueueEntry:
+        if znode_name in self._by_znode:
+            return self._by_znode[znode_name]
+        qe = QueueEntry(znode_name, entry.with_znode(znode_name))
+        for name in entry.virtual_part_names():
+            self.virtual_parts.add(name)
+        if entry.type in (T.DROP_RANGE, T.DROP_PART):
+            # Drops go first: no point fetching or merging parts that are about to disappear.
+            self.entries.insert(0, qe)
+        else:
+            self.entries.append(qe)
+        self._by_znode[znode_name] = qe
+        if entry.type in _INSERTS and entry.create_time:
+            if not self.min_unprocessed_insert_time or entry.create_time < self.min_unprocessed_insert_time:
+                self.min_unprocessed_insert_time = entry.create_time
+        if now:
+            self.last_queue_update = now
+        return qe
+
+    def load(self, entries: Iterable[tuple[str, LogEntry]], now: float = 0.0) -> None:
+        """Queue nodes read at start-up, in znode order."""
+        for znode_name, entry in sorted(entries, key=lambda e: e[0]):
+            self.insert(znode_name, entry, now)
+
+    # -- selection ------------------------------------------------------------------------------------------
+    def select_entry_to_process(self, now: float, extra_check: ExtraCheck | None = None) -> Selected | None:
+        """The first runnable entry, marked as executing (its parts become future parts) and moved to the
+        end of the queue; the entries skipped on the way get their ``postpone_reason``.  ``extra_check`` may
+        veto an entry with a reason (merges cancelled, pool too small for the merge, fetch limits …)."""
+        for i, qe in enumerate(self.entries):
+            if qe.currently_executing:
+                continue
+            reason = self.postpone_reason(qe, now)
+            if reason is None and extra_check is not None:
+                reason = extra_check(qe.entry)
+            if reason is not None:
+                qe.num_postponed += 1
+                qe.postpone_reason = reason
+                qe.last_postpone_time = now
+                continue
+            del self.entries[i]
+            self.entries.append(qe)
+            qe.currently_executing = True
+            qe.num_tries += 1
+            qe.last_attempt_time = now
+            qe.postpone_reason = ""
+            for name in qe.entry.blocking_part_names():
+                self.future_parts[name] = qe.znode_name
+            self._executing[qe.znode_name] = qe
+            covering = None
+            if qe.type in _PRODUCING and qe.entry.new_part_name:
+                covering = self.current_parts.get_containing_part(qe.entry.new_part_name)
+            return Selected(qe, covering)
+        return None
+
+    def postpone_reason(self, qe: QueueEntry, now: float) -> str | None:
+        """Why ``qe`` cannot start now (None = it can)."""
+        e = qe.entry
+        if qe.retry_not_before > now:
+            return (
+                f"Not executing log entry {qe.describe()} because it failed {qe.num_failures} times "
+                "recently; "
+                f"retrying in {qe.retry_not_before - now:.1f} s. Last exception: {qe.last_exception}"
+            )
+        if e.type in _PRODUCING:
+            for name in e.blocking_part_names():
+                reason = self._future_conflict(name, qe.znode_name)
+                if reason:
+                    return reason
+        if e.type in (T.MERGE_PARTS, T.MUTATE_PART):
+            for name in e.source_parts:
+                if name in self.future_parts:
+                    return (
+                        f"Not merging into part {e.new_part_name} because part {name} is not ready yet "
+                        "(log entry for that part is being processed)."
+                    )
+        if e.type in _RANGE_OPS:
+            range_name = e.drop_range_name or e.new_part_name
+            conflicts = self._range_conflicts(range_name, qe.znode_name)
+            if conflicts:
+                listed = "".join(f"{self._by_type(z)} part {p}, " for p, z in conflicts)
+                return (
+                    f"Can't execute command for range {range_name} (entry {qe.znode_name}). "
+                    f"There are {len(conflicts)} currently executing entries blocking it: {listed}"
+                )
+        if e.type is T.ALTER_METADATA:
+            head = self._head_alter_version()
+            if head is not None and e.alter_version > head:
+                return (
+                    f"Cannot execute alter metadata with version: {e.alter_version} because another alter "
+                    f"{head} must be executed before"
+                )
+        if e.is_alter_mutation:
+            head = self._head_alter_version()
+            if head is not None and e.alter_version >= head:
+                if head == e.alter_version:
+                    return (
+                        f"Cannot execute alter data with version: {e.alter_version} because metadata still "
+                        "not altered"
+                    )
+                return (
+                    f"Cannot execute alter data with version: {e.alter_version} because another alter {head} "
+                    "must be executed before"
+                )
+        return None
+
+    def _by_type(self, znode_name: str) -> str:
+        qe = self._executing.get(znode_name)
+        return qe.type.value if qe else "?"
+
+    def _future_conflict(self, name: str, own_znode: str) -> str | None:
+        owner = self.future_parts.get(name)
+        if owner is not None and owner != own_znode:
+            return (
+                f"Not executing log entry for part {name} because another log entry for the same part is "
+                "being processed. This shouldn't happen often."
+            )
+        info = PartInfo.parse(name)
+        for future, znode in self.future_parts.items():
+            if znode == own_znode:
+                continue
+            finfo = PartInfo.parse(future)
+            if finfo.contains(info, strict=self.new_contains):
+                return (
+                    f"Not executing log entry for part {name} because it is covered by part {future} "
+                    "that is currently executing"
+                )
+            if not finfo.is_disjoint(info) and not info.contains(finfo, strict=self.new_contains):
+                return (
+                    f"Not executing log entry for part {name} because it intersects part {future} "
+                    "that is currently executing"
+                )
+        return None
+
+    def _range_conflicts(self, range_name: str, own_znode: str) -> list[tuple[str, str]]:
+        info = PartInfo.parse(range_name)
+        return [
+            (future, znode)
+            for future, znode in self.future_parts.items()
+            if znode != own_znode and not PartInfo.parse(future).is_disjoint(info)
+        ]
+
+    def _head_alter_version(self) -> int | None:
+        versions = [qe.entry.alter_version for qe in self.entries if qe.type is T.ALTER_METADATA]
+        return min(versions) if versions else None
+
+    def add_future_part_if_not_covered(self, znode_name: str, part_name: str) -> str | None:
+        """GET_PART decided to fetch ``part_name`` (a part covering its target): tag it, unless another
+        executing entry produces or covers it (then the reason is returned and nothing changes)."""
+        qe = self._executing.get(znode_name)
+        if qe is None:
+            raise KeyError(f"entry {znode_name} is not executing")
+        if part_name == qe.entry.new_part_name:
+            qe.actual_new_part_name = part_name
+            return None
+        reason = self._future_conflict(part_name, znode_name)
+        if reason is not None:
+            return reason
+        qe.actual_new_part_name = part_name
+        self.future_parts[part_name] = znode_name
+        return None
+
+    # -- outcomes -------------------------------------------------------------------------------------------
+    def finish(self, znode_name: str, *, success: bool, now: float, error: str = "") -> FinishResult:
+        """Record the end of an execution.  On success the entry leaves the queue (the caller removes its
+        node) and its parts become current; on failure it stays, with back-off."""
+        qe = self._executing.pop(znode_name, None)
+        if qe is None:
+            raise KeyError(f"entry {znode_name} is not executing")
+        self._release_future_parts(qe)
+        qe.currently_executing = False
+        if qe.removed:
+            return FinishResult()
+        if not success:
+            qe.num_failures += 1
+            qe.last_exception = error
+            qe.last_exception_time = now
+            qe.retry_not_before = now + self.backoff.delay(qe.type, qe.num_failures)
+            return FinishResult()
+        qe.num_failures = 0
+        qe.last_exception = ""
+        self._drop(qe)
+        return self._apply_success(qe.entry)
+
+    def _release_future_parts(self, qe: QueueEntry) -> None:
+        for name in (*qe.entry.blocking_part_names(), qe.actual_new_part_name):
+            if name and self.future_parts.get(name) == qe.znode_name:
+                del self.future_parts[name]
+        qe.actual_new_part_name = ""
+
+    def _apply_success(self, entry: LogEntry) -> FinishResult:
+        replaced: list[str] = []
+        intersecting: list[tuple[str, str]] = []
+        for name in entry.virtual_part_names():
+            res = self.current_parts.add(name)
+            replaced.extend(res.replaced)
+            if res.outcome is AddOutcome.INTERSECTS and res.conflict is not None:
+                intersecting.append((name, res.conflict))
+        drop = entry.drop_range_name
+        if drop:
+            self.current_parts.remove(drop)
+            self.virtual_parts.remove(drop)
+            replaced = [p for p in replaced if p != drop]
+        return FinishResult(tuple(replaced), tuple(intersecting))
+
+    def _drop(self, qe: QueueEntry) -> None:
+        """Take ``qe`` out of the queue (executed, or removed without execution)."""
+        self.entries = [x for x in self.entries if x is not qe]
+        self._by_znode.pop(qe.znode_name, None)
+        if qe.type in _INSERTS:
+            ct = qe.entry.create_time
+            if ct > self.max_processed_insert_time:
+                self.max_processed_insert_time = ct
+            times = [x.entry.create_time for x in self.entries if x.type in _INSERTS and x.entry.create_time]
+            self.min_unprocessed_insert_time = min(times) if times else 0
+
+    def remove_entry(self, znode_name: str) -> QueueEntry | None:
+        """Forget an entry without executing it (its node was removed).  An executing entry is marked removed
+        and leaves when it finishes."""
+        qe = self._by_znode.get(znode_name)
+        if qe is None:
+            return None
+        qe.removed = True
+        self._drop(qe)
+        return qe
+
+    def remove_part_producing_ops_in_range(
+        self, range_name: str, current_znode: str
+    ) -> tuple[list[str], list[str]]:
+        """For an executing DROP_RANGE/REPLACE_RANGE: remove the entries that only produce parts inside the
+        range.  Returns (removed znode names, those among them still executing — wait for them)."""
+        info = PartInfo.parse(range_name)
+        removed: list[str] = []
+        waiting: list[str] = []
+        for qe in list(self.entries):
+            if qe.znode_name == current_znode:
+                continue
+            e = qe.entry
+            doomed = False
+            if e.type in (T.GET_PART, T.ATTACH_PART, T.MERGE_PARTS, T.MUTATE_PART) and e.new_part_name:
+                doomed = info.contains(PartInfo.parse(e.new_part_name), strict=self.new_contains)
+            elif e.type is T.REPLACE_RANGE and e.replace_range is not None:
+                doomed = bool(e.replace_range.new_part_names) and all(
+                    info.contains(PartInfo.parse(p), strict=self.new_contains)
+                    for p in e.replace_range.new_part_names
+                )
+            if doomed:
+                removed.append(qe.znode_name)
+                if qe.currently_executing:
+                    waiting.append(qe.znode_name)
+                self.remove_entry(qe.znode_name)
+        return removed, waiting
+
+    def move_sibling_parts_for_merge_to_end_of_queue(self, part_name: str) -> set[str]:
+        """A part could not be fetched: push the entries producing the other sources of the merge that
+        uses it behind that merge, so the merge can be fetched whole instead (``moveSiblingParts…``)."""
+        merge_index = -1
+        sources: set[str] = set()
+        for i, qe in enumerate(self.entries):
+            if qe.type in (T.MERGE_PARTS, T.MUTATE_PART) and part_name in qe.entry.source_parts:
+                merge_index, sources = i, set(qe.entry.source_parts)
+                break
+        if merge_index < 0:
+            return set()
+        head, tail = self.entries[:merge_index], self.entries[merge_index:]
+        moved = [
+            qe
+            for qe in head
+            if qe.type in (T.MERGE_PARTS, T.GET_PART, T.MUTATE_PART) and qe.entry.new_part_name in sources
+        ]
+        kept = [qe for qe in head if all(qe is not m for m in moved)]
+        self.entries = kept + tail + moved
+        return sources
+
+    def disable_merges_in_range(self, range_name: str) -> None:
+        self.virtual_parts.add(range_name)
+
+    # -- merge assignment helpers ---------------------------------------------------------------------------
+    def merge_blocker(self, part_name: str) -> str | None:
+        """Why ``part_name`` cannot be a source of a newly assigned merge, judged from the queue."""
+        containing = self.virtual_parts.get_containing_part(part_name)
+        if containing is None:
+            return f"Entry for part {part_name} hasn't been read from the replication log yet"
+        if containing != part_name:
+            return f"Part {part_name} has already been assigned a merge into {containing}"
+        return None
+
+    # -- inspection -----------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, znode_name: object) -> bool:
+        return znode_name in self._by_znode
+
+    def get(self, znode_name: str) -> QueueEntry | None:
+        return self._by_znode.get(znode_name)
+
+    def znode_names(self) -> set[str]:
+        return set(self._by_znode)
+
+    def status(self) -> QueueStatus:
+        counts = {"insert": 0, "merge": 0, "mutate": 0}
+        oldest = {"queue": 0, "insert": 0, "merge": 0, "mutate": 0}
+        names = {"insert": "", "merge": "", "mutate": ""}
+
+        def older(kind: str, ct: int) -> bool:
+            return bool(ct) and (not oldest[kind] or ct < oldest[kind])
+
+        for qe in self.entries:
+            ct = qe.entry.create_time
+            if older("queue", ct):
+                oldest["queue"] = ct
+            kind = (
+                "insert"
+                if qe.type in _INSERTS
+                else "merge"
+                if qe.type is T.MERGE_PARTS
+                else "mutate"
+                if qe.type is T.MUTATE_PART
+                else None
+            )
+            if kind is None:
+                continue
+            counts[kind] += 1
+            if older(kind, ct):
+                oldest[kind] = ct
+                names[kind] = qe.entry.new_part_name
+        return QueueStatus(
+            queue_size=len(self.entries),
+            inserts_in_queue=counts["insert"],
+            merges_in_queue=counts["merge"],
+            part_mutations_in_queue=counts["mutate"],
+            future_parts=len(self.future_parts),
+            queue_oldest_time=oldest["queue"],
+            inserts_oldest_time=oldest["insert"],
+            merges_oldest_time=oldest["merge"],
+            part_mutations_oldest_time=oldest["mutate"],
+            oldest_part_to_get=names["insert"],
+            oldest_part_to_merge_to=names["merge"],
+            oldest_part_to_mutate_to=names["mutate"],
+            last_queue_update=self.last_queue_update,
+        )
+
+    def replication_queue_rows(self) -> list[dict[str, object]]:
+        """system.replication_queue columns (position = order of preference)."""
+        rows: list[dict[str, object]] = []
+        for pos, qe in enumerate(self.entries):
+            e = qe.entry
+            rows.append(
+                {
+                    "position": pos,
+                    "node_name": qe.znode_name,
+                    "type": e.type.value,
+                    "create_time": e.create_time,
+                    "required_quorum": e.quorum,
+                    "source_replica": e.source_replica,
+                    "new_part_name": e.new_part_name or (e.drop_range_name or ""),
+                    "parts_to_merge": list(e.source_parts),
+                    "is_detach": e.detach,
+                    "is_currently_executing": qe.currently_executing,
+                    "num_tries": qe.num_tries,
+                    "last_exception": qe.last_exception,
+                    "last_attempt_time": qe.last_attempt_time,
+                    "num_postponed": qe.num_postponed,
+                    "postpone_reason": qe.postpone_reason,
+                    "last_postpone_time": qe.last_postpone_time,
+                }
+            )
+        return rows
