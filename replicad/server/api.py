@@ -1,0 +1,455 @@
+"""The HTTP API (aiohttp) on ``api.listen_host:api.port``, with ClickHouse's HTTP conventions.
+
+* ``POST /?query=INSERT INTO db.t [(c1, c2)] FORMAT F`` + data (or the query as the body's first line);
+  200 with a JSON summary, also in ``X-ClickHouse-Summary``;
+* ``GET|POST /?query=SELECT …`` (output: TabSeparated unless ``FORMAT``/``default_format`` says otherwise);
+* ``POST /?query=CREATE TABLE|DROP TABLE|ALTER …|OPTIMIZE|TRUNCATE|SYSTEM SYNC REPLICA``;
+* ``GET /ping``, ``/replicas_status``, ``/status``, ``/tables/<db>.<t>/parts|queue|mutations``, ``/metrics``.
+
+Errors answer ``Code: <n>. DB::Exception: <message>`` with ClickHouse's code in
+``X-ClickHouse-Exception-Code`` and the status of the error class (400, 404, 413, 429 + Retry-After, 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pyarrow as pa
+from aiohttp import web
+
+from replicad import settings as settings_table
+from replicad.config import Config
+from replicad.errors import (
+    BadInputError,
+    BodyTooLargeError,
+    ReadOnlyError,
+    ReplicadError,
+    SyntaxError_,
+    TooManyPartsError,
+    UnknownSettingError,
+    UnknownTableError,
+)
+from replicad.logging import get_logger
+from replicad.server import status as status_mod
+from replicad.server.formats import InputSpec, parse_body
+from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from replicad.server.metrics import Metrics
+from replicad.server.output_formats import content_type, render
+from replicad.server.routing import InsertRoute, SelectRoute, StatementRoute, parse_full, route
+from replicad.service import (
+    Catalog,
+    InsertSettings,
+    QueryResult,
+    Statement,
+    StatementKind,
+    TableName,
+    TableService,
+)
+from replicad.storage.types import parse_type
+from replicad.tasks import Supervisor
+
+log = get_logger(__name__)
+MAX_QUERY_BYTES = 1 << 20  # a statement sent in the body (not counting INSERT data)
+READONLY_CODE = 164  # READONLY: GET requests may only read
+NO_SUCH_COLUMN = 16
+
+
+def version() -> str:
+    try:
+        return metadata.version("replicad")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+@dataclass
+class ApiState:
+    """What the handlers need; the daemon fills ``catalog``/``supervisor`` once the engine is up."""
+
+    config: Config
+    metrics: Metrics
+    catalog: Catalog | None = None
+    supervisor: Supervisor | None = None
+    state: str = "starting"  # starting / running / stopping
+    accepting_writes: bool = True
+    started_at: float = field(default_factory=time.monotonic)
+    inflight_writes: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def require_catalog(self) -> Catalog:
+        if self.catalog is None:
+            raise ReadOnlyError("Replica is starting: tables are not loaded yet")
+        return self.catalog
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[None]:
+        if not self.accepting_writes:
+            raise ReadOnlyError("Replica is shutting down: writes are refused")
+        self.inflight_writes += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            self.inflight_writes -= 1
+            if self.inflight_writes == 0:
+                self.idle.set()
+
+
+# ---- errors --------------------------------------------------------------------------------------------
+
+
+def error_text(e: ReplicadError) -> str:
+    return f"Code: {e.code}. DB::Exception: {e}\n"
+
+
+def error_response(e: ReplicadError) -> web.Response:
+    headers = {"X-ClickHouse-Exception-Code": str(e.code)}
+    if isinstance(e, TooManyPartsError):
+        headers["Retry-After"] = str(max(1, int(getattr(e, "retry_after", 1))))
+    return web.Response(status=e.http_status, text=error_text(e), headers=headers,
+                        content_type="text/plain", charset="utf-8")
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                  ) -> web.StreamResponse:
+    metrics: Metrics = request.app["state"].metrics
+    started = time.monotonic()
+    name = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
+    try:
+        resp = await handler(request)
+    except ReplicadError as e:
+        log.info("request_failed", path=request.path, code=e.code, status=e.http_status, error=str(e)[:300])
+        resp = error_response(e)
+    except web.HTTPException as e:
+        resp = e
+    except Exception as e:
+        log.error("request_crashed", path=request.path, error=f"{type(e).__name__}: {e}", exc_info=True)
+        resp = error_response(ReplicadError(f"{type(e).__name__}: {e}", code=1001))
+    metrics.http_requests.labels(name, str(resp.status)).inc()
+    metrics.http_duration.labels(name).observe(time.monotonic() - started)
+    return resp
+
+
+# ---- settings ------------------------------------------------------------------------------------------
+
+
+def url_settings(params: Mapping[str, str]) -> dict[str, int | float | str]:
+    """Query-level settings given in the URL; unknown names → UnknownSettingError (code 115)."""
+    out: dict[str, int | float | str] = {}
+    for name, raw in params.items():
+        if name in settings_table.HTTP_PARAMETERS or name.startswith("param_"):
+            continue
+        d = settings_table.SETTINGS.get(name)
+        if d is None or d.scope is not settings_table.SettingScope.QUERY:
+            raise UnknownSettingError(f"Unknown setting {name}")
+        value, problem = settings_table.coerce(name, raw)
+        if problem or value is None:
+            raise BadInputError(f"Cannot parse setting {problem or name}", code=26)
+        out[name] = value
+    return out
+
+
+def insert_settings(config: Config, given: Mapping[str, int | float | str], query_id: str) -> InsertSettings:
+    def get(name: str) -> Any:
+        return given[name] if name in given else config.setting(name)
+
+    token = get("insert_deduplication_token")
+    return InsertSettings(
+        insert_quorum=int(get("insert_quorum")),
+        insert_quorum_timeout_ms=int(get("insert_quorum_timeout")),
+        insert_deduplicate=bool(int(get("insert_deduplicate"))),
+        insert_deduplication_token=str(token) if token else None,
+        max_insert_block_size=int(get("max_insert_block_size")),
+        query_id=query_id,
+    )
+
+
+# ---- reading the query ---------------------------------------------------------------------------------
+
+
+async def _read_first_line(content: Any) -> tuple[str, bytes]:
+    """The body's first line (the statement) and the bytes already read after it."""
+    buf = bytearray()
+    while True:
+        i = buf.find(b"\n")
+        if i >= 0:
+            return buf[:i].decode("utf-8", "replace"), bytes(buf[i + 1:])
+        if len(buf) > MAX_QUERY_BYTES:
+            raise BodyTooLargeError(f"Query is longer than {MAX_QUERY_BYTES} bytes")
+        chunk = await content.read(65536)
+        if not chunk:
+            return buf.decode("utf-8", "replace"), b""
+        buf += chunk
+
+
+async def _read_rest(content: Any, prefix: bytes) -> str:
+    buf = bytearray(prefix)
+    while chunk := await content.read(65536):
+        buf += chunk
+        if len(buf) > MAX_QUERY_BYTES:
+            raise BodyTooLargeError(f"Query is longer than {MAX_QUERY_BYTES} bytes")
+    return buf.decode("utf-8", "replace")
+
+
+def _is_insert(text: str) -> bool:
+    return text.lstrip()[:6].upper() == "INSERT"
+
+
+# ---- handlers ------------------------------------------------------------------------------------------
+
+
+async def handle_query(request: web.Request) -> web.StreamResponse:
+    state: ApiState = request.app["state"]
+    params = request.query
+    given = url_settings(params)
+    query_id = params.get("query_id") or str(uuid.uuid4())
+    prefix = b""
+    text = params.get("query")
+    has_body = request.method == "POST" and request.can_read_body
+    if text is None:
+        if not has_body:
+            raise SyntaxError_("Empty query", code=62)
+        text, prefix = await _read_first_line(request.content)
+        if not _is_insert(text):
+            text = text + "\n" + await _read_rest(request.content, prefix)
+            prefix = b""
+    elif has_body and not _is_insert(text):
+        extra = await _read_rest(request.content, b"")
+        if extra.strip():
+            text = text + "\n" + extra
+    r = route(text, params.get("database") or "default")
+    if request.method != "POST" and not isinstance(r, SelectRoute):
+        raise ReplicadError("Cannot execute a query that writes with a GET request: use POST",
+                            code=READONLY_CODE)
+    headers = {"X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Server-Display-Name": state.config.replica}
+    if isinstance(r, InsertRoute):
+        if r.inline_data:
+            prefix = (r.inline_data + "\n").encode() + prefix
+        return await _insert(request, state, r, given, query_id, prefix, headers)
+    if isinstance(r, SelectRoute):
+        return await _select(request, state, r, params, headers)
+    return await _statement(state, r, text, given, headers)
+
+
+async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: Mapping[str, Any],
+                  query_id: str, prefix: bytes, headers: dict[str, str]) -> web.Response:
+    cfg = state.config
+    table = state.require_catalog().get(r.table)
+    limit = cfg.api.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLargeError(f"Request body of {request.content_length} bytes is larger than "
+                                f"api.max_body_bytes = {limit}")
+    async with state.write():
+        if table.is_readonly:
+            raise ReadOnlyError(f"Table {table.name} is in readonly mode (no ZooKeeper session)")
+        settings = insert_settings(cfg, given, query_id)
+        spec = InputSpec(
+            format=r.format, columns=_insert_columns(table, r.columns),
+            explicit_columns=r.columns is not None,
+            block_rows=settings.max_insert_block_size, tz=cfg.timezone,
+            skip_unknown_fields=bool(int(given.get("input_format_skip_unknown_fields", 0))),
+            csv_delimiter=str(given.get("format_csv_delimiter", ",")), spool_dir=_spool_dir(cfg))
+        parsed = await parse_body(request.content, spec, limit, prefix)
+        name = str(table.name)
+        try:
+            summary = await table.insert(parsed.batches, parsed.columns, settings)
+        except ReplicadError as e:
+            state.metrics.insert_errors.labels(name, str(e.code)).inc()
+            raise
+        finally:
+            await parsed.batches.aclose()  # type: ignore[attr-defined]
+            state.metrics.body_bytes.inc(parsed.body.bytes_read)
+    m = state.metrics
+    m.inserted_rows.labels(name).inc(summary.written_rows)
+    m.inserted_bytes.labels(name).inc(summary.written_bytes)
+    m.inserted_parts.labels(name).inc(summary.written_parts)
+    m.deduplicated_blocks.labels(name).inc(summary.deduplicated_blocks)
+    log.info("insert_done", table=name, query_id=query_id, format=r.format, rows=summary.written_rows,
+             parts=summary.written_parts, deduplicated_blocks=summary.deduplicated_blocks)
+    headers["X-ClickHouse-Summary"] = json.dumps(summary.header_dict(), separators=(",", ":"))
+    return web.json_response(summary.to_dict(), headers=headers)
+
+
+def _spool_dir(cfg: Config) -> str | None:
+    path = cfg.tmp_path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return str(path)
+
+
+def _insert_columns(table: TableService, names: tuple[str, ...] | None) -> list[tuple[str, Any]]:
+    cols = list(table.columns)
+    if names is None:
+        return cols
+    types = dict(cols)
+    out, seen = [], set()
+    for n in names:
+        if n not in types:
+            raise BadInputError(f"No such column {n} in table {table.name}", code=NO_SUCH_COLUMN)
+        if n in seen:
+            raise BadInputError(f"Column {n} is listed twice in the INSERT", code=15)
+        seen.add(n)
+        out.append((n, types[n]))
+    return out
+
+
+async def _select(request: web.Request, state: ApiState, r: SelectRoute, params: Mapping[str, str],
+                  headers: dict[str, str]) -> web.StreamResponse:
+    fmt = r.format or params.get("default_format") or "TabSeparated"
+    ctype = content_type(fmt)
+    if r.constant is not None:
+        is_int = r.constant.lstrip("+-").isdigit()
+        dtype = parse_type("Int64" if is_int else "String")
+        value = pa.array([int(r.constant)] if is_int else [r.constant.encode()], dtype.arrow_type)
+        result = QueryResult.from_table([(r.constant, dtype)], pa.table({r.constant: value}))
+    else:
+        table = state.require_catalog().get(r.query.table)
+        if r.is_count:
+            n = await table.count(r.query.where)
+            counted = pa.table({"count()": pa.array([n], pa.uint64())})
+            result = QueryResult.from_table([("count()", parse_type("UInt64"))], counted)
+        else:
+            result = await table.select(r.query)
+    chunks = render(result, fmt, state.config.timezone)
+    first = await anext(chunks, None)  # errors before any output still get a proper status code
+    resp = web.StreamResponse(headers={**headers, "X-ClickHouse-Format": fmt, "Content-Type": ctype})
+    await resp.prepare(request)
+    try:
+        if first:
+            await resp.write(first)
+        async for chunk in chunks:
+            await resp.write(chunk)
+    except ReplicadError as e:  # headers are gone: like ClickHouse, append the exception to the body
+        log.warning("select_failed_midway", query=r.query.text[:200], error=str(e))
+        await resp.write(error_text(e).encode())
+    await resp.write_eof()
+    return resp
+
+
+async def _statement(state: ApiState, r: StatementRoute, text: str, given: Mapping[str, Any],
+                     headers: dict[str, str]) -> web.Response:
+    catalog = state.require_catalog()
+    stmt = Statement(kind=r.kind, table=r.table, text=text, parsed=parse_full(text), if_exists=r.if_exists,
+                     settings=dict(given))
+    message = ""
+    if r.kind is StatementKind.SYNC_REPLICA:
+        result = await catalog.get(r.table).execute(stmt)
+        message = result.message
+    else:
+        async with state.write():
+            if r.kind is StatementKind.CREATE_TABLE:
+                await catalog.create_table(stmt)
+            elif r.kind is StatementKind.DROP_TABLE:
+                await catalog.drop_table(stmt)
+            else:
+                try:
+                    table = catalog.get(r.table)
+                except UnknownTableError:
+                    if r.if_exists:
+                        return web.Response(text="", headers=headers)
+                    raise
+                if table.is_readonly:
+                    raise ReadOnlyError(f"Table {table.name} is in readonly mode (no ZooKeeper session)")
+                message = (await table.execute(stmt)).message
+    log.info("statement_done", kind=r.kind.value, table=str(r.table))
+    return web.Response(text=message + ("\n" if message else ""), headers=headers)
+
+
+async def handle_ping(request: web.Request) -> web.Response:
+    return web.Response(text="Ok.\n")
+
+
+async def handle_replicas_status(request: web.Request) -> web.Response:
+    state: ApiState = request.app["state"]
+    problems = status_mod.replicas_problems(state.catalog)
+    if problems:
+        return web.Response(status=503, text="\n".join(problems) + "\n")
+    return web.Response(text="Ok.\n")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, default=str)
+
+
+async def handle_status(request: web.Request) -> web.Response:
+    state: ApiState = request.app["state"]
+    body = status_mod.build_status(replica=state.config.replica, state=state.state,
+                                   started_at=state.started_at, version=version(), catalog=state.catalog,
+                                   supervisor=state.supervisor)
+    return web.json_response(body, dumps=_dumps)
+
+
+async def handle_table(request: web.Request) -> web.Response:
+    state: ApiState = request.app["state"]
+    try:
+        name = TableName.parse(request.match_info["name"])
+    except ValueError as e:
+        raise BadInputError(str(e)) from None
+    table = state.require_catalog().get(name)
+    return web.json_response(status_mod.table_rows(table, request.match_info["what"]), dumps=_dumps)
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    state: ApiState = request.app["state"]
+    body = await asyncio.to_thread(state.metrics.render)
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+def create_app(state: ApiState) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=MAX_QUERY_BYTES)
+    app["state"] = state
+    app.router.add_route("GET", "/", handle_query)
+    app.router.add_route("POST", "/", handle_query)
+    app.router.add_get("/ping", handle_ping)
+    app.router.add_get("/replicas_status", handle_replicas_status)
+    app.router.add_get("/status", handle_status)
+    app.router.add_get(r"/tables/{name}/{what:parts|queue|mutations}", handle_table)
+    app.router.add_get("/metrics", handle_metrics)
+    return app
+
+
+class ApiServer:
+    """Runs the app on ``api.listen_host:api.port``; ``port`` is the bound port (useful with port 0)."""
+
+    def __init__(self, state: ApiState, host: str | None = None, port: int | None = None) -> None:
+        self.state = state
+        self.host = host if host is not None else state.config.api.listen_host
+        self.port = port if port is not None else state.config.api.port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(create_app(self.state), access_log=None, handle_signals=False,
+                                     shutdown_timeout=5.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            self.port = server.sockets[0].getsockname()[1]
+        log.info("api_listening", host=self.host, port=self.port)
+
+    async def stop_writes(self, timeout_s: float) -> None:
+        """Refuse new inserts/statements (503) and wait for the running ones."""
+        self.state.accepting_writes = False
+        if self.state.inflight_writes:
+            log.info("api_draining", inflight=self.state.inflight_writes, timeout_s=timeout_s)
+            try:
+                await asyncio.wait_for(self.state.idle.wait(), timeout_s)
+            except TimeoutError:
+                log.warning("api_drain_timeout", inflight=self.state.inflight_writes)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+            log.info("api_stopped")

@@ -1,0 +1,561 @@
+"""Input formats → storage Arrow, streamed from the request body.
+
+A request body is never held in memory: a worker thread pulls it from the (async) HTTP stream in
+chunks through :class:`SyncBody`, pyarrow parses it block by block, every column is converted to
+storage Arrow by its ``DataType`` and the rows are re-cut into insert blocks of exactly
+``max_insert_block_size`` rows (the last one shorter) — so a retried body produces the same blocks and
+the same ``block_id`` s.  Parquet needs random access to its footer: it is spooled to a temporary file.
+
+Formats (ClickHouse names): ``JSONEachRow``, ``TabSeparated``/``TSV`` (ClickHouse escaping, ``\\N`` =
+NULL), ``TabSeparatedWithNames``/``TSVWithNames``, ``CSV``, ``CSVWithNames``, ``ArrowStream``, ``Parquet``.
+Errors are :class:`BadInputError` naming the column and the (1-based) row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import io
+import json
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.ipc as pa_ipc
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+from replicad.errors import BadInputError, BodyTooLargeError, ReplicadError
+from replicad.storage.types import DataType
+from replicad.storage.types_base import BadValue
+
+_ALIASES = {"TSV": "TabSeparated", "TSVWithNames": "TabSeparatedWithNames"}
+INPUT_FORMATS = frozenset({"JSONEachRow", "TabSeparated", "TSV", "TabSeparatedWithNames", "TSVWithNames",
+                           "CSV", "CSVWithNames", "ArrowStream", "Parquet"})
+UNKNOWN_FORMAT = 73
+INCORRECT_DATA = 117
+NO_SUCH_COLUMN = 16
+_LETTER_ESCAPES = (("\\t", "\t"), ("\\n", "\n"), ("\\r", "\r"), ("\\0", "\0"), ("\\b", "\b"), ("\\f", "\f"),
+                   ("\\a", "\a"), ("\\v", "\v"), ("\\e", "\x1b"))
+
+
+def canonical_format(name: str) -> str:
+    if name not in INPUT_FORMATS:
+        raise BadInputError(f"Unknown input format {name}", code=UNKNOWN_FORMAT)
+    return _ALIASES.get(name, name)
+
+
+class BodySource(Protocol):
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class SyncBody(io.RawIOBase):
+    """A blocking file object over an async body, for use from a worker thread.
+
+    ``read`` asks the event loop for the next chunk and waits for it; ``limit`` bytes at most may be read
+    (BodyTooLargeError after that).  ``prefix`` is served first (bytes already read by the caller).
+    """
+
+    def __init__(self, source: BodySource, loop: asyncio.AbstractEventLoop, limit: int,
+                 prefix: bytes = b"", chunk: int = 1 << 20) -> None:
+        super().__init__()
+        self._source, self._loop, self._limit, self._chunk = source, loop, limit, chunk
+        self._pending = bytearray(prefix)
+        self.bytes_read = len(prefix)
+        self._eof = False
+        self.error: BaseException | None = None
+        if self.bytes_read > limit:
+            self.error = BodyTooLargeError(f"Request body is larger than api.max_body_bytes = {limit}")
+
+    def readable(self) -> bool:
+        return True
+
+    def _fetch(self, n: int) -> bytes:
+        if self.error is not None:
+            raise self.error
+        if self._eof:
+            return b""
+        fut = asyncio.run_coroutine_threadsafe(self._source.read(n), self._loop)
+        try:
+            data = fut.result()
+        except BaseException as e:
+            self.error = e
+            raise
+        if not data:
+            self._eof = True
+        self.bytes_read += len(data)
+        if self.bytes_read > self._limit:
+            self.error = BodyTooLargeError(f"Request body is larger than api.max_body_bytes = {self._limit}")
+            raise self.error
+        return data
+
+    def read(self, n: int | None = -1) -> bytes:
+        if self._pending:
+            size = len(self._pending) if n is None or n < 0 else min(n, len(self._pending))
+            out = bytes(self._pending[:size])
+            del self._pending[:size]
+            return out
+        if n is None or n < 0:
+            parts = []
+            while data := self._fetch(self._chunk):
+                parts.append(data)
+            return b"".join(parts)
+        parts, want = [], max(1, n)
+        while want > 0:  # full reads (pyarrow treats every read as one block)
+            data = self._fetch(min(want, self._chunk))
+            if not data:
+                break
+            parts.append(data)
+            want -= len(data)
+        return b"".join(parts)
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def unread(self, data: bytes) -> None:
+        self._pending[:0] = data
+
+    def readline_raw(self) -> bytes:
+        """One line including its ``\\n`` (or up to EOF)."""
+        buf = bytearray()
+        while True:
+            data = self.read(1 << 16)
+            if not data:
+                return bytes(buf)
+            i = data.find(b"\n")
+            if i >= 0:
+                buf += data[:i + 1]
+                self.unread(data[i + 1:])
+                return bytes(buf)
+            buf += data
+
+    def line_blocks(self, size: int) -> Iterator[bytes]:
+        """The rest of the body in pieces of about ``size`` bytes, each ending at a line end."""
+        carry = b""
+        while True:
+            data = self.read(size)
+            if not data:
+                if carry:
+                    yield carry
+                return
+            data = carry + data
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry = data
+                continue
+            carry = data[cut + 1:]
+            yield data[:cut + 1]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    format: str
+    columns: Sequence[tuple[str, DataType]]  # the INSERT's column list, or all table columns
+    explicit_columns: bool  # the INSERT named its columns
+    block_rows: int = 1048576
+    tz: str = "UTC"
+    skip_unknown_fields: bool = False
+    csv_delimiter: str = ","
+    spool_dir: str | None = None
+    read_block_bytes: int = 4 << 20
+
+
+@dataclass
+class ParsedBody:
+    """The insert's column names (in batch order) and the storage-Arrow insert blocks."""
+
+    columns: list[str]
+    batches: AsyncIterator[pa.RecordBatch]
+    body: SyncBody
+
+
+async def parse_body(source: BodySource, spec: InputSpec, limit: int, prefix: bytes = b"") -> ParsedBody:
+    """Start parsing; returns once the column list is known (headers/schemas read)."""
+    fmt = canonical_format(spec.format)
+    loop = asyncio.get_running_loop()
+    body = SyncBody(source, loop, limit, prefix)
+    gen = _PARSERS[fmt](body, spec)
+    first = await _next(gen, body)
+    if not isinstance(first, list):
+        raise AssertionError("a parser must yield its column list first")
+    return ParsedBody(first, _aiter(gen, body), body)
+
+
+async def _next(gen: Iterator[Any], body: SyncBody) -> Any:
+    try:
+        return await asyncio.to_thread(next, gen, None)
+    except ReplicadError:
+        raise
+    except Exception as e:
+        if body.error is not None and isinstance(body.error, ReplicadError):
+            raise body.error from None
+        if body.error is not None:
+            raise body.error from e
+        raise BadInputError(f"Cannot parse input: {_short(e)}") from e
+
+
+async def _aiter(gen: Iterator[Any], body: SyncBody) -> AsyncIterator[pa.RecordBatch]:
+    try:
+        while True:
+            batch = await _next(gen, body)
+            if batch is None:
+                return
+            yield batch
+    finally:
+        body.error = body.error or ConnectionAbortedError("insert finished")
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(gen.close)  # type: ignore[attr-defined]
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip().replace("\n", " ")
+    return text[:500] + ("…" if len(text) > 500 else "")
+
+
+# ---- converting parsed columns ---------------------------------------------------------------------------
+
+
+class _Converter:
+    """Turns raw parsed batches into storage batches and re-cuts them into insert blocks."""
+
+    def __init__(self, names: list[str], types: list[DataType], spec: InputSpec, *, text: str = "") -> None:
+        self.names, self.types, self.spec, self.text = names, types, spec, text
+        self.row = 0  # rows converted so far (for 1-based row numbers in errors)
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+
+    def feed(self, columns: list[pa.Array]) -> Iterator[pa.RecordBatch]:
+        n = len(columns[0]) if columns else 0
+        if n == 0:
+            return
+        arrays = [self._column(name, dt, arr) for name, dt, arr in zip(self.names, self.types, columns,
+                                                                       strict=True)]
+        self.row += n
+        self._pending.append(pa.RecordBatch.from_arrays(arrays, names=self.names))
+        self._pending_rows += n
+        while self._pending_rows >= self.spec.block_rows:
+            yield self._cut(self.spec.block_rows)
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        if self._pending_rows:
+            yield self._cut(self._pending_rows)
+
+    def _cut(self, n: int) -> pa.RecordBatch:
+        table = pa.Table.from_batches(self._pending).combine_chunks()
+        head, rest = table.slice(0, n), table.slice(n)
+        self._pending = rest.combine_chunks().to_batches() if rest.num_rows else []
+        self._pending_rows -= n
+        batches = head.combine_chunks().to_batches()
+        return batches[0] if len(batches) == 1 else pa.RecordBatch.from_arrays(
+            [pa.concat_arrays([b.column(i) for b in batches]) for i in range(len(self.names))],
+            names=self.names)
+
+    def _column(self, name: str, dt: DataType, arr: pa.Array) -> pa.Array:
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+        default_mask = None
+        if self.text == "tsv":
+            arr = tsv_unescape(arr)
+        elif self.text == "csv":
+            nulls = pc.equal(arr, b"\\N")
+            if pc.any(nulls).as_py():
+                arr = pc.if_else(nulls, pa.scalar(None, arr.type), arr)
+        if not dt.is_nullable and arr.null_count:
+            if self.text == "json":  # omitted fields and nulls get the default (input_format_null_as_default)
+                default_mask = arr.is_null()
+            else:
+                i = _first(arr.is_null())
+                raise BadInputError(f"Cannot parse input: column {name}, row {self.row + i + 1}: NULL is not "
+                                    f"allowed, type {dt.name} is not Nullable")
+        if self.text in ("tsv", "csv") and not _is_textual(dt):
+            empty = pc.fill_null(pc.equal(arr, b""), False)
+            if pc.any(empty).as_py():  # an empty field means the column's default, as in ClickHouse
+                default_mask = empty
+                arr = pc.if_else(empty, pa.scalar(None, arr.type), arr)
+        try:
+            out = dt.convert(arr, self.spec.tz)
+        except BadValue as e:
+            raise BadInputError(f"Cannot parse input: column {name}, row {self.row + e.row + 1}: value "
+                                f"{e.value} {e.reason}") from None
+        except BadInputError as e:
+            raise BadInputError(f"Cannot parse input: column {name}, rows {self.row + 1}.."
+                                f"{self.row + len(arr)}: {e}") from None
+        if default_mask is not None:
+            out = pc.if_else(default_mask, dt.defaults(len(out)), out)
+        return out
+
+
+def _is_textual(dt: DataType) -> bool:
+    n = dt.name.removeprefix("Nullable(").removeprefix("LowCardinality(")
+    return n.startswith(("String", "FixedString"))
+
+
+def _first(mask: pa.Array) -> int:
+    return int(pc.index(pc.fill_null(mask, False), True).as_py())
+
+
+def tsv_unescape(arr: pa.Array) -> pa.Array:
+    """ClickHouse TabSeparated unescaping of a binary column; the field ``\\N`` becomes NULL."""
+    if not pa.types.is_binary(arr.type):
+        arr = arr.cast(pa.binary())
+    if not pc.any(pc.match_substring(arr, "\\")).as_py():
+        return arr
+    nulls = pc.equal(arr, b"\\N")
+    parts = pc.split_pattern(arr, "\\\\")  # left to right, like the escape parser: `\\` is one backslash
+    flat = parts.flatten()
+    for esc, ch in _LETTER_ESCAPES:
+        flat = pc.replace_substring(flat, esc, ch)
+    if pc.any(pc.match_substring(flat, "\\x")).as_py():
+        flat = pa.array([_hex_unescape(v) for v in flat.to_pylist()], pa.binary())  # rare: \xHH escapes
+    flat = pc.replace_substring_regex(flat, r"\\(.)", r"\1")  # any other escaped character stands for itself
+    rebuilt = pa.ListArray.from_arrays(parts.offsets, flat)
+    out = pc.binary_join(rebuilt, b"\\")
+    if pc.any(nulls).as_py():
+        out = pc.if_else(nulls, pa.scalar(None, pa.binary()), out)
+    return out
+
+
+def _hex_unescape(v: bytes | None) -> bytes | None:
+    if v is None or b"\\x" not in v:
+        return v
+    out, i = bytearray(), 0
+    while i < len(v):
+        if v[i:i + 2] == b"\\x" and len(v) >= i + 4:
+            try:
+                out.append(int(v[i + 2:i + 4], 16))
+                i += 4
+                continue
+            except ValueError:
+                pass
+        out.append(v[i])
+        i += 1
+    return bytes(out)
+
+
+# ---- column mapping ------------------------------------------------------------------------------------
+
+
+def _select_columns(spec: InputSpec, input_names: list[str]) -> tuple[list[str], list[int], list[DataType]]:
+    """Map the input's named columns onto the insert's columns: (names, input positions, types)."""
+    allowed = {n: t for n, t in spec.columns}
+    names, positions, types, seen = [], [], [], set()
+    for pos, n in enumerate(input_names):
+        if n in seen:
+            raise BadInputError(f"Column {n} is given more than once in the input", code=INCORRECT_DATA)
+        seen.add(n)
+        if n not in allowed:
+            if spec.skip_unknown_fields:
+                continue
+            where = "the INSERT's column list" if spec.explicit_columns else "the table"
+            raise BadInputError(f"Unknown column {n} in the input: not in {where}", code=NO_SUCH_COLUMN)
+        names.append(n)
+        positions.append(pos)
+        types.append(allowed[n])
+    if spec.explicit_columns:
+        missing = [n for n, _ in spec.columns if n not in seen]
+        if missing:
+            raise BadInputError(f"Columns {', '.join(missing)} are named in the INSERT but missing in "
+                                "the input", code=NO_SUCH_COLUMN)
+    return names, positions, types
+
+
+# ---- the parsers (generators run in a worker thread) ------------------------------------------------------
+# Each yields the column list first, then storage record batches.
+
+
+def _tsv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[Any]:
+    if with_names:
+        header = body.readline_raw().rstrip(b"\r\n")
+        names_in = [tsv_unescape(pa.array([f], pa.binary()))[0].as_py().decode("utf-8", "replace")
+                    for f in header.split(b"\t")] if header else []
+        names, positions, types = _select_columns(spec, names_in)
+        width = len(names_in)
+    else:
+        names = [n for n, _ in spec.columns]
+        types = [t for _, t in spec.columns]
+        positions = list(range(len(names)))
+        width = len(names)
+    yield names
+    conv = _Converter(names, types, spec, text="tsv")
+    col_names = [f"c{i}" for i in range(width)]
+    read_opts = pa_csv.ReadOptions(column_names=col_names, use_threads=True)
+    parse_opts = pa_csv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
+                                     ignore_empty_lines=width > 1)
+    convert_opts = pa_csv.ConvertOptions(column_types={c: pa.binary() for c in col_names}, null_values=[],
+                                         strings_can_be_null=False, check_utf8=False)
+    for block in body.line_blocks(spec.read_block_bytes):
+        try:
+            table = pa_csv.read_csv(io.BytesIO(block), read_options=read_opts, parse_options=parse_opts,
+                                    convert_options=convert_opts)
+        except pa.ArrowInvalid as e:
+            raise BadInputError(f"Cannot parse input: after row {conv.row}: {_short(e)}") from None
+        yield from conv.feed([table.column(p) for p in positions])
+    yield from conv.finish()
+
+
+def _tsv_with_names(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
+    return _tsv(body, spec, with_names=True)
+
+
+def _csv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[Any]:
+    delim = spec.csv_delimiter
+    if with_names:
+        header = body.readline_raw().decode("utf-8", "replace")
+        names_in = next(csv.reader([header], delimiter=delim), []) if header.strip() else []
+        names, positions, types = _select_columns(spec, [n.strip() for n in names_in])
+        width = len(names_in)
+    else:
+        names = [n for n, _ in spec.columns]
+        types = [t for _, t in spec.columns]
+        positions = list(range(len(names)))
+        width = len(names)
+    yield names
+    conv = _Converter(names, types, spec, text="csv")
+    first = body.read(1)
+    if not first:  # nothing (after the header): no rows
+        return
+    body.unread(first)
+    col_names = [f"c{i}" for i in range(width)]
+    reader = pa_csv.open_csv(
+        body,
+        read_options=pa_csv.ReadOptions(column_names=col_names, use_threads=True,
+                                        block_size=spec.read_block_bytes),
+        parse_options=pa_csv.ParseOptions(delimiter=delim, quote_char='"', double_quote=True,
+                                          escape_char=False, newlines_in_values=True),
+        convert_options=pa_csv.ConvertOptions(column_types={c: pa.binary() for c in col_names},
+                                              null_values=[], strings_can_be_null=False,
+                                              check_utf8=False))
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            break
+        except pa.ArrowInvalid as e:
+            raise BadInputError(f"Cannot parse input: after row {conv.row}: {_short(e)}") from None
+        yield from conv.feed([batch.column(p) for p in positions])
+    yield from conv.finish()
+
+
+def _csv_with_names(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
+    return _csv(body, spec, with_names=True)
+
+
+def _json_kind(type_name: str) -> pa.DataType:
+    """The JSON value type expected for a column (what pyarrow is told to parse)."""
+    name = type_name
+    while name.startswith(("Nullable(", "LowCardinality(")):
+        name = name[name.index("(") + 1:-1]
+    if name.startswith("Array("):
+        return pa.list_(_json_kind(name[len("Array("):-1]))
+    if name.startswith("UInt"):
+        return pa.uint64()
+    if name.startswith("Int"):
+        return pa.int64()
+    if name.startswith("Float"):
+        return pa.float64()
+    return pa.string()  # strings, dates, date-times, UUIDs, enums, decimals: JSON strings
+
+
+def _json(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
+    names = [n for n, _ in spec.columns]
+    types = [t for _, t in spec.columns]
+    yield names
+    conv = _Converter(names, types, spec, text="json")
+    schema = pa.schema([(n, _json_kind(t.name)) for n, t in spec.columns])
+    opts = pa_json.ParseOptions(explicit_schema=schema,
+                                unexpected_field_behavior="ignore" if spec.skip_unknown_fields else "error")
+    for block in body.line_blocks(spec.read_block_bytes):
+        try:
+            table = pa_json.read_json(io.BytesIO(block), parse_options=opts)
+            cols = [table.column(n) for n in names]
+        except pa.ArrowInvalid as e:
+            if "unexpected field" in str(e).lower():
+                raise BadInputError(f"Unknown field found while parsing JSONEachRow format: {_short(e)}",
+                                    code=INCORRECT_DATA) from None
+            cols = _json_slow(block, names, conv.row, spec.skip_unknown_fields)
+        yield from conv.feed(cols)
+    yield from conv.finish()
+
+
+def _json_slow(block: bytes, names: list[str], row0: int, skip_unknown: bool) -> list[pa.Array]:
+    """Fallback for blocks pyarrow refuses (e.g. numbers given as strings and as numbers): values as text."""
+    values: dict[str, list[Any]] = {n: [] for n in names}
+    known = set(names)
+    row = row0
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        row += 1
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise BadInputError(f"Cannot parse input: row {row}: invalid JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise BadInputError(f"Cannot parse input: row {row}: expected a JSON object")
+        extra = set(obj) - known
+        if extra and not skip_unknown:
+            raise BadInputError(f"Unknown field found while parsing JSONEachRow format: {sorted(extra)[0]}"
+                                f" (row {row})", code=INCORRECT_DATA)
+        for n in names:
+            values[n].append(_as_text(obj.get(n)))
+    return [pa.array(values[n], pa.list_(pa.string()) if any(isinstance(v, list) for v in values[n])
+                     else pa.string()) for n in names]
+
+
+def _as_text(v: Any) -> Any:
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, list):
+        return [_as_text(x) for x in v]
+    if isinstance(v, dict):
+        return json.dumps(v)
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def _arrow_stream(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
+    reader = pa_ipc.open_stream(body)
+    names, positions, types = _select_columns(spec, list(reader.schema.names))
+    yield names
+    conv = _Converter(names, types, spec)
+    for batch in reader:
+        yield from conv.feed([batch.column(p) for p in positions])
+    yield from conv.finish()
+
+
+def _parquet(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
+    fd, path = tempfile.mkstemp(prefix="replicad-insert-", suffix=".parquet", dir=spec.spool_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            while data := body.read(1 << 20):
+                f.write(data)
+        pf = pq.ParquetFile(path)
+        names, _, types = _select_columns(spec, list(pf.schema_arrow.names))
+        yield names
+        conv = _Converter(names, types, spec)
+        for batch in pf.iter_batches(batch_size=min(spec.block_rows, 65536), columns=names):
+            yield from conv.feed([batch.column(i) for i in range(len(names))])
+        yield from conv.finish()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+_PARSERS = {
+    "TabSeparated": _tsv,
+    "TabSeparatedWithNames": _tsv_with_names,
+    "CSV": _csv,
+    "CSVWithNames": _csv_with_names,
+    "JSONEachRow": _json,
+    "ArrowStream": _arrow_stream,
+    "Parquet": _parquet,
+}

@@ -1,0 +1,288 @@
+"""Routing parse of the statements the HTTP API accepts.
+
+This is deliberately shallow: it finds the statement kind, the table, and the clauses the API itself
+needs (INSERT's column list and FORMAT, SELECT's clauses and FORMAT).  Expressions stay text and are
+compiled by the engine (``replicad.sql.expressions``); the full statement parse, when
+``replicad.sql.statements.parse_statement`` accepts the text, travels along in ``Statement.parsed``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from replicad.errors import SyntaxError_
+from replicad.service import OrderKey, SelectQuery, StatementKind, TableName
+
+_IDENT = r"(?:`(?:[^`\\]|\\.)+`|[A-Za-z_][A-Za-z0-9_$]*)"
+_TABLE = rf"{_IDENT}(?:\s*\.\s*{_IDENT})?"
+_KEYWORDS = ("FROM", "WHERE", "ORDER BY", "LIMIT", "FORMAT", "SETTINGS", "GROUP BY", "HAVING", "PREWHERE")
+
+
+@dataclass(frozen=True)
+class InsertRoute:
+    table: TableName
+    columns: tuple[str, ...] | None
+    format: str
+    inline_data: str  # text after ``FORMAT <name>`` and one whitespace character (start of the data)
+
+
+@dataclass(frozen=True)
+class SelectRoute:
+    query: SelectQuery
+    is_count: bool
+    format: str | None
+    constant: str | None = None  # ``SELECT 1`` style queries without FROM
+
+
+@dataclass(frozen=True)
+class StatementRoute:
+    kind: StatementKind
+    table: TableName
+    if_exists: bool
+
+
+Route = InsertRoute | SelectRoute | StatementRoute
+
+
+def route(text: str, default_database: str = "default") -> Route:
+    lead = text.lstrip()
+    if lead[:6].upper() == "INSERT":  # no comment stripping: inline data may follow FORMAT
+        return _insert(lead, default_database)
+    sql = _strip_comments(text).strip().rstrip(";").strip()
+    head = sql[:40].upper()
+    if head.startswith(("SELECT", "WITH")):
+        return _select(sql, default_database)
+    return _statement(sql, default_database)
+
+
+def parse_full(text: str) -> Any:
+    """``replicad.sql.statements.parse_statement(text)`` when that module exists and accepts the text."""
+    try:
+        mod = importlib.import_module("replicad.sql.statements")
+    except ImportError:
+        return None
+    fn = getattr(mod, "parse_statement", None)
+    if fn is None:
+        return None
+    try:
+        return fn(text)
+    except Exception:  # the API's own routing parse decides what is an error
+        return None
+
+
+def _syntax(msg: str, text: str) -> SyntaxError_:
+    return SyntaxError_(f"Syntax error: {msg}: {text[:200]!r}")
+
+
+def _table(text: str, default_database: str) -> TableName:
+    try:
+        return TableName.parse(re.sub(r"\s*\.\s*", ".", text), default_database)
+    except ValueError as e:
+        raise SyntaxError_(f"Syntax error: {e}") from None
+
+
+def _unquote_ident(name: str) -> str:
+    name = name.strip()
+    if len(name) >= 2 and name[0] == name[-1] and name[0] in "`\"":
+        return name[1:-1]
+    return name
+
+
+def _insert(sql: str, db: str) -> InsertRoute:
+    m = re.match(rf"INSERT\s+INTO\s+(?:TABLE\s+)?({_TABLE})\s*", sql, re.IGNORECASE)
+    if not m:
+        raise _syntax("expected INSERT INTO <table>", sql)
+    table = _table(m.group(1), db)
+    rest = sql[m.end():]
+    columns = None
+    if rest.startswith("("):
+        close = _matching_paren(rest, 0)
+        columns = tuple(_unquote_ident(c) for c in _split_top(rest[1:close], ","))
+        if not all(columns):
+            raise _syntax("empty column name in the INSERT column list", sql)
+        rest = rest[close + 1:].lstrip()
+    rest = re.sub(r"^SETTINGS\s+.*?(?=\bFORMAT\b)", "", rest, flags=re.IGNORECASE | re.S)
+    fm = re.match(r"FORMAT\s+([A-Za-z][A-Za-z0-9_]*)", rest, re.IGNORECASE)
+    if not fm:
+        if re.match(r"VALUES\b", rest, re.IGNORECASE):
+            raise SyntaxError_("INSERT … VALUES is not supported: send the data with FORMAT "
+                               "(JSONEachRow, TSV, CSV, ArrowStream, Parquet)", code=73)
+        raise _syntax("expected FORMAT <name> in INSERT", sql)
+    data = rest[fm.end():]
+    if data[:1].isspace():
+        data = data[1:]
+    return InsertRoute(table, columns, fm.group(1), data)
+
+
+def _select(sql: str, db: str) -> SelectRoute:
+    clauses = _clauses(sql)
+    body = clauses.get("SELECT", "").strip()
+    fmt = clauses.get("FORMAT", "").strip() or None
+    if "FROM" not in clauses:
+        if re.fullmatch(r"[-+]?\d+(\.\d+)?|'[^'\\]*'", body):
+            return SelectRoute(SelectQuery(TableName(db, ""), text=sql), False, fmt, constant=body.strip("'"))
+        raise _syntax("only SELECT … FROM <table> is supported", sql)
+    for unsupported in ("GROUP BY", "HAVING", "PREWHERE"):
+        if unsupported in clauses:
+            raise SyntaxError_(f"{unsupported} is not supported by replicad", code=48)
+    table = _table(clauses["FROM"].strip(), db)
+    limit = None
+    if "LIMIT" in clauses:
+        lm = re.fullmatch(r"\s*(\d+)\s*", clauses["LIMIT"])
+        if not lm:
+            raise _syntax("LIMIT expects a number", sql)
+        limit = int(lm.group(1))
+    order = tuple(_order_key(k) for k in _split_top(clauses.get("ORDER BY", ""), ",") if k)
+    cols_text = [c.strip() for c in _split_top(body, ",")]
+    is_count = len(cols_text) == 1 and re.fullmatch(r"count\s*\(\s*\*?\s*\)", cols_text[0], re.IGNORECASE)
+    columns = None if cols_text == ["*"] else tuple(_unquote_ident(c) for c in cols_text)
+    where = clauses.get("WHERE", "").strip() or None
+    q = SelectQuery(table=table, columns=columns, where=where, order_by=order, limit=limit, text=sql)
+    return SelectRoute(q, bool(is_count), fmt)
+
+
+def _order_key(text: str) -> OrderKey:
+    t = text.strip()
+    m = re.match(r"(.*?)\s+(ASC|DESC)$", t, re.IGNORECASE | re.S)
+    if m:
+        return OrderKey(m.group(1).strip(), m.group(2).upper() == "DESC")
+    return OrderKey(t)
+
+
+_STATEMENTS: tuple[tuple[str, StatementKind], ...] = (
+    (rf"CREATE\s+TABLE\s+(IF\s+NOT\s+EXISTS\s+)?({_TABLE})", StatementKind.CREATE_TABLE),
+    (rf"DROP\s+TABLE\s+(IF\s+EXISTS\s+)?({_TABLE})", StatementKind.DROP_TABLE),
+    (rf"TRUNCATE\s+(?:TABLE\s+)?(IF\s+EXISTS\s+)?({_TABLE})", StatementKind.TRUNCATE),
+    (rf"OPTIMIZE\s+TABLE\s+()({_TABLE})", StatementKind.OPTIMIZE),
+    (rf"SYSTEM\s+SYNC\s+REPLICA\s+()({_TABLE})", StatementKind.SYNC_REPLICA),
+)
+_ALTERS: tuple[tuple[str, StatementKind], ...] = (
+    (r"DELETE\s+WHERE\b", StatementKind.ALTER_DELETE),
+    (r"UPDATE\b", StatementKind.ALTER_UPDATE),
+    (r"DROP\s+PARTITION\b", StatementKind.DROP_PARTITION),
+    (r"DETACH\s+PARTITION\b", StatementKind.DETACH_PARTITION),
+)
+
+
+def _statement(sql: str, db: str) -> StatementRoute:
+    for pattern, kind in _STATEMENTS:
+        m = re.match(pattern, sql, re.IGNORECASE)
+        if m:
+            return StatementRoute(kind, _table(m.group(2), db), bool(m.group(1)))
+    m = re.match(rf"ALTER\s+TABLE\s+({_TABLE})\s+", sql, re.IGNORECASE)
+    if m:
+        rest = sql[m.end():]
+        for pattern, kind in _ALTERS:
+            if re.match(pattern, rest, re.IGNORECASE):
+                return StatementRoute(kind, _table(m.group(1), db), False)
+        raise SyntaxError_(f"unsupported ALTER: {rest[:80]!r} (supported: DELETE WHERE, UPDATE, "
+                           "DROP PARTITION, DETACH PARTITION)", code=48)
+    word = sql.split(None, 1)[0].upper() if sql.split() else ""
+    raise SyntaxError_(f"Syntax error: unsupported statement {word or '(empty)'}", code=62)
+
+
+# ---- lexical helpers -----------------------------------------------------------------------------------
+
+
+def _strip_comments(sql: str) -> str:
+    out, i, n = [], 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c in "'\"`":
+            j = _skip_quoted(sql, i)
+            out.append(sql[i:j])
+            i = j
+        elif sql.startswith("--", i):
+            j = sql.find("\n", i)
+            i = n if j < 0 else j
+        elif sql.startswith("/*", i):
+            j = sql.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+            out.append(" ")
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _skip_quoted(s: str, i: int) -> int:
+    q = s[i]
+    j = i + 1
+    while j < len(s):
+        if s[j] == "\\":
+            j += 2
+            continue
+        if s[j] == q:
+            if j + 1 < len(s) and s[j + 1] == q:  # doubled quote
+                j += 2
+                continue
+            return j + 1
+        j += 1
+    raise SyntaxError_(f"Syntax error: unterminated quoted text starting at {s[i:i + 40]!r}")
+
+
+def _mask(s: str) -> str:
+    """``s`` with quoted text and parenthesised text blanked out (same length), for keyword search."""
+    out, i, depth = list(s), 0, 0
+    while i < len(s):
+        c = s[i]
+        if c in "'\"`":
+            j = _skip_quoted(s, i)
+            for k in range(i, j):
+                out[k] = " "
+            i = j
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif depth > 0:
+            out[i] = " "
+        i += 1
+    return "".join(out)
+
+
+def _matching_paren(s: str, start: int) -> int:
+    depth, i = 0, start
+    while i < len(s):
+        c = s[i]
+        if c in "'\"`":
+            i = _skip_quoted(s, i)
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise SyntaxError_(f"Syntax error: unbalanced parentheses in {s[:80]!r}")
+
+
+def _split_top(s: str, sep: str) -> list[str]:
+    masked = _mask(s)
+    parts, last = [], 0
+    for i, c in enumerate(masked):
+        if c == sep:
+            parts.append(s[last:i].strip())
+            last = i + 1
+    parts.append(s[last:].strip())
+    return parts
+
+
+def _clauses(sql: str) -> dict[str, str]:
+    """Top-level clauses of a SELECT: {"SELECT": cols, "FROM": …, "WHERE": …, "ORDER BY": …, …}."""
+    masked = _mask(sql)
+    pattern = r"\b(" + "|".join(k.replace(" ", r"\s+") for k in ("SELECT", *_KEYWORDS)) + r")\b"
+    marks = [(m.start(), m.end(), re.sub(r"\s+", " ", m.group(1).upper()))
+             for m in re.finditer(pattern, masked, re.IGNORECASE)]
+    out: dict[str, str] = {}
+    for i, (_, end, kw) in enumerate(marks):
+        stop = marks[i + 1][0] if i + 1 < len(marks) else len(sql)
+        if kw in out:
+            raise _syntax(f"{kw} given twice", sql)
+        out[kw] = sql[end:stop]
+    return out

@@ -1,0 +1,301 @@
+"""The background task model: small tasks with one shape, owned by a :class:`Supervisor`.
+
+A :class:`BackgroundTask` implements ``run_once()``, which does one unit of work and returns an
+:class:`Outcome` (tests assert it, ``/status`` shows it).  ``run()`` loops over ``run_once()``; between
+runs it waits for ``wakeup()`` (a ZooKeeper watch fired, an insert committed …) or for its period.
+An exception escaping ``run_once()`` crashes the task; the supervisor logs it, counts it and restarts
+the task after an exponential backoff.  Shutdown stops tasks group by group in a fixed order: each
+task is asked to stop, given a grace period to finish its current unit, then cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from replicad.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one ``run_once()`` did.
+
+    ``name`` is a snake_case word (``idle``, ``pulled_entries``, ``fetched_part`` …); ``did_work=True``
+    asks for another run at once (more work is probably waiting); ``delay_s`` overrides the wait before
+    the next run (e.g. a short retry after a retriable error); ``fields`` carries details for /status.
+    """
+
+    name: str
+    did_work: bool = False
+    delay_s: float | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "did_work": self.did_work, **dict(self.fields)}
+
+
+IDLE = Outcome("idle")
+
+
+class BackgroundTask:
+    """Base class.  Subclasses override :meth:`run_once` (and optionally :meth:`on_stop`)."""
+
+    def __init__(self, name: str, period_s: float = 1.0) -> None:
+        self.name = name
+        self.period_s = period_s
+        self.runs = 0
+        self.last_run: float | None = None  # wall-clock time of the last finished run_once
+        self.last_outcome: Outcome | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def run_once(self) -> Outcome:
+        raise NotImplementedError
+
+    async def on_stop(self) -> None:
+        """Called once after the loop ended because of a stop request (release resources here)."""
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def wakeup(self) -> None:
+        """Run again as soon as possible.  Safe from any thread."""
+        loop = self._loop
+        if loop is not None and not _in_loop(loop):
+            loop.call_soon_threadsafe(self._wake.set)
+        else:
+            self._wake.set()
+
+    def request_stop(self) -> None:
+        self._stopping = True
+        self.wakeup()
+
+    def reset(self) -> None:
+        """Make a stopped task runnable again (the supervisor restarts tasks with it)."""
+        self._stopping = False
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            while not self._stopping:
+                self._wake.clear()  # before the run: a wakeup during run_once is not lost
+                outcome = await self.run_once()
+                self.runs += 1
+                self.last_run = time.time()
+                self.last_outcome = outcome
+                if self._stopping:
+                    break
+                if outcome.did_work and outcome.delay_s is None:
+                    await asyncio.sleep(0)  # let others run, then continue at once
+                    continue
+                await self.wait(self.period_s if outcome.delay_s is None else outcome.delay_s)
+        finally:
+            if self._stopping:
+                await self.on_stop()
+
+    async def wait(self, seconds: float) -> bool:
+        """Sleep until woken up or ``seconds`` passed.  Returns True when woken."""
+        if self._wake.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=max(seconds, 0.0))
+        except TimeoutError:
+            return False
+        return True
+
+
+class FunctionTask(BackgroundTask):
+    """A task whose unit of work is a coroutine function returning an :class:`Outcome` (or None = idle)."""
+
+    def __init__(self, name: str, fn: Callable[[], Awaitable[Outcome | None]], period_s: float = 1.0) -> None:
+        super().__init__(name, period_s)
+        self._fn = fn
+
+    async def run_once(self) -> Outcome:
+        outcome = await self._fn()
+        return IDLE if outcome is None else outcome
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+class TaskState(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    BACKOFF = "backoff"  # crashed, waiting to restart
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class TaskHealth:
+    name: str
+    group: str
+    state: TaskState
+    restarts: int
+    last_error: str | None
+    last_error_time: float | None
+    last_run: float | None
+    last_outcome: Outcome | None
+    runs: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "group": self.group,
+            "state": self.state.value,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+            "last_error_time": self.last_error_time,
+            "last_run": self.last_run,
+            "last_outcome": self.last_outcome.to_dict() if self.last_outcome else None,
+            "runs": self.runs,
+        }
+
+
+@dataclass
+class _Entry:
+    task: BackgroundTask
+    group: str
+    state: TaskState = TaskState.PENDING
+    restarts: int = 0
+    last_error: str | None = None
+    last_error_time: float | None = None
+    runner: asyncio.Task[None] | None = None
+    stop_requested: bool = False
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Supervisor:
+    """Owns background tasks: starts them, restarts crashed ones with backoff, stops them in order."""
+
+    def __init__(
+        self,
+        *,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        healthy_after_s: float = 60.0,
+    ) -> None:
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.healthy_after_s = healthy_after_s
+        self._entries: dict[str, _Entry] = {}
+        self._started = False
+
+    def add(self, task: BackgroundTask, group: str = "default") -> None:
+        """Register a task (started at once if the supervisor runs).  Names are unique."""
+        if task.name in self._entries:
+            raise ValueError(f"a task named {task.name!r} is already supervised")
+        entry = _Entry(task, group)
+        self._entries[task.name] = entry
+        if self._started:
+            self._launch(entry)
+
+    def get(self, name: str) -> BackgroundTask:
+        return self._entries[name].task
+
+    @property
+    def tasks(self) -> list[BackgroundTask]:
+        return [e.task for e in self._entries.values()]
+
+    def start(self) -> None:
+        self._started = True
+        for entry in self._entries.values():
+            if entry.runner is None:
+                self._launch(entry)
+
+    def _launch(self, entry: _Entry) -> None:
+        entry.stop_requested = False
+        entry.task.reset()
+        entry.runner = asyncio.get_running_loop().create_task(
+            self._supervise(entry), name=f"task:{entry.task.name}")
+
+    async def _supervise(self, entry: _Entry) -> None:
+        task = entry.task
+        backoff = self.backoff_initial_s
+        while not entry.stop_requested:
+            entry.state = TaskState.RUNNING
+            started = time.monotonic()
+            try:
+                await task.run()
+                break  # a normal return: the task stopped (or was a one-shot)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if time.monotonic() - started >= self.healthy_after_s:
+                    backoff = self.backoff_initial_s
+                entry.restarts += 1
+                entry.last_error = f"{type(e).__name__}: {e}"
+                entry.last_error_time = time.time()
+                entry.state = TaskState.BACKOFF
+                log.error("task_crashed", task=task.name, error=entry.last_error, restarts=entry.restarts,
+                          retry_in_s=round(backoff, 3), exc_info=True)
+                entry.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(entry.wake.wait(), timeout=backoff)
+                backoff = min(backoff * 2, self.backoff_max_s)
+                if not entry.stop_requested:
+                    task.reset()
+                    log.info("task_restarting", task=task.name, restarts=entry.restarts)
+        entry.state = TaskState.STOPPED
+
+    def health(self) -> dict[str, TaskHealth]:
+        return {
+            name: TaskHealth(name, e.group, e.state, e.restarts, e.last_error, e.last_error_time,
+                             e.task.last_run, e.task.last_outcome, e.task.runs)
+            for name, e in self._entries.items()
+        }
+
+    def groups(self) -> list[str]:
+        """Group names in registration order."""
+        return list(dict.fromkeys(e.group for e in self._entries.values()))
+
+    async def stop_group(self, group: str, timeout_s: float = 10.0) -> None:
+        await self._stop([e for e in self._entries.values() if e.group == group], timeout_s)
+
+    async def stop(self, order: Iterable[str] | None = None, timeout_s: float = 10.0) -> None:
+        """Stop every task: the named groups first (in that order), then the rest, last added first."""
+        done: set[str] = set()
+        for group in order or ():
+            await self.stop_group(group, timeout_s)
+            done.add(group)
+        for group in reversed(self.groups()):
+            if group not in done:
+                await self.stop_group(group, timeout_s)
+        self._started = False
+
+    async def _stop(self, entries: list[_Entry], timeout_s: float) -> None:
+        runners = []
+        for e in entries:
+            e.stop_requested = True
+            e.task.request_stop()
+            e.wake.set()
+            if e.runner is not None and not e.runner.done():
+                e.state = TaskState.STOPPING
+                runners.append(e.runner)
+        if not runners:
+            return
+        _, pending = await asyncio.wait(runners, timeout=timeout_s)
+        for r in pending:
+            log.warning("task_cancelled_at_stop", task=r.get_name().removeprefix("task:"),
+                        timeout_s=timeout_s)
+            r.cancel()
+        for r in runners:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await r
+        for e in entries:
+            e.state = TaskState.STOPPED
+            e.runner = None
