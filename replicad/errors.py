@@ -92,6 +92,61 @@ class QuorumError(ReplicadError):
     code = 286  # UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE / TOO_FEW_LIVE_REPLICAS family
 
 
+# --- ZooKeeper errors (translated from the client library in replicad/keeper/client.py) ---------------
+# ``zk_code`` is ZooKeeper's own error code (KeeperException.Code); ``code`` stays ClickHouse's.
+
+
+class KeeperNoNodeError(KeeperError):
+    zk_code = -101  # ZNONODE
+
+
+class KeeperNodeExistsError(KeeperError):
+    zk_code = -110  # ZNODEEXISTS
+
+
+class KeeperBadVersionError(KeeperError):
+    zk_code = -103  # ZBADVERSION
+
+
+class KeeperNotEmptyError(KeeperError):
+    zk_code = -111  # ZNOTEMPTY
+
+
+class KeeperConnectionLossError(KeeperError):
+    """The connection dropped: a write in flight may or may not have been applied."""
+
+    zk_code = -4  # ZCONNECTIONLOSS
+    retriable = True
+
+
+class KeeperSessionExpiredError(KeeperError):
+    """The session is gone (expired or the client was closed); ephemeral nodes are lost."""
+
+    zk_code = -112  # ZSESSIONEXPIRED
+    retriable = True
+
+
+class KeeperOperationTimeoutError(KeeperError):
+    """No answer in time: a write may or may not have been applied."""
+
+    zk_code = -7  # ZOPERATIONTIMEOUT
+    retriable = True
+
+
+class KeeperMultiError(KeeperError):
+    """One operation of a multi failed and the whole transaction was rolled back.
+
+    ``index`` is the position of the failing op, ``cause`` the translated error of that op
+    (e.g. a KeeperNodeExistsError), ``zk_code`` its ZooKeeper code.
+    """
+
+    def __init__(self, message: str, *, index: int, cause: KeeperError) -> None:
+        super().__init__(message, retriable=cause.retriable)
+        self.index = index
+        self.cause = cause
+        self.zk_code: int = getattr(cause, "zk_code", 0)
+
+
 class ZnodeFormatError(ReplicadError):
     """A ZooKeeper node's text (log entry, mutation, quorum, host …) cannot be parsed or written."""
 

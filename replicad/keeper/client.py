@@ -1,0 +1,721 @@
+"""Async facade over kazoo — the only module of replicad that imports kazoo.
+
+kazoo keeps its own connection and callback threads.  Every request is issued with kazoo's
+``*_async`` call (non-blocking: it only queues the request and pokes kazoo's socket pair); its
+result is handed to the asyncio loop with ``loop.call_soon_threadsafe`` and resolved there, with
+kazoo exceptions translated into ``replicad.errors.Keeper*Error``.  Watch callbacks and session
+state changes are delivered on the loop as well; a callback may be a plain function or return a
+coroutine (which is then run as a task).
+
+Session states (``SessionState``): ``connected``; ``suspended`` (connection dropped, the session
+may survive); ``lost`` (the session expired or was closed — ephemeral nodes and watches are gone).
+A suspension longer than the session timeout is reported as ``lost`` locally, because by then
+the server has expired the session (or is down): callers should re-initialise as after an expiry.
+kazoo itself reconnects forever; after an expiry it opens a new session (``session_id`` changes).
+
+Requests are refused at once with ``KeeperConnectionLossError`` while not connected, so nothing is
+queued to run at some unknown later time.  A write that fails with ConnectionLoss or
+OperationTimeout may or may not have been applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import functools
+import logging
+import posixpath
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, overload
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionDropped,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    RolledBackError,
+    RuntimeInconsistency,
+    SessionExpiredError,
+    SessionMovedError,
+    ZookeeperError,
+)
+from kazoo.handlers.threading import AsyncResult, KazooTimeoutError
+from kazoo.protocol.states import KazooState, WatchedEvent
+from kazoo.protocol.states import ZnodeStat as _KazooStat
+
+from replicad.errors import (
+    KeeperBadVersionError,
+    KeeperConnectionLossError,
+    KeeperError,
+    KeeperMultiError,
+    KeeperNodeExistsError,
+    KeeperNoNodeError,
+    KeeperNotEmptyError,
+    KeeperOperationTimeoutError,
+    KeeperSessionExpiredError,
+)
+from replicad.keeper.ops import Check, Create, Delete, Op, Set
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Requests kept in flight at once by the pipelined helpers (get_many, recursive delete, ...).
+PIPELINE_WINDOW = 1000
+
+
+class SessionState(enum.StrEnum):
+    CONNECTED = "connected"
+    SUSPENDED = "suspended"
+    LOST = "lost"
+
+
+class WatchEventType(enum.StrEnum):
+    CREATED = "CREATED"
+    DELETED = "DELETED"
+    CHANGED = "CHANGED"
+    CHILD = "CHILD"
+    NONE = "NONE"  # the connection dropped: the watch is gone (it was not triggered by a change)
+
+
+@dataclass(frozen=True, slots=True)
+class ZnodeStat:
+    czxid: int
+    mzxid: int
+    ctime_ms: int
+    mtime_ms: int
+    version: int
+    cversion: int
+    aversion: int
+    ephemeral_owner: int
+    data_length: int
+    num_children: int
+    pzxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    kind: WatchEventType
+    path: str | None
+    keeper_state: str  # kazoo's low-level state at the time, e.g. "CONNECTED", "CONNECTING"
+
+
+MultiResult = str | ZnodeStat | None
+WatchCallback = Callable[[WatchEvent], object]
+StateCallback = Callable[[SessionState], object]
+
+
+@dataclass(frozen=True, slots=True)
+class MultiOutcome:
+    """``try_multi``'s answer: results on success, else the failing op and its error."""
+
+    results: list[MultiResult]
+    failed_index: int | None = None
+    error: KeeperError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def zk_code(self) -> int:
+        return 0 if self.error is None else int(getattr(self.error, "zk_code", -1))
+
+
+def _stat(s: _KazooStat) -> ZnodeStat:
+    return ZnodeStat(*s)
+
+
+_TRANSLATION: tuple[tuple[type[BaseException], type[KeeperError], str], ...] = (
+    (NoNodeError, KeeperNoNodeError, "no node"),
+    (NodeExistsError, KeeperNodeExistsError, "node exists"),
+    (BadVersionError, KeeperBadVersionError, "bad version"),
+    (NotEmptyError, KeeperNotEmptyError, "node not empty"),
+    (SessionExpiredError, KeeperSessionExpiredError, "session expired or closed"),
+    (ConnectionLoss, KeeperConnectionLossError, "connection loss"),
+    (ConnectionDropped, KeeperConnectionLossError, "connection dropped"),
+    (SessionMovedError, KeeperConnectionLossError, "session moved"),
+    (OperationTimeoutError, KeeperOperationTimeoutError, "operation timeout"),
+    (KazooTimeoutError, KeeperOperationTimeoutError, "timeout"),
+)
+
+
+def translate_error(exc: BaseException, what: str) -> KeeperError:
+    """A kazoo exception → the matching ``KeeperError`` subclass (message names the request)."""
+    for kazoo_cls, our_cls, text in _TRANSLATION:
+        if isinstance(exc, kazoo_cls):
+            return our_cls(f"{what}: {text}")
+    if isinstance(exc, ZookeeperError):
+        return KeeperError(f"{what}: {type(exc).__name__} (ZooKeeper code {getattr(exc, 'code', '?')})")
+    return KeeperError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def _describe(op: Op) -> str:
+    return f"{type(op).__name__.lower()} {op.path}"
+
+
+class Keeper:
+    """One ZooKeeper session, used from one asyncio loop.
+
+    ``hosts`` is ``"h1:p1,h2:p2"`` with an optional ``/chroot`` suffix; ``chroot`` (if given) is
+    appended to it.  All paths are relative to the chroot, which ``start()`` creates if missing.
+    """
+
+    def __init__(
+        self,
+        hosts: str,
+        session_timeout_s: float = 30.0,
+        chroot: str | None = None,
+        *,
+        request_timeout_s: float | None = None,
+        reconnect_max_delay_s: float = 1.0,
+    ) -> None:
+        host_list, _, host_chroot = hosts.partition("/")
+        parts = [p.strip("/") for p in (host_chroot, chroot or "") if p and p.strip("/")]
+        self.hosts = host_list
+        self.chroot = posixpath.normpath("/" + "/".join(parts)) if parts else ""
+        self.session_timeout_s = session_timeout_s
+        self.request_timeout_s = request_timeout_s if request_timeout_s is not None else session_timeout_s
+        self._zk = KazooClient(
+            hosts=host_list + self.chroot,
+            timeout=session_timeout_s,
+            connection_retry={
+                "max_tries": -1,
+                "delay": 0.05,
+                "backoff": 2,
+                "max_jitter": 0.2,
+                "max_delay": reconnect_max_delay_s,
+            },
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._state = SessionState.LOST
+        self._listeners: list[StateCallback] = []
+        self._lost_timer: asyncio.TimerHandle | None = None
+        self._watches: set[ChildrenWatch] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._started = False
+        self._closed = False
+        #: Requests issued, by kind ("get", "create", "multi", ...): for benchmarks and tests.
+        self.requests: collections.Counter[str] = collections.Counter()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, timeout: float = 15.0) -> None:
+        """Connect (raise KeeperConnectionLossError if not connected within ``timeout``)."""
+        if self._started:
+            raise RuntimeError("Keeper.start() called twice")
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._zk.add_listener(self._on_kazoo_state)
+        event = await asyncio.to_thread(self._zk.start_async)
+        if not await asyncio.to_thread(event.wait, timeout):
+            await asyncio.to_thread(self._stop_kazoo)
+            raise KeeperConnectionLossError(f"could not connect to ZooKeeper {self.hosts} within {timeout}s")
+        self._apply_kazoo_state(KazooState.CONNECTED)
+        if self.chroot and await self.exists("/") is None:
+            await asyncio.to_thread(self._create_chroot, timeout)
+
+    def _create_chroot(self, timeout: float) -> None:
+        """Create the chroot node with a short-lived unchrooted session (blocking; in a thread)."""
+        zk = KazooClient(hosts=self.hosts, timeout=self.session_timeout_s)
+        zk.start(timeout)
+        try:
+            zk.ensure_path(self.chroot)
+        finally:
+            zk.stop()
+            zk.close()
+
+    def _stop_kazoo(self) -> None:
+        try:
+            self._zk.stop()
+        finally:
+            self._zk.close()
+
+    async def close(self) -> None:
+        """Close the session (its ephemeral nodes disappear) and stop kazoo's threads."""
+        if self._closed or not self._started:
+            self._closed = True
+            return
+        self._closed = True
+        for w in list(self._watches):
+            w.cancel()
+        self._cancel_lost_timer()
+        self._zk.remove_listener(self._on_kazoo_state)
+        await asyncio.to_thread(self._stop_kazoo)
+        self._set_state(SessionState.LOST)
+
+    async def __aenter__(self) -> Keeper:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ session state
+
+    @property
+    def session_state(self) -> SessionState:
+        return self._state
+
+    @property
+    def connected(self) -> bool:
+        return self._zk.connected
+
+    @property
+    def session_id(self) -> int | None:
+        cid = self._zk.client_id
+        return None if cid is None else cid[0]
+
+    @property
+    def session_id_and_password(self) -> tuple[int, bytes] | None:
+        return self._zk.client_id
+
+    @property
+    def requests_total(self) -> int:
+        return sum(self.requests.values())
+
+    def add_state_listener(self, callback: StateCallback) -> None:
+        """``callback(state)`` runs on the loop at every transition (it may return a coroutine)."""
+        self._listeners.append(callback)
+
+    def remove_state_listener(self, callback: StateCallback) -> None:
+        if callback in self._listeners:
+            self._listeners.remove(callback)
+
+    async def wait_for_state(self, *states: SessionState, timeout: float | None = None) -> SessionState:
+        """Return when the session is in (or enters) one of ``states``; TimeoutError after ``timeout``."""
+        if self._state in states:
+            return self._state
+        fut: asyncio.Future[SessionState] = self._require_loop().create_future()
+
+        def listener(state: SessionState) -> None:
+            if state in states and not fut.done():
+                fut.set_result(state)
+
+        self.add_state_listener(listener)
+        try:
+            async with asyncio.timeout(timeout):
+                return await fut
+        finally:
+            self.remove_state_listener(listener)
+
+    def session_events(self) -> SessionEvents:
+        """Every state transition from now on, in order: ``async for state in keeper.session_events()``.
+        Subscribes at once (not at the first iteration); ``close()`` the iterator when done."""
+        return SessionEvents(self)
+
+    def _on_kazoo_state(self, state: str) -> None:
+        """kazoo's listener (connection thread): forward to the loop."""
+        self._post(self._apply_kazoo_state, state)
+
+    def _apply_kazoo_state(self, kstate: str) -> None:
+        if self._closed:
+            return
+        if kstate == KazooState.CONNECTED:
+            if not self._zk.connected:  # a stale notification; a newer one is on its way
+                return
+            self._cancel_lost_timer()
+            was = self._state
+            self._set_state(SessionState.CONNECTED)
+            if was is not SessionState.CONNECTED:
+                for w in list(self._watches):
+                    w.rearm()
+        elif kstate == KazooState.SUSPENDED:
+            if self._state is SessionState.CONNECTED:
+                self._set_state(SessionState.SUSPENDED)
+                self._cancel_lost_timer()
+                self._lost_timer = self._require_loop().call_later(self.session_timeout_s, self._declare_lost)
+        elif kstate == KazooState.LOST:
+            self._cancel_lost_timer()
+            self._set_state(SessionState.LOST)
+
+    def _declare_lost(self) -> None:
+        self._lost_timer = None
+        if self._state is SessionState.SUSPENDED:
+            log.warning("zookeeper_session_lost_locally: suspended longer than %.1fs", self.session_timeout_s)
+            self._set_state(SessionState.LOST)
+
+    def _cancel_lost_timer(self) -> None:
+        if self._lost_timer is not None:
+            self._lost_timer.cancel()
+            self._lost_timer = None
+
+    def _set_state(self, state: SessionState) -> None:
+        if state is self._state:
+            return
+        self._state = state
+        for cb in list(self._listeners):
+            self._invoke(cb, state)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _require_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("Keeper not started")
+        return self._loop
+
+    def _post(self, fn: Callable[..., object], *args: Any) -> None:
+        """Schedule ``fn(*args)`` on the loop from any thread (dropped if the loop is gone)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # loop closed meanwhile
+            pass
+
+    def _invoke(self, cb: Callable[[T], object], arg: T) -> None:
+        """Run a user callback on the loop; a returned coroutine becomes a task; errors are logged."""
+        try:
+            res = cb(arg)
+        except Exception:
+            log.exception("keeper_callback_failed: %r", cb)
+            return
+        if asyncio.iscoroutine(res):
+            task = self._require_loop().create_task(res)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _submit(self, kind: str, what: str, start: Callable[[], AsyncResult]) -> asyncio.Future[Any]:
+        """Issue one request; its future resolves on the loop (raw kazoo value or translated error)."""
+        loop = self._require_loop()
+        if self._closed:
+            raise KeeperSessionExpiredError(f"{what}: client closed")
+        if not self._zk.connected:
+            raise KeeperConnectionLossError(f"{what}: not connected to ZooKeeper ({self._state})")
+        self.requests[kind] += 1
+        fut: asyncio.Future[Any] = loop.create_future()
+        result = start()
+        result.rawlink(lambda r: self._post(self._resolve, fut, r, what))
+        return fut
+
+    @staticmethod
+    def _resolve(fut: asyncio.Future[Any], result: AsyncResult, what: str) -> None:
+        if fut.done():
+            return
+        exc = result.exception
+        if exc is None:
+            fut.set_result(result.value)
+        else:
+            fut.set_exception(translate_error(exc, what))
+
+    async def _wait(self, fut: Awaitable[T], what: str) -> T:
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                return await fut
+        except TimeoutError:
+            raise KeeperOperationTimeoutError(f"{what}: no answer in {self.request_timeout_s}s") from None
+
+    def _watch_adapter(self, cb: WatchCallback | None) -> Callable[[WatchedEvent], None] | None:
+        if cb is None:
+            return None
+
+        def on_event(ev: WatchedEvent) -> None:  # kazoo's callback thread
+            self._post(self._invoke, cb, _watch_event(ev))
+
+        return on_event
+
+    async def _pipelined(
+        self, kind: str, items: Sequence[str], start: Callable[[str], AsyncResult]
+    ) -> list[Any]:
+        """Run one request per path with up to PIPELINE_WINDOW in flight; NoNode → None."""
+        out: list[Any] = []
+        for lo in range(0, len(items), PIPELINE_WINDOW):
+            chunk = items[lo : lo + PIPELINE_WINDOW]
+            futs = [self._submit(kind, f"{kind} {p}", functools.partial(start, p)) for p in chunk]
+            answers = await self._wait(asyncio.gather(*futs, return_exceptions=True), f"{kind} x{len(chunk)}")
+            for ans in answers:
+                if isinstance(ans, KeeperNoNodeError):
+                    out.append(None)
+                elif isinstance(ans, BaseException):
+                    raise ans
+                else:
+                    out.append(ans)
+        return out
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, path: str, watch: WatchCallback | None = None) -> tuple[bytes, ZnodeStat]:
+        fut = self._submit("get", f"get {path}", lambda: self._zk.get_async(path, self._watch_adapter(watch)))
+        data, stat = await self._wait(fut, f"get {path}")
+        return data or b"", _stat(stat)
+
+    async def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Read many nodes with all requests pipelined; ``None`` for a node that does not exist."""
+        raw = await self._pipelined("get", paths, self._zk.get_async)
+        return [None if r is None else (r[0] or b"", _stat(r[1])) for r in raw]
+
+    async def exists(self, path: str, watch: WatchCallback | None = None) -> ZnodeStat | None:
+        fut = self._submit(
+            "exists", f"exists {path}", lambda: self._zk.exists_async(path, self._watch_adapter(watch))
+        )
+        stat = await self._wait(fut, f"exists {path}")
+        return None if stat is None else _stat(stat)
+
+    @overload
+    async def get_children(
+        self, path: str, watch: WatchCallback | None = None, include_data: Literal[False] = False
+    ) -> list[str]: ...
+
+    @overload
+    async def get_children(
+        self, path: str, watch: WatchCallback | None = None, *, include_data: Literal[True]
+    ) -> tuple[list[str], ZnodeStat]: ...
+
+    async def get_children(
+        self, path: str, watch: WatchCallback | None = None, include_data: bool = False
+    ) -> list[str] | tuple[list[str], ZnodeStat]:
+        """Child names (unsorted, as ZooKeeper returns them); with ``include_data`` also the node's stat."""
+        return await self._get_children(path, self._watch_adapter(watch), include_data)
+
+    async def _get_children(
+        self, path: str, kazoo_watch: Callable[[WatchedEvent], None] | None, include_data: bool
+    ) -> list[str] | tuple[list[str], ZnodeStat]:
+        what = f"get_children {path}"
+        fut = self._submit(
+            "get_children", what, lambda: self._zk.get_children_async(path, kazoo_watch, include_data)
+        )
+        res = await self._wait(fut, what)
+        if include_data:
+            children, stat = res
+            return list(children), _stat(stat)
+        return list(res)
+
+    async def get_children_many(self, paths: Sequence[str]) -> list[list[str] | None]:
+        """Children of many nodes, pipelined; ``None`` for a node that does not exist."""
+        raw = await self._pipelined("get_children", paths, self._zk.get_children_async)
+        return [None if r is None else list(r) for r in raw]
+
+    def watch_children(self, path: str, callback: Callable[[list[str]], object]) -> ChildrenWatch:
+        """Call ``callback(children)`` on the loop now and after every change, re-arming the one-shot
+        ZooKeeper watch each time (and after reconnects).  ``[]`` while the node does not exist.
+        Calls may be spurious (same list twice); the handle's ``cancel()`` stops it."""
+        w = ChildrenWatch(self, path, callback)
+        self._watches.add(w)
+        w.rearm()
+        return w
+
+    # ------------------------------------------------------------------ writes
+
+    async def create(
+        self,
+        path: str,
+        data: bytes = b"",
+        ephemeral: bool = False,
+        sequence: bool = False,
+        makepath: bool = False,
+        *,
+        make_parents: bool = False,
+    ) -> str:
+        """Create a node; returns its path (with the sequence suffix).  ``makepath``/``make_parents``
+        (synonyms) create missing ancestors as persistent empty nodes."""
+        try:
+            return await self._create_once(path, data, ephemeral, sequence)
+        except KeeperNoNodeError:
+            if not (makepath or make_parents):
+                raise
+        await self.ensure_path(posixpath.dirname(path))
+        return await self._create_once(path, data, ephemeral, sequence)
+
+    async def _create_once(self, path: str, data: bytes, ephemeral: bool, sequence: bool) -> str:
+        what = f"create {path}"
+        fut = self._submit(
+            "create", what, lambda: self._zk.create_async(path, data, ephemeral=ephemeral, sequence=sequence)
+        )
+        created: str = await self._wait(fut, what)
+        return created
+
+    async def ensure_path(self, path: str) -> None:
+        """Create ``path`` and its missing ancestors (persistent, empty); existing nodes are fine."""
+        if path in ("", "/"):
+            return
+        try:
+            await self._create_once(path, b"", False, False)
+            return
+        except KeeperNodeExistsError:
+            return
+        except KeeperNoNodeError:
+            pass
+        await self.ensure_path(posixpath.dirname(path))
+        try:
+            await self._create_once(path, b"", False, False)
+        except KeeperNodeExistsError:
+            pass
+
+    async def set(self, path: str, data: bytes, version: int = -1) -> ZnodeStat:
+        what = f"set {path}"
+        fut = self._submit("set", what, lambda: self._zk.set_async(path, data, version))
+        return _stat(await self._wait(fut, what))
+
+    async def delete(self, path: str, version: int = -1, recursive: bool = False) -> None:
+        """Delete a node.  ``recursive`` deletes the whole subtree (pipelined, deepest level first,
+        not atomic) and is quiet if the node is already gone."""
+        if not recursive:
+            what = f"delete {path}"
+            await self._wait(self._submit("delete", what, lambda: self._zk.delete_async(path, version)), what)
+            return
+        levels: list[list[str]] = [[path]]
+        while True:
+            kids = await self.get_children_many(levels[-1])
+            nxt = [posixpath.join(p, c) for p, cs in zip(levels[-1], kids, strict=True) if cs for c in cs]
+            if not nxt:
+                break
+            levels.append(nxt)
+        for level in reversed(levels):
+            await self._pipelined("delete", level, lambda p: self._zk.delete_async(p, -1))
+
+    async def sync(self, path: str = "/") -> None:
+        """Make the server catch up with the leader before the next read (ZooKeeper ``sync``)."""
+        what = f"sync {path}"
+        await self._wait(self._submit("sync", what, lambda: self._zk.sync_async(path)), what)
+
+    # ------------------------------------------------------------------ transactions
+
+    async def multi(self, ops: Iterable[Op]) -> list[MultiResult]:
+        """Run ``ops`` atomically.  Results per op: Create → path, Set → ZnodeStat, Delete/Check → None.
+        If an op fails, raises KeeperMultiError (``.index``, ``.cause``) and nothing was applied."""
+        ops = list(ops)
+        if not ops:
+            return []
+        tx = self._zk.transaction()
+        for op in ops:
+            if isinstance(op, Create):
+                tx.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequence)
+            elif isinstance(op, Set):
+                tx.set_data(op.path, op.data, op.version)
+            elif isinstance(op, Delete):
+                tx.delete(op.path, op.version)
+            elif isinstance(op, Check):
+                tx.check(op.path, op.version)
+            else:
+                raise TypeError(f"not a keeper op: {op!r}")
+        what = f"multi ({len(ops)} ops, first: {_describe(ops[0])})"
+        raw: list[Any] = await self._wait(self._submit("multi", what, tx.commit_async), what)
+        return _multi_results(ops, raw)
+
+    async def try_multi(self, ops: Iterable[Op]) -> MultiOutcome:
+        """Like ``multi`` but an op failure is returned (``failed_index``, ``error``, ``zk_code``) instead
+        of raised.  Connection-level failures (loss, expiry, timeout) still raise."""
+        try:
+            return MultiOutcome(await self.multi(ops))
+        except KeeperMultiError as e:
+            return MultiOutcome([], e.index, e.cause)
+
+
+def _multi_results(ops: list[Op], raw: list[Any]) -> list[MultiResult]:
+    if len(raw) != len(ops):
+        raise KeeperError(f"multi: {len(raw)} results for {len(ops)} ops")
+    errors = [i for i, r in enumerate(raw) if isinstance(r, BaseException)]
+    if errors:
+        # The failing op carries the real error; the others say RolledBack (before) or
+        # RuntimeInconsistency (after).
+        real = [i for i in errors if not isinstance(raw[i], RolledBackError | RuntimeInconsistency)]
+        index = real[0] if real else errors[0]
+        cause = translate_error(raw[index], f"multi op #{index} ({_describe(ops[index])})")
+        raise KeeperMultiError(f"multi failed at op #{index}: {cause}", index=index, cause=cause)
+    out: list[MultiResult] = []
+    for op, r in zip(ops, raw, strict=True):
+        if isinstance(op, Create):
+            out.append(str(r))
+        elif isinstance(op, Set):
+            out.append(_stat(r))
+        else:
+            out.append(None)
+    return out
+
+
+def _watch_event(ev: WatchedEvent) -> WatchEvent:
+    try:
+        kind = WatchEventType(ev.type)
+    except ValueError:
+        kind = WatchEventType.NONE
+    return WatchEvent(kind, ev.path, str(ev.state))
+
+
+class SessionEvents:
+    """Async iterator over session state transitions (see ``Keeper.session_events``)."""
+
+    def __init__(self, keeper: Keeper) -> None:
+        self._keeper = keeper
+        self._queue: asyncio.Queue[SessionState] = asyncio.Queue()
+        keeper.add_state_listener(self._queue.put_nowait)
+
+    def __aiter__(self) -> SessionEvents:
+        return self
+
+    async def __anext__(self) -> SessionState:
+        return await self._queue.get()
+
+    def close(self) -> None:
+        self._keeper.remove_state_listener(self._queue.put_nowait)
+
+
+class ChildrenWatch:
+    """A re-arming children watch (see ``Keeper.watch_children``)."""
+
+    def __init__(self, keeper: Keeper, path: str, callback: Callable[[list[str]], object]) -> None:
+        self.keeper = keeper
+        self.path = path
+        self.callback = callback
+        self.fired = 0  # callbacks delivered so far
+        self._cancelled = False
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self.keeper._watches.discard(self)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def rearm(self) -> None:
+        """(Re-)read the children with a new watch; coalesces with a read already under way."""
+        if self._cancelled:
+            return
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = self.keeper._require_loop().create_task(self._run())
+
+    def _on_kazoo_event(self, ev: WatchedEvent) -> None:  # kazoo's callback thread
+        self.keeper._post(self._on_event, ev)
+
+    def _on_event(self, ev: WatchedEvent) -> None:
+        # A NONE event means the connection dropped and the watch is gone: the keeper re-arms us
+        # when it reconnects; re-arming now also works if we are already connected again.
+        if ev.type != WatchEventType.NONE or self.keeper.connected:
+            self.rearm()
+
+    async def _run(self) -> None:
+        while not self._cancelled:
+            self._again = False
+            try:
+                children = await self.keeper._get_children(self.path, self._on_kazoo_event, False)
+            except KeeperNoNodeError:
+                try:
+                    if await self.keeper.exists(self.path, self._on_exists_event) is not None:
+                        continue  # created in between: read its children
+                except KeeperError:
+                    return  # connection trouble: re-armed on reconnect
+                children = []
+            except KeeperError:
+                return
+            assert isinstance(children, list)
+            self.fired += 1
+            self.keeper._invoke(self.callback, children)
+            if not self._again:
+                return
+
+    def _on_exists_event(self, ev: WatchEvent) -> None:  # already on the loop
+        if ev.kind is not WatchEventType.NONE or self.keeper.connected:
+            self.rearm()
