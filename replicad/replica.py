@@ -1,0 +1,626 @@
+"""TableReplica: one ReplicatedMergeTree table on this replica (the engine behind ``TableService``).
+
+It owns the table's local parts (:class:`PartStore`), its ZooKeeper state (created or joined at start-up as
+18.16 does), the DataPartsExchange endpoint, and the background tasks: queue updating (log → queue),
+queue executing (fetches, drops), cleanup (outdated parts, part checks) and restarting (re-activation after
+a ZooKeeper session loss).  Inserts go through :mod:`replicad.replication.sink` and
+:mod:`replicad.replication.commit`; SELECT reads active parts with :class:`PartReader`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replicad.errors import (
+    BadInputError,
+    KeeperError,
+    KeeperNoNodeError,
+    ReadOnlyError,
+    ReplicadError,
+    TooManyPartsError,
+)
+from replicad.keeper.client import Keeper, SessionState
+from replicad.keeper.ops import Create, Op
+from replicad.keeper.paths import TablePaths
+from replicad.logging import get_logger
+from replicad.model.address import ReplicaAddress
+from replicad.model.log_entry import LogEntry
+from replicad.model.part_info import PartInfo
+from replicad.model.queue_state import QueueState
+from replicad.replication import init as zk_init
+from replicad.replication.commit import PartCommitter
+from replicad.replication.executor import QueueExecutor, part_remove_ops, remove_parts_from_zookeeper
+from replicad.replication.fetcher import FetchCredentials, PartFetcher
+from replicad.replication.log_puller import LogPuller, QueueUpdatingTask, load_queue
+from replicad.replication.part_store import PartState, PartStore
+from replicad.replication.sink import InsertContext, TableSchema, write_block
+from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
+from replicad.service import (
+    ExecuteResult,
+    InsertSettings,
+    InsertSummary,
+    QueryResult,
+    SelectQuery,
+    Statement,
+    StatementKind,
+    TableName,
+)
+from replicad.sql.expressions import compile_expression
+from replicad.storage.layout import TableDataLayout
+from replicad.storage.reader import PartReader
+from replicad.storage.types import DataType
+from replicad.storage.writer import WriterSettings
+from replicad.tasks import BackgroundTask, FunctionTask, Outcome, Supervisor
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """Everything a replica needs to know about its table (built from the DDL by the catalog)."""
+
+    name: TableName
+    zk_path: str  # macros expanded
+    replica_name: str
+    columns: tuple[tuple[str, DataType], ...]
+    metadata_text: str  # the table ``metadata`` znode as 18.16 writes it
+    columns_text: str  # the table ``columns`` znode as 18.16 writes it
+    partition_by: str | None
+    order_by: str | None
+    primary_key: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReplicaEnv:
+    """Process-wide things a replica uses."""
+
+    data_path: Path
+    interserver: InterserverServer
+    interserver_host: str  # published in replicas/<r>/host
+    tz: str = "UTC"
+    credentials: FetchCredentials = field(default_factory=FetchCredentials)
+    tcp_port: int = 9000
+    fsync: bool = True
+    writer: WriterSettings | None = None
+    max_parallel_fetches: int = 8
+    activation_timeout_s: float = 0.0
+
+
+class TableReplica:
+    """One replicated table: implements :class:`replicad.service.TableService`."""
+
+    def __init__(
+        self, spec: TableSpec, keeper: Keeper, env: ReplicaEnv, supervisor: Supervisor | None = None
+    ) -> None:
+        self.spec = spec
+        self.keeper = keeper
+        self.env = env
+        self.supervisor = supervisor
+        self.paths = TablePaths.create(spec.zk_path, spec.replica_name)
+        s = spec.settings
+        self.layout = TableDataLayout(env.data_path, spec.name.database, spec.name.table)
+        self.store = PartStore(self.layout, float(s.get("old_parts_lifetime", 480)))
+        self.schema = TableSchema(spec.columns, spec.partition_by, spec.order_by, spec.primary_key, env.tz)
+        base = env.writer or WriterSettings(fsync=env.fsync)
+        self.writer_settings = WriterSettings(
+            index_granularity=int(s.get("index_granularity", base.index_granularity)),
+            min_compress_block_size=base.min_compress_block_size,
+            max_compress_block_size=base.max_compress_block_size,
+            method=base.method,
+            level=base.level,
+            fsync=env.fsync,
+            threads=base.threads,
+        )
+        self.parts_to_throw_insert = int(s.get("parts_to_throw_insert", 300))
+        self.queue_state = QueueState()
+        self.structure: zk_init.TableStructure | None = None
+        self.identifier = zk_init.active_node_identifier()
+        self.committer = PartCommitter(
+            keeper,
+            self.paths,
+            self.store,
+            columns_version=lambda: self.structure.columns_version if self.structure else 0,
+            tz=env.tz,
+            enqueue_part_check=self.enqueue_part_check,
+            on_committed=self._on_local_commit,
+        )
+        self.fetcher = PartFetcher(
+            keeper,
+            self.paths,
+            self.store,
+            table_columns_text=spec.columns_text,
+            credentials=env.credentials,
+            fsync=env.fsync,
+        )
+        self.puller = LogPuller(
+            keeper,
+            self.paths,
+            self._on_pulled,
+            tz=env.tz,
+            min_unprocessed_insert_time=lambda: self.queue_state.min_unprocessed_insert_time,
+        )
+        self.queue_updating = QueueUpdatingTask(f"{spec.name}:queue_updating", self.puller)
+        self.executor = QueueExecutor(
+            f"{spec.name}:queue_executing",
+            keeper,
+            self.paths,
+            self.queue_state,
+            self.store,
+            self.fetcher,
+            max_parallel_fetches=env.max_parallel_fetches,
+        )
+        self.cleanup = FunctionTask(f"{spec.name}:cleanup", self._cleanup_once, period_s=5.0)
+        self.restarting = FunctionTask(f"{spec.name}:restarting", self._restart_once, period_s=1.0)
+        self._tasks: list[BackgroundTask] = [
+            self.queue_updating,
+            self.executor,
+            self.cleanup,
+            self.restarting,
+        ]
+        self._own_runners: list[asyncio.Task[None]] = []
+        self._parts_to_check: dict[str, float] = {}
+        self._readonly = True
+        self._stopping = False
+        self._session_id: int | None = None
+        self._inserts_in_flight = 0
+        self._started_at = 0.0
+
+    # ------------------------------------------------------------------------------------------- protocol
+
+    @property
+    def name(self) -> TableName:
+        return self.spec.name
+
+    @property
+    def columns(self) -> Sequence[tuple[str, DataType]]:
+        return self.spec.columns
+
+    @property
+    def is_readonly(self) -> bool:
+        return self._readonly or self._stopping or self.keeper.session_state is not SessionState.CONNECTED
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Load local parts, create/join the table in ZooKeeper, activate, load the queue, start the tasks."""
+        self._started_at = time.time()
+        await self.store.load()
+        await self._startup_zookeeper(first=True)
+        self.env.interserver.register(
+            self.paths.me.root,
+            Endpoint(lookup=self._part_for_send, on_broken_part=self.enqueue_part_check),
+        )
+        self.executor.on_parts_changed = self._on_parts_changed
+        for task in self._tasks:
+            if self.supervisor is not None:
+                self.supervisor.add(task, group=str(self.spec.name))
+            else:
+                self._own_runners.append(asyncio.get_running_loop().create_task(task.run(), name=task.name))
+        self.queue_updating.wakeup()
+        log.info("replica_started", table=str(self.spec.name), replica_path=self.paths.me.root)
+
+    async def _startup_zookeeper(self, first: bool) -> None:
+        spec, keeper, paths = self.spec, self.keeper, self.paths
+        await zk_init.create_table_if_not_exists(keeper, paths, spec.metadata_text, spec.columns_text)
+        self.structure = await zk_init.check_table_structure(
+            keeper, paths, spec.metadata_text, spec.columns_text
+        )
+        if not await zk_init.replica_exists(keeper, paths):
+            if first and self.store.active():
+                raise ReplicadError(
+                    f"Data directory {self.layout.path} already contains parts but replica "
+                    f"{paths.me.root} does not exist in ZooKeeper",
+                    code=32,
+                )
+            await zk_init.create_replica(keeper, paths, spec.columns_text)
+        await zk_init.create_new_nodes(keeper, paths, self.structure.metadata_text)
+        await self._activate()
+        await zk_init.clone_replica_if_needed(keeper, paths, self.env.tz)
+        await self._check_parts()
+        await self._load_queue()
+        self._session_id = keeper.session_id
+        self._readonly = False
+
+    async def _activate(self) -> None:
+        address = ReplicaAddress(
+            host=self.env.interserver_host,
+            replication_port=self.env.interserver.port,
+            queries_port=self.env.tcp_port,
+            database=self.spec.name.database,
+            table=self.spec.name.table,
+        )
+        deadline = time.monotonic() + self.env.activation_timeout_s
+        while True:
+            try:
+                await zk_init.activate_replica(self.keeper, self.paths, address.to_text(), self.identifier)
+                return
+            except zk_init.ReplicaIsAlreadyActiveError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def _check_parts(self) -> None:
+        """18.16's checkParts: reconcile local active parts with ``replicas/<me>/parts``."""
+        me = self.paths.me
+        expected = set(await self.keeper.get_children(me.parts))
+        local = {p.name for p in self.store.active()}
+        for name in sorted(expected - local):
+            info = PartInfo.try_parse(name)
+            containing = self.store.active_containing(info) if info is not None else None
+            if containing is not None:
+                if containing.name not in expected:
+                    await self._register_local_part(containing.name)
+                    expected.add(containing.name)
+                log.warning("removing_covered_part_from_zookeeper", part=name, covering=containing.name)
+                await remove_parts_from_zookeeper(self.keeper, self.paths, [name])
+                continue
+            log.error("fetching_missing_part", part=name)
+            create_time = 0
+            stat = await self.keeper.exists(me.part(name))
+            if stat is not None:
+                create_time = stat.ctime_ms // 1000
+            entry = LogEntry.get_part(name, source_replica="", create_time=create_time)
+            ops: list[Op] = [*part_remove_ops(self.paths, name)]
+            ops.append(Create(me.queue_prefix, entry.to_bytes(self.env.tz), sequence=True))
+            await self.keeper.multi(ops)
+        for name in sorted(local - expected):
+            log.error("unexpected_local_part", part=name)
+            await self.store.detach(name, "ignored")
+
+    async def _register_local_part(self, name: str) -> None:
+        part = self.store.get(name)
+        if part is None:
+            return
+        from replicad.replication.commit import part_commit_ops
+
+        columns_version = self.structure.columns_version if self.structure else 0
+        await self.keeper.multi(
+            part_commit_ops(
+                self.paths, name, part.directory.columns_text, part.directory.checksums, columns_version
+            )
+        )
+
+    async def _load_queue(self) -> None:
+        entries, pointer = await load_queue(self.keeper, self.paths, self.env.tz)
+        known = self.queue_state.znode_names()
+        if not known and not len(self.queue_state):
+            self.queue_state.initialize(self.store.active_names())
+        fresh = [(e.znode_name, e) for e in entries if e.znode_name not in known]
+        self.queue_state.load(fresh, time.time())
+        self.puller.log_pointer = pointer
+
+    async def stop(self) -> None:
+        """Stop background work, withdraw the endpoint and ``is_active`` (the data stays)."""
+        self._stopping = True
+        if self.supervisor is not None:
+            await self.supervisor.stop_group(str(self.spec.name))
+        for task in self._tasks:
+            task.request_stop()
+        for runner in self._own_runners:
+            try:
+                await asyncio.wait_for(runner, timeout=10)
+            except (TimeoutError, asyncio.CancelledError):
+                runner.cancel()
+            except Exception as e:  # already logged by the task
+                log.warning("task_stopped_with_error", error=str(e))
+        self._own_runners.clear()
+        await self.executor.cancel_running()
+        self.env.interserver.unregister(self.paths.me.root)
+        await self.fetcher.close()
+        await self.deactivate()
+
+    async def deactivate(self) -> None:
+        if self.keeper.session_state is not SessionState.CONNECTED:
+            return
+        try:
+            data, stat = await self.keeper.get(self.paths.me.is_active)
+            if data.decode() == self.identifier:
+                await self.keeper.delete(self.paths.me.is_active, stat.version)
+        except KeeperNoNodeError:
+            pass
+        except KeeperError as e:
+            log.warning("deactivate_failed", error=str(e))
+
+    # ------------------------------------------------------------------------------------------- tasks
+
+    def _on_pulled(self, entries: list[LogEntry]) -> None:
+        now = time.time()
+        for e in entries:
+            self.queue_state.insert(e.znode_name, e, now)
+        self.executor.wakeup()
+
+    def _on_parts_changed(self) -> None:
+        self.cleanup.wakeup()
+
+    def _on_local_commit(self, _name: str) -> None:
+        # Our own GET_PART will come back through the log; nothing to fetch for it.
+        self.queue_updating.wakeup()
+
+    def enqueue_part_check(self, name: str) -> None:
+        self._parts_to_check.setdefault(name, time.time())
+        self.cleanup.wakeup()
+
+    async def _cleanup_once(self) -> Outcome | None:
+        if self.is_readonly:
+            return Outcome("readonly")
+        removed = await self.store.clear_old_parts()
+        if removed:
+            await remove_parts_from_zookeeper(self.keeper, self.paths, removed)
+        checked = await self._run_part_checks()
+        if removed or checked:
+            return Outcome("cleaned", fields={"removed_parts": removed, "checked_parts": checked})
+        return None
+
+    async def _run_part_checks(self) -> list[str]:
+        done: list[str] = []
+        for name in list(self._parts_to_check):
+            part = self.store.get(name)
+            if part is None or part.state is PartState.OUTDATED:
+                self._parts_to_check.pop(name, None)
+                continue
+            exists = await self.keeper.exists(self.paths.me.part(name))
+            if exists is None:
+                log.warning("part_not_in_zookeeper_detaching", part=name)
+                await self.store.detach(name, "unexpected")
+            self._parts_to_check.pop(name, None)
+            done.append(name)
+        return done
+
+    async def _restart_once(self) -> Outcome | None:
+        """The restarting thread: after a session loss, re-activate and reload once connected again."""
+        state = self.keeper.session_state
+        if state is not SessionState.CONNECTED:
+            if not self._readonly:
+                log.warning("replica_readonly", state=str(state))
+            self._readonly = True
+            return Outcome("waiting_for_zookeeper", fields={"state": str(state)})
+        if not self._readonly and self.keeper.session_id == self._session_id:
+            return None
+        try:
+            await self._startup_zookeeper(first=False)
+        except ReplicadError as e:
+            log.warning("replica_restart_failed", error=str(e))
+            return Outcome("restart_failed", delay_s=1.0, fields={"error": str(e)})
+        self.queue_updating.wakeup()
+        self.executor.wakeup()
+        log.info("replica_restarted", replica_path=self.paths.me.root)
+        return Outcome("restarted", did_work=True)
+
+    def _part_for_send(self, name: str) -> PartToSend | None:
+        part = self.store.for_send(name)
+        if part is None:
+            return None
+        return PartToSend(part.path, part.directory.checksums)
+
+    # ------------------------------------------------------------------------------------------- insert
+
+    async def insert(
+        self, batches: AsyncIterator[pa.RecordBatch], columns: list[str] | None, settings: InsertSettings
+    ) -> InsertSummary:
+        ctx = InsertContext(
+            deduplicate=settings.insert_deduplicate, token=settings.insert_deduplication_token
+        )
+        if settings.insert_quorum > 1:
+            raise ReplicadError("insert_quorum > 1 is not supported by replicad yet", code=48)
+        rows = parts = dedup = nbytes = 0
+        self._inserts_in_flight += 1
+        try:
+            async for batch in batches:
+                if self.is_readonly:
+                    raise ReadOnlyError(f"Table {self.spec.name} is in readonly mode")
+                self._check_too_many_parts()
+                table = pa.Table.from_batches([batch])
+                if columns is not None and list(table.column_names) != list(columns):
+                    table = table.rename_columns(list(columns))
+                nbytes += table.nbytes
+                temp_parts = await write_block(table, self.schema, self.layout, self.writer_settings, ctx)
+                for tp in temp_parts:
+                    result = await self.committer.commit(tp)
+                    if result.deduplicated:
+                        dedup += 1
+                    else:
+                        parts += 1
+                        rows += tp.rows
+        finally:
+            self._inserts_in_flight -= 1
+        return InsertSummary(
+            written_rows=rows, written_parts=parts, deduplicated_blocks=dedup, written_bytes=nbytes
+        )
+
+    async def insert_table(self, table: pa.Table, settings: InsertSettings | None = None) -> InsertSummary:
+        """Convenience: insert one Arrow table as one block."""
+
+        async def gen() -> AsyncIterator[pa.RecordBatch]:
+            for b in table.combine_chunks().to_batches(max_chunksize=max(table.num_rows, 1)):
+                yield b
+
+        return await self.insert(gen(), list(table.column_names), settings or InsertSettings())
+
+    def _check_too_many_parts(self) -> None:
+        by_partition: dict[str, int] = {}
+        for p in self.store.active():
+            by_partition[p.info.partition_id] = by_partition.get(p.info.partition_id, 0) + 1
+        worst = max(by_partition.values(), default=0)
+        if worst >= self.parts_to_throw_insert:
+            raise TooManyPartsError(
+                f"Too many parts ({worst}). Merges are processing significantly slower than inserts."
+            )
+
+    # ------------------------------------------------------------------------------------------- select
+
+    async def read_all(self, columns: Sequence[str] | None = None) -> pa.Table:
+        """Every row of the active parts (storage Arrow, table column order unless ``columns`` given)."""
+        names = list(columns) if columns is not None else [n for n, _ in self.spec.columns]
+        types = dict(self.spec.columns)
+        wanted = {n: types[n] for n in names}
+        parts = self.store.active()
+
+        def read() -> pa.Table:
+            tables = []
+            for p in parts:
+                with PartReader(p.directory, wanted) as r:
+                    tables.append(r.read(names))
+            if not tables:
+                return pa.Table.from_arrays(
+                    [pa.array([], types[n].arrow_type) for n in names],
+                    schema=pa.schema([pa.field(n, types[n].arrow_type) for n in names]),
+                )
+            return pa.concat_tables(tables)
+
+        return await asyncio.to_thread(read)
+
+    def _needed_columns(self, query: SelectQuery) -> list[str]:
+        types = dict(self.spec.columns)
+        out: list[str] = list(query.columns) if query.columns is not None else list(types)
+        extra: list[str] = []
+        if query.where:
+            extra += compile_expression(query.where).columns
+        for k in query.order_by:
+            extra += compile_expression(k.expression).columns
+        for c in out + extra:
+            if c not in types:
+                raise BadInputError(f"Missing columns: '{c}' while processing query", code=47)
+        return list(dict.fromkeys(out + extra))
+
+    async def select(self, query: SelectQuery) -> QueryResult:
+        types = dict(self.spec.columns)
+        names = self._needed_columns(query)
+        table = await self.read_all(names)
+        if query.where:
+            mask = compile_expression(query.where).mask(table, types, self.env.tz)
+            table = table.filter(pa.array(mask))
+        if query.order_by:
+            keys = []
+            sort_keys = []
+            for i, k in enumerate(query.order_by):
+                arr, _dt = compile_expression(k.expression).evaluate(table, types, self.env.tz)
+                keys.append(arr)
+                sort_keys.append((f"k{i}", "descending" if k.descending else "ascending"))
+            key_table = pa.table({f"k{i}": a for i, a in enumerate(keys)})
+            idx = pc.sort_indices(key_table, sort_keys=sort_keys, null_placement="at_end")
+            table = table.take(idx)
+        if query.limit is not None:
+            table = table.slice(0, query.limit)
+        out_names = list(query.columns) if query.columns is not None else [n for n, _ in self.spec.columns]
+        table = table.select(out_names)
+        return QueryResult.from_table([(n, types[n]) for n in out_names], table)
+
+    async def count(self, where: str | None) -> int:
+        if not where:
+            return sum(p.directory.rows for p in self.store.active())
+        types = dict(self.spec.columns)
+        expr = compile_expression(where)
+        table = await self.read_all(list(dict.fromkeys(expr.columns)) or [self.spec.columns[0][0]])
+        return int(expr.mask(table, types, self.env.tz).sum())
+
+    async def execute(self, statement: Statement) -> ExecuteResult:
+        if statement.kind is StatementKind.SYNC_REPLICA:
+            await self.sync_replica()
+            return ExecuteResult()
+        raise ReplicadError(f"{statement.kind.value} is not supported by this replica yet", code=48)
+
+    async def sync_replica(self, timeout_s: float = 300.0) -> None:
+        """Pull the log and wait until every entry present now has been executed."""
+        await self.puller.pull()
+        target = self.queue_state.znode_names()
+        deadline = time.monotonic() + timeout_s
+        while target & self.queue_state.znode_names():
+            if time.monotonic() > deadline:
+                raise ReplicadError("SYSTEM SYNC REPLICA timed out", code=159, retriable=True)
+            self.executor.wakeup()
+            await asyncio.sleep(0.05)
+
+    # ---------------------------------------------------------------------------------------- introspection
+
+    def status(self) -> dict[str, Any]:
+        qs = self.queue_state.status()
+        now = time.time()
+        min_unprocessed = self.queue_state.min_unprocessed_insert_time
+        return {
+            "database": self.spec.name.database,
+            "table": self.spec.name.table,
+            "engine": "ReplicatedMergeTree",
+            "is_leader": False,
+            "is_readonly": self.is_readonly,
+            "is_session_expired": self.keeper.session_state is SessionState.LOST,
+            "future_parts": qs.future_parts,
+            "parts_to_check": len(self._parts_to_check),
+            "zookeeper_path": self.paths.zk_path,
+            "replica_name": self.paths.replica_name,
+            "replica_path": self.paths.me.root,
+            "columns_version": self.structure.columns_version if self.structure else -1,
+            "queue_size": qs.queue_size,
+            "inserts_in_queue": qs.inserts_in_queue,
+            "merges_in_queue": qs.merges_in_queue,
+            "part_mutations_in_queue": qs.part_mutations_in_queue,
+            "queue_oldest_time": qs.queue_oldest_time,
+            "inserts_oldest_time": qs.inserts_oldest_time,
+            "merges_oldest_time": qs.merges_oldest_time,
+            "oldest_part_to_get": qs.oldest_part_to_get,
+            "log_pointer": self.puller.log_pointer,
+            "last_queue_update": qs.last_queue_update,
+            "absolute_delay": int(now - min_unprocessed) if min_unprocessed else 0,
+            "active_parts": len(self.store.active()),
+            "fetches_total": self.fetcher.fetches_total,
+            "executed_entries": self.executor.executed_total,
+            "failed_entries": self.executor.failed_total,
+            "tasks": {t.name: (t.last_outcome.to_dict() if t.last_outcome else None) for t in self._tasks},
+        }
+
+    async def replicas_summary(self) -> dict[str, int]:
+        """``total_replicas`` / ``active_replicas`` / ``log_max_index`` (need ZooKeeper)."""
+        replicas = await self.keeper.get_children(self.paths.replicas)
+        active = 0
+        for r in replicas:
+            if await self.keeper.exists(self.paths.replica(r).is_active) is not None:
+                active += 1
+        log_entries = [c for c in await self.keeper.get_children(self.paths.log) if c.startswith("log-")]
+        log_max = max((int(c[4:]) for c in log_entries), default=0)
+        return {"total_replicas": len(replicas), "active_replicas": active, "log_max_index": log_max}
+
+    def parts(self) -> list[dict[str, Any]]:
+        rows = []
+        for p in self.store.all_parts():
+            rows.append(
+                {
+                    "name": p.name,
+                    "partition_id": p.info.partition_id,
+                    "min_block_number": p.info.min_block,
+                    "max_block_number": p.info.max_block,
+                    "level": p.info.level,
+                    "data_version": p.info.data_version,
+                    "active": p.state is PartState.ACTIVE,
+                    "state": p.state.value,
+                    "rows": p.directory.rows,
+                    "bytes_on_disk": p.directory.bytes_on_disk,
+                    "modification_time": int(p.modification_time),
+                    "path": str(p.path),
+                }
+            )
+        return rows
+
+    def queue_rows(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "database": self.spec.name.database,
+                "table": self.spec.name.table,
+                "replica_name": self.paths.replica_name,
+                **row,
+            }
+            for row in self.queue_state.replication_queue_rows()
+        ]
+
+    def queue(self) -> list[dict[str, Any]]:
+        return self.queue_rows()
+
+    def mutations(self) -> list[dict[str, Any]]:
+        return []

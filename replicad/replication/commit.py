@@ -1,0 +1,181 @@
+"""Committing a freshly written part (ReplicatedMergeTreeBlockOutputStream::commitPart of 18.16).
+
+Sequence (FACTS §4.2), for one ``tmp_insert_`` part of partition ``P`` with deduplication id ``B``:
+
+1. ``block_numbers/P`` exists (created with a ``set block_numbers`` version bump if not);
+2. ``multi[create blocks/B; remove blocks/B; create temp/abandonable_lock-]`` — ZNODEEXISTS: duplicate;
+3. ``create block_numbers/P/block-`` → block number ``N``; the part is named ``P_N_N_0`` and renamed to it
+   (pre-committed: peers may fetch it as soon as the log entry is visible);
+4. one multi: ``create blocks/B = <part>``; ``check columns v``; ``create replicas/<me>/parts/<part>`` and its
+   ``columns`` / ``checksums`` children; ``create log/log- <GET_PART>``; ``remove`` the lock's two nodes.
+
+Outcome: OK → the part becomes active.  ZNODEEXISTS on ``blocks/B`` → another insert of the same block won
+the race: the part is deleted and the block counts as deduplicated.  Connection loss / operation timeout →
+we cannot know: the part is kept active, a part check is scheduled, UnknownInsertStatusError is raised.
+Anything else → the part is deleted and the error raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from replicad.errors import (
+    KeeperConnectionLossError,
+    KeeperError,
+    KeeperMultiError,
+    KeeperNodeExistsError,
+    KeeperOperationTimeoutError,
+    KeeperSessionExpiredError,
+    ReplicadError,
+    UnknownInsertStatusError,
+)
+from replicad.keeper.block_lock import BlockNumberAllocator
+from replicad.keeper.client import Keeper
+from replicad.keeper.ops import Check, Create, Op
+from replicad.keeper.paths import TablePaths
+from replicad.logging import get_logger
+from replicad.model.checksums import Checksums
+from replicad.model.log_entry import LogEntry
+from replicad.model.part_info import PartInfo
+from replicad.replication.part_store import PartStore
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class TempPart:
+    """A written, not yet committed part (``tmp_insert_<...>``)."""
+
+    path: Path
+    partition_id: str
+    rows: int
+    checksums: Checksums
+    columns_text: str
+    block_id: str  # "" = no deduplication
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    part_name: str  # "" when deduplicated
+    deduplicated: bool
+    block_number: int = -1
+
+
+def part_commit_ops(
+    paths: TablePaths, part_name: str, columns_text: str, checksums: Checksums, columns_version: int
+) -> list[Op]:
+    """``check columns`` + ``replicas/<me>/parts/<part>`` with its ``columns``/``checksums`` children."""
+    me = paths.me
+    return [
+        Check(paths.columns, columns_version),
+        Create(me.part(part_name), b""),
+        Create(me.part_columns(part_name), columns_text.encode()),
+        Create(me.part_checksums(part_name), checksums.minimalistic_text()),
+    ]
+
+
+class PartCommitter:
+    """Commits inserted parts of one table."""
+
+    def __init__(
+        self,
+        keeper: Keeper,
+        paths: TablePaths,
+        store: PartStore,
+        *,
+        columns_version: Callable[[], int],
+        tz: str = "UTC",
+        enqueue_part_check: Callable[[str], None] | None = None,
+        on_committed: Callable[[str], None] | None = None,
+    ) -> None:
+        self.keeper = keeper
+        self.paths = paths
+        self.store = store
+        self.allocator = BlockNumberAllocator(paths)
+        self._columns_version = columns_version
+        self.tz = tz
+        self._enqueue_part_check = enqueue_part_check
+        self._on_committed = on_committed
+
+    async def commit(self, part: TempPart) -> CommitResult:
+        block_id = part.block_id
+        lock = await self.allocator.allocate(self.keeper, part.partition_id, block_id or None)
+        if lock is None:
+            log.info("block_deduplicated", block_id=block_id, stage="precheck")
+            await _remove_tmp(part.path)
+            return CommitResult("", True)
+
+        info = PartInfo.for_insert(part.partition_id, lock.number)
+        name = info.name
+        entry = LogEntry.get_part(
+            name, source_replica=self.paths.replica_name, block_id=block_id, create_time=int(time.time())
+        )
+        ops: list[Op] = []
+        if block_id:
+            ops.append(Create(self.paths.block(block_id), name.encode()))
+        ops += part_commit_ops(self.paths, name, part.columns_text, part.checksums, self._columns_version())
+        ops.append(Create(self.paths.log_prefix, entry.to_bytes(self.tz), sequence=True))
+        ops += lock.unlock_ops()
+
+        try:
+            await self.store.precommit(part.path, info)
+        except BaseException:
+            await _release_quietly(self.keeper, lock.unlock_ops())
+            await _remove_tmp(part.path)
+            raise
+
+        try:
+            await self.keeper.multi(ops)
+        except KeeperMultiError as e:
+            await self.store.rollback(name)
+            failed_path = ops[e.index].path if 0 <= e.index < len(ops) else ""
+            await _release_quietly(self.keeper, lock.unlock_ops())
+            if (
+                block_id
+                and isinstance(e.cause, KeeperNodeExistsError)
+                and failed_path == self.paths.block(block_id)
+            ):
+                log.info("block_deduplicated", block_id=block_id, part=name, stage="commit")
+                return CommitResult("", True, lock.number)
+            raise ReplicadError(
+                f"Unexpected logical error while adding block {lock.number} with ID '{block_id}': "
+                f"{e.cause}, path {failed_path}",
+                code=244,
+            ) from e
+        except (KeeperConnectionLossError, KeeperOperationTimeoutError) as e:
+            # The transaction may or may not have been applied: keep the part, let the part check decide.
+            self.store.activate(name)
+            if self._enqueue_part_check is not None:
+                self._enqueue_part_check(name)
+            raise UnknownInsertStatusError(f"Unknown status, client must retry. Reason: {e}") from e
+        except KeeperSessionExpiredError as e:
+            # An expired session never applies a request it did not answer.
+            await self.store.rollback(name)
+            raise ReplicadError(
+                f"ZooKeeper session expired while adding block {lock.number}: {e}", code=999, retriable=True
+            ) from e
+        except BaseException:
+            await self.store.rollback(name)
+            raise
+
+        self.store.activate(name)
+        log.info("part_committed", part=name, rows=part.rows, block_id=block_id)
+        if self._on_committed is not None:
+            self._on_committed(name)
+        return CommitResult(name, False, lock.number)
+
+
+async def _release_quietly(keeper: Keeper, ops: list[Op]) -> None:
+    try:
+        await keeper.multi(ops)
+    except KeeperError:
+        pass  # ephemeral nodes: they disappear with the session anyway
+
+
+async def _remove_tmp(path: Path) -> None:
+    await asyncio.to_thread(shutil.rmtree, path, True)

@@ -1,0 +1,280 @@
+"""queueExecuting: run the replication queue's entries, a bounded number at a time.
+
+The selection rules are :class:`replicad.model.queue_state.QueueState`'s; this module owns the I/O:
+
+* GET_PART / ATTACH_PART / MERGE_PARTS / MUTATE_PART — if a local active part already contains the result
+  and is registered under ``replicas/<me>/parts``, the entry is done.  A GET_PART whose quorum failed
+  (``quorum/failed_parts/<part>``) is done.  Otherwise the result is fetched from a replica that has it or a
+  covering part (merges and mutations are not executed locally: their result is fetched, as 18.16 does when
+  it cannot merge).
+* DROP_RANGE / DROP_PART — part-producing entries inside the range are removed from the queue, local parts
+  inside it become outdated (or move to ``detached/`` for DETACH) and their ZooKeeper nodes are removed.
+* other types — recorded as failing with an explanatory error (they stay in the queue for a replica that
+  can run them; nothing is lost).
+
+Success removes ``queue/<node>`` and updates ``min_unprocessed_insert_time`` / ``max_processed_insert_time``;
+failure keeps the entry with ``num_tries``, ``last_exception`` and a back-off (``retry_not_before``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from replicad.errors import KeeperError, KeeperNoNodeError, ReplicadError
+from replicad.keeper.client import Keeper
+from replicad.keeper.ops import Delete, Op, Set
+from replicad.keeper.paths import TablePaths
+from replicad.logging import get_logger
+from replicad.model.log_entry import LogEntryType
+from replicad.model.part_info import PartInfo
+from replicad.model.queue_state import QueueState, Selected
+from replicad.replication.fetcher import NoReplicaHasPartError, PartFetcher
+from replicad.replication.part_store import PartStore
+from replicad.tasks import BackgroundTask, Outcome
+
+log = get_logger(__name__)
+
+T = LogEntryType
+_PRODUCING = frozenset((T.GET_PART, T.ATTACH_PART, T.MERGE_PARTS, T.MUTATE_PART))
+
+
+class EntryNotReadyError(ReplicadError):
+    """The entry cannot complete yet (another part of it is still running); retried later."""
+
+    code = 1000
+    retriable = True
+
+
+class UnsupportedEntryError(ReplicadError):
+    code = 48  # NOT_IMPLEMENTED
+
+
+def part_remove_ops(paths: TablePaths, part_name: str) -> list[Op]:
+    """18.16's removePartFromZooKeeper: ``checksums``, ``columns``, then the part node."""
+    me = paths.me
+    return [
+        Delete(me.part_checksums(part_name)),
+        Delete(me.part_columns(part_name)),
+        Delete(me.part(part_name)),
+    ]
+
+
+async def remove_parts_from_zookeeper(keeper: Keeper, paths: TablePaths, names: list[str]) -> None:
+    """Remove our ``parts/<name>`` nodes (children first); missing nodes are fine."""
+    me = paths.me
+    for name in names:
+        for path in (me.part_checksums(name), me.part_columns(name), me.part(name)):
+            try:
+                await keeper.delete(path)
+            except KeeperNoNodeError:
+                pass
+
+
+class QueueExecutor(BackgroundTask):
+    """Selects runnable entries and runs up to ``max_parallel`` of them concurrently."""
+
+    def __init__(
+        self,
+        name: str,
+        keeper: Keeper,
+        paths: TablePaths,
+        state: QueueState,
+        store: PartStore,
+        fetcher: PartFetcher,
+        *,
+        max_parallel: int = 16,
+        max_parallel_fetches: int = 8,
+        period_s: float = 1.0,
+        on_parts_changed: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(name, period_s)
+        self.keeper = keeper
+        self.paths = paths
+        self.state = state
+        self.store = store
+        self.fetcher = fetcher
+        self.max_parallel = max_parallel
+        self.max_parallel_fetches = max_parallel_fetches
+        self.on_parts_changed = on_parts_changed
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._fetches = 0
+        self.executed_total = 0
+        self.failed_total = 0
+        #: hooks for entry types other modules implement: type -> coroutine(selected) -> None
+        self.handlers: dict[LogEntryType, Callable[[Selected], Awaitable[None]]] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------------------------------------ scheduling
+
+    def _extra_check(self, entry: object) -> str | None:
+        if getattr(entry, "type", None) in _PRODUCING and self._fetches >= self.max_parallel_fetches:
+            return f"Not executing fetch because {self._fetches} fetches are already running"
+        return None
+
+    async def run_once(self) -> Outcome:
+        started = 0
+        now = time.time()
+        while len(self._running) < self.max_parallel:
+            selected = self.state.select_entry_to_process(now, self._extra_check)
+            if selected is None:
+                break
+            znode = selected.queue_entry.znode_name
+            if selected.entry.type in _PRODUCING:
+                self._fetches += 1
+            self._idle.clear()
+            task = asyncio.get_running_loop().create_task(self._run(selected), name=f"queue-entry:{znode}")
+            self._running[znode] = task
+            started += 1
+        delay = self._next_retry_delay(now)
+        fields = {"started": started, "running": len(self._running), "queue_size": len(self.state)}
+        if started:
+            return Outcome("started_entries", did_work=False, delay_s=delay, fields=fields)
+        return Outcome("idle", delay_s=delay, fields=fields)
+
+    def _next_retry_delay(self, now: float) -> float | None:
+        waits = [qe.retry_not_before - now for qe in self.state.entries if qe.retry_not_before > now]
+        return max(0.05, min(waits)) if waits else None
+
+    async def _run(self, selected: Selected) -> None:
+        qe = selected.queue_entry
+        znode = qe.znode_name
+        error = ""
+        try:
+            await self.execute(selected)
+            ok = True
+        except asyncio.CancelledError:
+            ok, error = False, "cancelled"
+            raise
+        except Exception as e:  # every failure is recorded on the entry
+            ok, error = False, f"{type(e).__name__}: {e}"
+            quiet = isinstance(e, NoReplicaHasPartError | EntryNotReadyError)
+            (log.info if quiet else log.warning)("queue_entry_failed", entry=qe.describe(), error=error)
+        finally:
+            if selected.entry.type in _PRODUCING:
+                self._fetches -= 1
+            self._running.pop(znode, None)
+            if not ok:
+                self.failed_total += 1
+                self.state.finish(znode, success=False, now=time.time(), error=error)
+            if not self._running:
+                self._idle.set()
+            self.wakeup()
+        if ok:
+            await self._on_success(znode)
+
+    async def _on_success(self, znode: str) -> None:
+        before_min = self.state.min_unprocessed_insert_time
+        before_max = self.state.max_processed_insert_time
+        try:
+            await self.keeper.delete(self.paths.me.queue_entry(znode))
+        except KeeperNoNodeError:
+            pass
+        except KeeperError as e:
+            # The node stays; the entry will be found (and skipped as done) after a reload.
+            log.error("queue_node_remove_failed", node=znode, error=str(e))
+        self.state.finish(znode, success=True, now=time.time())
+        self.executed_total += 1
+        await self._update_times(before_min, before_max)
+        if self.on_parts_changed is not None:
+            self.on_parts_changed()
+
+    async def _update_times(self, before_min: int, before_max: int) -> None:
+        me = self.paths.me
+        ops: list[Op] = []
+        if self.state.min_unprocessed_insert_time != before_min:
+            ops.append(
+                Set(me.min_unprocessed_insert_time, str(self.state.min_unprocessed_insert_time).encode())
+            )
+        if self.state.max_processed_insert_time != before_max:
+            ops.append(Set(me.max_processed_insert_time, str(self.state.max_processed_insert_time).encode()))
+        if ops:
+            try:
+                await self.keeper.multi(ops)
+            except KeeperError as e:
+                log.warning("insert_times_update_failed", error=str(e))
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    async def on_stop(self) -> None:
+        await self.cancel_running()
+
+    async def cancel_running(self) -> None:
+        tasks = list(self._running.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            try:
+                await t
+            except BaseException:
+                pass
+
+    # ------------------------------------------------------------------------------------------ execution
+
+    async def execute(self, selected: Selected) -> None:
+        entry = selected.entry
+        handler = self.handlers.get(entry.type)
+        if handler is not None:
+            await handler(selected)
+            return
+        if entry.type in _PRODUCING:
+            await self._execute_producing(selected)
+        elif entry.type in (T.DROP_RANGE, T.DROP_PART):
+            await self._execute_drop_range(selected)
+        else:
+            raise UnsupportedEntryError(f"replicad cannot execute {entry.type.value} entries yet")
+
+    async def _execute_producing(self, selected: Selected) -> None:
+        entry = selected.entry
+        qe = selected.queue_entry
+        existing = self.store.get(entry.new_part_name)
+        if existing is None or existing.state.value == "Outdated":
+            existing = self.store.active_containing(PartInfo.parse(entry.new_part_name))
+        if existing is not None and await self.keeper.exists(self.paths.me.part(existing.name)) is not None:
+            log.debug("part_already_exists", part=entry.new_part_name, existing=existing.name)
+            return
+        if entry.quorum and await self.keeper.exists(
+            f"{self.paths.quorum_failed_parts}/{entry.new_part_name}"
+        ):
+            log.info("skipping_part_with_failed_quorum", part=entry.new_part_name)
+            return
+        source = await self.fetcher.find_source(entry.new_part_name)
+        if source is None:
+            raise NoReplicaHasPartError(f"No active replica has part {entry.new_part_name} or covering part")
+        if source.part_name != entry.new_part_name:
+            reason = self.state.add_future_part_if_not_covered(qe.znode_name, source.part_name)
+            if reason is not None:
+                raise EntryNotReadyError(
+                    f"Will not fetch part {source.part_name} covering {entry.new_part_name}. {reason}"
+                )
+        else:
+            self.state.add_future_part_if_not_covered(qe.znode_name, source.part_name)
+        result = await self.fetcher.fetch_part(source.part_name, source.replica)
+        if result is None:
+            raise EntryNotReadyError(f"Part {source.part_name} is already being fetched")
+
+    async def _execute_drop_range(self, selected: Selected) -> None:
+        entry = selected.entry
+        qe = selected.queue_entry
+        range_name = entry.new_part_name
+        removed, waiting = self.state.remove_part_producing_ops_in_range(range_name, qe.znode_name)
+        for znode in removed:
+            try:
+                await self.keeper.delete(self.paths.me.queue_entry(znode))
+            except KeeperNoNodeError:
+                pass
+        if waiting:
+            raise EntryNotReadyError(f"Waiting for {len(waiting)} entries inside {range_name} to finish")
+        drop = PartInfo.parse(range_name)
+        victims = [p for p in self.store.all_parts() if p.state.value != "Outdated" and drop.contains(p.info)]
+        names = [p.name for p in victims]
+        for p in victims:
+            if entry.detach:
+                await self.store.detach(p.name, "")
+            else:
+                self.store.make_outdated(p.name)
+        await remove_parts_from_zookeeper(self.keeper, self.paths, names)
+        log.info("dropped_range", range=range_name, parts=names, detach=entry.detach)

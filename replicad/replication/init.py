@@ -1,0 +1,340 @@
+"""Creating / joining a replicated table in ZooKeeper, exactly as ClickHouse 18.16 does it.
+
+* ``create_table_if_not_exists``: one multi creating ``<zk>``, ``metadata``, ``columns``, ``log``, ``blocks``,
+  ``block_numbers``, ``nonincrement_block_numbers``, ``leader_election``, ``temp``, ``replicas``.
+* ``check_table_structure``: the table's ``metadata``/``columns`` must describe the same table as our DDL
+  (MetadataMismatchError otherwise); remembers the znode versions (the commit multi checks ``columns``).
+* ``create_replica``: one multi creating ``replicas/<me>`` and its children, with ``is_lost`` = "0" for the
+  first replica and "1" otherwise, and ``set replicas = "last added replica: <me>"`` guarded by its version.
+* ``create_new_nodes``: ``quorum``…, ``min_unprocessed_insert_time``, ``mutations``, ``mutation_pointer``,
+  ``replicas/<me>/metadata`` (create-if-missing, not atomic, like 18.16's createNewZooKeeperNodes).
+* ``activate_replica``: multi[create ``is_active`` EPHEMERAL ``pid: N, random: M``; set ``host``]; refused
+  with ReplicaIsAlreadyActiveError while another session holds ``is_active``.
+* ``clone_replica_if_needed``: a replica marked ``is_lost`` = "1" copies a healthy replica's log pointer, puts
+  GET_PART entries for its active parts and then its queue into our queue, then sets ``is_lost`` = "0".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from replicad.errors import (
+    KeeperBadVersionError,
+    KeeperMultiError,
+    KeeperNodeExistsError,
+    KeeperNoNodeError,
+    MetadataMismatchError,
+    ReplicadError,
+)
+from replicad.keeper.client import Keeper
+from replicad.keeper.ops import Check, Create, Delete, Op, Set
+from replicad.keeper.paths import TablePaths
+from replicad.logging import get_logger
+from replicad.model.address import ActiveMarker
+from replicad.model.log_entry import LogEntry
+from replicad.model.part_set import ActivePartSet
+
+log = get_logger(__name__)
+
+
+class ReplicaIsAlreadyActiveError(ReplicadError):
+    code = 224  # REPLICA_IS_ALREADY_ACTIVE
+    retriable = True
+
+
+class AllReplicasLostError(ReplicadError):
+    code = 415  # ALL_REPLICAS_LOST
+    retriable = True
+
+
+#: (local text, text in ZooKeeper) -> list of human-readable differences (empty = same table)
+MetadataComparer = Callable[[str, str], list[str]]
+
+
+@dataclass(frozen=True)
+class TableStructure:
+    """The table-level znodes as read when we checked our DDL against them."""
+
+    metadata_text: str
+    metadata_version: int
+    columns_text: str
+    columns_version: int
+
+
+def active_node_identifier() -> str:
+    """What 18.16 writes into ``is_active``: ``pid: <pid>, random: <UInt64>``."""
+    return ActiveMarker.for_process(os.getpid(), random.getrandbits(64)).to_text()
+
+
+# ---------------------------------------------------------------------------------------------- creation
+
+
+async def create_table_if_not_exists(
+    keeper: Keeper, paths: TablePaths, metadata_text: str, columns_text: str
+) -> bool:
+    """Create the table's nodes in one multi; False if the table already existed."""
+    if await keeper.exists(paths.zk_path) is not None:
+        return False
+    parent = paths.zk_path.rsplit("/", 1)[0]
+    if parent:
+        await keeper.ensure_path(parent)
+    ops: list[Op] = [
+        Create(paths.zk_path, b""),
+        Create(paths.metadata, metadata_text.encode()),
+        Create(paths.columns, columns_text.encode()),
+        Create(paths.log, b""),
+        Create(paths.blocks, b""),
+        Create(paths.block_numbers, b""),
+        Create(paths.nonincrement_block_numbers, b""),
+        Create(paths.leader_election, b""),
+        Create(paths.temp, b""),
+        Create(paths.replicas, b""),
+    ]
+    try:
+        await keeper.multi(ops)
+    except KeeperMultiError as e:
+        if isinstance(e.cause, KeeperNodeExistsError):
+            return False  # somebody created it at the same moment
+        raise
+    log.info("table_created_in_zookeeper", zk_path=paths.zk_path)
+    return True
+
+
+def _metadata_fields(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.split("\n"):
+        key, sep, value = line.partition(": ")
+        if not sep:
+            key, sep, value = line.partition(":")
+        if sep:
+            out[key] = value
+    return out
+
+
+def default_metadata_comparer(local: str, zk: str) -> list[str]:
+    """Field-wise comparison of two table ``metadata`` texts.  Lines only one side has (modern additions
+    such as ``granularity bytes:``) are ignored unless they carry a non-empty value."""
+    a, b = _metadata_fields(local), _metadata_fields(zk)
+    diffs: list[str] = []
+    for key in sorted(set(a) | set(b)):
+        if key == "metadata format version":
+            continue
+        va, vb = a.get(key, ""), b.get(key, "")
+        if va != vb:
+            diffs.append(f"{key}: local {va!r}, in ZooKeeper {vb!r}")
+    return diffs
+
+
+async def check_table_structure(
+    keeper: Keeper,
+    paths: TablePaths,
+    metadata_text: str,
+    columns_text: str,
+    compare_metadata: MetadataComparer = default_metadata_comparer,
+    compare_columns: MetadataComparer | None = None,
+) -> TableStructure:
+    zk_metadata_raw, metadata_stat = await keeper.get(paths.metadata)
+    zk_columns_raw, columns_stat = await keeper.get(paths.columns)
+    zk_metadata, zk_columns = zk_metadata_raw.decode(), zk_columns_raw.decode()
+    problems = [f"metadata: {d}" for d in compare_metadata(metadata_text, zk_metadata)]
+    if compare_columns is not None:
+        problems += [f"columns: {d}" for d in compare_columns(columns_text, zk_columns)]
+    elif columns_text != zk_columns:
+        problems.append(f"columns: local {columns_text!r}, in ZooKeeper {zk_columns!r}")
+    if problems:
+        raise MetadataMismatchError(
+            f"Table structure in ZooKeeper ({paths.zk_path}) differs from the local table definition: "
+            + "; ".join(problems)
+        )
+    return TableStructure(zk_metadata, metadata_stat.version, zk_columns, columns_stat.version)
+
+
+async def replica_exists(keeper: Keeper, paths: TablePaths) -> bool:
+    return await keeper.exists(paths.me.root) is not None
+
+
+async def create_replica(keeper: Keeper, paths: TablePaths, columns_text: str) -> None:
+    """18.16's createReplica (retried while other replicas are being added concurrently)."""
+    me = paths.me
+    while True:
+        last_added, replicas_stat = await keeper.get(paths.replicas)
+        is_lost = b"0" if not last_added else b"1"
+        ops: list[Op] = [
+            Create(me.root, b""),
+            Create(me.host, b""),
+            Create(me.log_pointer, b""),
+            Create(me.queue, b""),
+            Create(me.parts, b""),
+            Create(me.flags, b""),
+            Create(me.is_lost, is_lost),
+            Create(me.columns, columns_text.encode()),
+            Set(paths.replicas, f"last added replica: {paths.replica_name}".encode(), replicas_stat.version),
+        ]
+        try:
+            await keeper.multi(ops)
+        except KeeperMultiError as e:
+            if isinstance(e.cause, KeeperBadVersionError):
+                log.warning("create_replica_retry", replica=paths.replica_name)
+                continue
+            if isinstance(e.cause, KeeperNodeExistsError):
+                raise ReplicadError(f"Replica {me.root} already exists.", code=253) from e
+            raise
+        log.info("replica_created", replica_path=me.root, is_lost=is_lost.decode())
+        return
+
+
+async def _create_if_not_exists(keeper: Keeper, path: str, data: bytes = b"") -> None:
+    try:
+        await keeper.create(path, data)
+    except KeeperNodeExistsError:
+        pass
+
+
+async def create_new_nodes(keeper: Keeper, paths: TablePaths, metadata_text: str) -> None:
+    """Nodes added after the first replicated releases (createNewZooKeeperNodes), plus our metadata copy."""
+    me = paths.me
+    for path in (
+        paths.quorum,
+        paths.quorum_last_part,
+        paths.quorum_failed_parts,
+        me.min_unprocessed_insert_time,
+        me.max_processed_insert_time,
+        paths.mutations,
+        me.mutation_pointer,
+        me.metadata,
+    ):
+        await _create_if_not_exists(keeper, path)
+    data, _stat = await keeper.get(me.metadata)
+    if data.decode() != metadata_text:
+        await keeper.set(me.metadata, metadata_text.encode())
+
+
+# ---------------------------------------------------------------------------------------------- activation
+
+
+async def activate_replica(keeper: Keeper, paths: TablePaths, host_text: str, identifier: str) -> None:
+    """Declare this replica active and publish its address (one multi, like 18.16)."""
+    me = paths.me
+    try:
+        data, stat = await keeper.get(me.is_active)
+    except KeeperNoNodeError:
+        pass
+    else:
+        if data.decode() == identifier:  # our own node from a session that is expiring: replace it
+            try:
+                await keeper.delete(me.is_active, stat.version)
+            except KeeperNoNodeError:
+                pass
+        elif stat.ephemeral_owner != 0 and stat.ephemeral_owner == keeper.session_id:
+            await keeper.delete(me.is_active, stat.version)
+    ops: list[Op] = [
+        Create(me.is_active, identifier.encode(), ephemeral=True),
+        Set(me.host, host_text.encode()),
+    ]
+    try:
+        await keeper.multi(ops)
+    except KeeperMultiError as e:
+        if isinstance(e.cause, KeeperNodeExistsError):
+            holder = ""
+            try:
+                holder = (await keeper.get(me.is_active))[0].decode()
+            except KeeperNoNodeError:
+                pass
+            raise ReplicaIsAlreadyActiveError(
+                f"Replica {me.root} appears to be already active ({holder}). If you're sure it's not, "
+                f"try again in a minute or remove znode {me.is_active} manually"
+            ) from e
+        raise
+    log.info("replica_activated", replica_path=me.root)
+
+
+# ---------------------------------------------------------------------------------------------- clone
+
+
+async def _part_create_time(keeper: Keeper, replica_parts: str, part: str) -> int:
+    stat = await keeper.exists(f"{replica_parts}/{part}")
+    return 0 if stat is None else stat.ctime_ms // 1000
+
+
+async def clone_replica(
+    keeper: Keeper, paths: TablePaths, source: str, source_is_lost_version: int, tz: str
+) -> int:
+    """Mimic ``source`` (cloneReplica): returns the number of queue entries created."""
+    src = paths.replica(source)
+    me = paths.me
+    while await keeper.exists(src.columns) is None:  # pragma: no cover - only with half-created replicas
+        log.info("clone_wait_source", source=source)
+        await asyncio.sleep(0.5)
+    raw_log_pointer, _ = await keeper.get(src.log_pointer)
+    ops: list[Op] = [Set(me.log_pointer, raw_log_pointer)]
+    if source_is_lost_version < 0:
+        ops += [Create(src.is_lost, b"0"), Delete(src.is_lost)]
+    else:
+        ops.append(Check(src.is_lost, source_is_lost_version))
+    try:
+        await keeper.multi(ops)
+    except KeeperMultiError as e:
+        raise ReplicadError(
+            f"Can not clone replica, because the {source} became lost", code=416, retriable=True
+        ) from e
+
+    queue_names = sorted(await keeper.get_children(src.queue))
+    source_queue = [
+        r[0] for r in await keeper.get_many([src.queue_entry(n) for n in queue_names]) if r is not None
+    ]
+
+    active = ActivePartSet(await keeper.get_children(src.parts)).parts()
+    count = 0
+    for name in active:
+        entry = LogEntry.get_part(
+            name, source_replica="", create_time=await _part_create_time(keeper, src.parts, name)
+        )
+        await keeper.create(me.queue_prefix, entry.to_bytes(tz), sequence=True)
+        count += 1
+    for data in source_queue:
+        await keeper.create(me.queue_prefix, data, sequence=True)
+        count += 1
+    log.info("replica_cloned", source=source, parts=len(active), queue_entries=len(source_queue))
+    return count
+
+
+async def clone_replica_if_needed(keeper: Keeper, paths: TablePaths, tz: str = "UTC") -> bool:
+    """If ``is_lost`` is "1", clone a healthy replica and clear the flag.  True if a clone happened."""
+    me = paths.me
+    try:
+        value, _ = await keeper.get(me.is_lost)
+    except KeeperNoNodeError:
+        await _create_if_not_exists(keeper, me.is_lost, b"0")
+        return False
+    if value == b"0":
+        return False
+    source = ""
+    source_version = -1
+    for name in sorted(await keeper.get_children(paths.replicas)):
+        if name == paths.replica_name:
+            continue
+        try:
+            lost, stat = await keeper.get(paths.replica(name).is_lost)
+        except KeeperNoNodeError:
+            source, source_version = name, -1
+            break
+        if lost == b"0":
+            source, source_version = name, stat.version
+            break
+    if not source:
+        # Nobody to copy from.  A brand-new table whose first replica died before writing anything is
+        # the only legitimate case; with no parts anywhere there is nothing to clone.
+        any_parts = False
+        for name in await keeper.get_children(paths.replicas):
+            if name != paths.replica_name and await keeper.get_children(paths.replica(name).parts):
+                any_parts = True
+        if any_parts:
+            raise AllReplicasLostError("All replicas are lost")
+    else:
+        await clone_replica(keeper, paths, source, source_version, tz)
+    await keeper.set(me.is_lost, b"0")
+    return True

@@ -1,0 +1,155 @@
+"""queueUpdatingTask: copy new entries of the shared ``log/`` into this replica's ``queue/``.
+
+As 18.16's ``pullLogsToQueue``: read ``log_pointer`` and the children of ``log/`` (arming a watch that wakes
+the task), drop entries below the pointer (an empty pointer starts at the smallest entry and is written at
+once), and in batches of at most 100 run one multi that creates ``queue/queue-`` nodes with the log nodes'
+bytes unchanged, sets ``log_pointer`` to the last index + 1 and, when it moved,
+``min_unprocessed_insert_time``.
+Only after the multi succeeded are the entries handed to the in-memory queue.
+
+``load_queue`` reads ``queue/`` back at start-up (the queue survives restarts in ZooKeeper).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from replicad.errors import KeeperError, KeeperSessionExpiredError, ZnodeFormatError
+from replicad.keeper.client import Keeper, WatchEvent
+from replicad.keeper.ops import Create, Op, Set
+from replicad.keeper.paths import TablePaths, basename, pad_index, sequence_number
+from replicad.logging import get_logger
+from replicad.model.log_entry import LogEntry, LogEntryType
+from replicad.tasks import BackgroundTask, Outcome
+
+log = get_logger(__name__)
+
+#: ZooKeeper closes the connection when a request exceeds jute.maxbuffer (1 MB): 18.16's batch size.
+MAX_MULTI_OPS = 100
+QUEUE_UPDATE_ERROR_SLEEP_S = 1.0
+
+
+@dataclass(frozen=True)
+class PulledBatch:
+    entries: list[LogEntry]
+    log_pointer: int
+
+
+def parse_entry(data: bytes, znode_name: str, ctime_ms: int, tz: str) -> LogEntry:
+    return LogEntry.parse(data, tz=tz, znode_name=znode_name, ctime=ctime_ms // 1000)
+
+
+async def load_queue(keeper: Keeper, paths: TablePaths, tz: str = "UTC") -> tuple[list[LogEntry], int]:
+    """Every entry of ``replicas/<me>/queue`` in order, and the log pointer (0 when empty)."""
+    me = paths.me
+    raw_pointer, _ = await keeper.get(me.log_pointer)
+    pointer = int(raw_pointer) if raw_pointer.strip() else 0
+    names = sorted(await keeper.get_children(me.queue))
+    nodes = await keeper.get_many([me.queue_entry(n) for n in names])
+    entries: list[LogEntry] = []
+    for name, node in zip(names, nodes, strict=True):
+        if node is None:
+            continue
+        data, stat = node
+        entries.append(parse_entry(data, name, stat.ctime_ms, tz))
+    return entries, pointer
+
+
+class LogPuller:
+    """Pulls the shared log into our queue; ``on_entries`` receives what was appended (in order)."""
+
+    def __init__(
+        self,
+        keeper: Keeper,
+        paths: TablePaths,
+        on_entries: Callable[[list[LogEntry]], None],
+        *,
+        tz: str = "UTC",
+        min_unprocessed_insert_time: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.keeper = keeper
+        self.paths = paths
+        self.on_entries = on_entries
+        self.tz = tz
+        self._min_unprocessed = min_unprocessed_insert_time
+        self.log_pointer = 0
+        self.last_pull_time = 0.0
+        self.wake: Callable[[], None] = lambda: None
+
+    def _on_watch(self, _event: WatchEvent) -> None:
+        self.wake()
+
+    async def pull(self) -> int:
+        """One pullLogsToQueue pass; returns the number of entries copied."""
+        me = self.paths.me
+        raw_pointer, _ = await self.keeper.get(me.log_pointer)
+        children = await self.keeper.get_children(self.paths.log, watch=self._on_watch)
+        log_entries = sorted(c for c in children if c.startswith("log-"))
+        if not raw_pointer.strip():
+            index = sequence_number(log_entries[0]) if log_entries else 0
+            await self.keeper.set(me.log_pointer, str(index).encode())
+        else:
+            index = int(raw_pointer)
+        self.log_pointer = index
+        first = f"log-{pad_index(index)}"
+        todo = [c for c in log_entries if c >= first]
+        copied = 0
+        for start in range(0, len(todo), MAX_MULTI_OPS):
+            copied += await self._copy_batch(todo[start : start + MAX_MULTI_OPS])
+        return copied
+
+    async def _copy_batch(self, names: list[str]) -> int:
+        me = self.paths.me
+        nodes = await self.keeper.get_many([self.paths.log_entry(n) for n in names])
+        ops: list[Op] = []
+        entries: list[LogEntry] = []
+        min_insert_time = self._min_unprocessed()
+        new_min: int | None = None
+        for name, node in zip(names, nodes, strict=True):
+            if node is None:  # removed by the cleanup thread between list and get: it was pulled by all
+                raise KeeperError(
+                    f"log entry {name} disappeared while pulling (log_pointer moved?)", retriable=True
+                )
+            data, stat = node
+            try:
+                entry = parse_entry(data, name, stat.ctime_ms, self.tz)
+            except ZnodeFormatError as e:
+                raise ZnodeFormatError(f"cannot parse {self.paths.log_entry(name)}: {e}") from e
+            entries.append(entry)
+            ops.append(Create(me.queue_prefix, data, sequence=True))
+            if entry.type is LogEntryType.GET_PART and entry.create_time:
+                current = new_min if new_min is not None else min_insert_time
+                if not current or entry.create_time < current:
+                    new_min = entry.create_time
+        last_index = sequence_number(names[-1])
+        ops.append(Set(me.log_pointer, str(last_index + 1).encode()))
+        if new_min is not None:
+            ops.append(Set(me.min_unprocessed_insert_time, str(new_min).encode()))
+        results = await self.keeper.multi(ops)
+        entries = [replace(e, znode_name=basename(str(results[i]))) for i, e in enumerate(entries)]
+        self.log_pointer = last_index + 1
+        log.debug("pulled_log_entries", count=len(entries), first=names[0], last=names[-1])
+        self.on_entries(entries)
+        return len(entries)
+
+
+class QueueUpdatingTask(BackgroundTask):
+    """Runs ``LogPuller.pull`` whenever the ``log/`` watch fires (and every ``period_s`` as a safety net)."""
+
+    def __init__(self, name: str, puller: LogPuller, period_s: float = 10.0) -> None:
+        super().__init__(name, period_s)
+        self.puller = puller
+        puller.wake = self.wakeup
+
+    async def run_once(self) -> Outcome:
+        try:
+            n = await self.puller.pull()
+        except KeeperSessionExpiredError as e:
+            return Outcome("session_expired", delay_s=QUEUE_UPDATE_ERROR_SLEEP_S, fields={"error": str(e)})
+        except KeeperError as e:
+            log.warning("queue_update_failed", error=str(e))
+            return Outcome("keeper_error", delay_s=QUEUE_UPDATE_ERROR_SLEEP_S, fields={"error": str(e)})
+        return Outcome(
+            "pulled_entries" if n else "idle", fields={"entries": n, "log_pointer": self.puller.log_pointer}
+        )

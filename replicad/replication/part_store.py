@@ -1,0 +1,187 @@
+"""The local parts of one table: which directories are active, pre-committed or outdated.
+
+ClickHouse keeps a part in one of a few states: PreCommitted (renamed to its final name, its ZooKeeper commit
+in flight), Committed (= active, visible to SELECT), Outdated (covered by a newer part; kept a while because
+peers may still fetch it).  DataPartsExchange serves all three.  The store keeps that state in memory; the
+directories live in :class:`~replicad.storage.layout.TableDataLayout`.  Every filesystem call runs in a worker
+thread; the in-memory maps are only touched on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replicad.errors import ReplicadError
+from replicad.logging import get_logger
+from replicad.model.part_info import PartInfo
+from replicad.storage.layout import TableDataLayout
+from replicad.storage.part import PartDirectory
+
+log = get_logger(__name__)
+
+
+class PartState(enum.Enum):
+    PRECOMMITTED = "PreCommitted"
+    ACTIVE = "Committed"
+    OUTDATED = "Outdated"
+
+
+@dataclass
+class LocalPart:
+    info: PartInfo
+    directory: PartDirectory
+    state: PartState
+    modification_time: float = field(default_factory=time.time)
+    remove_time: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def path(self) -> Path:
+        return self.directory.path
+
+
+class DuplicatePartError(ReplicadError):
+    code = 235  # DUPLICATE_DATA_PART
+
+
+class PartStore:
+    """In-memory part set of one table, backed by its data directory."""
+
+    def __init__(self, layout: TableDataLayout, old_parts_lifetime_s: float = 480.0) -> None:
+        self.layout = layout
+        self.old_parts_lifetime_s = old_parts_lifetime_s
+        self._parts: dict[str, LocalPart] = {}
+        #: bumped on every change of the active set (SELECT snapshots, status)
+        self.version = 0
+
+    # ---------------------------------------------------------------------------------------- loading
+
+    async def load(self) -> list[str]:
+        """Create the directories, drop ``tmp*`` leftovers, load active parts; returns covered leftovers."""
+        active, removed = await asyncio.to_thread(self.layout.startup)
+        if removed:
+            log.info("removed_tmp_dirs", dirs=removed)
+        covered = await asyncio.to_thread(self.layout.covered_parts)
+        for info in active:
+            directory = PartDirectory.at(self.layout.part_path(info.name))
+            self._parts[info.name] = LocalPart(
+                info, directory, PartState.ACTIVE, directory.path.stat().st_mtime
+            )
+        for name in covered:
+            info = PartInfo.parse(name)
+            directory = PartDirectory.at(self.layout.part_path(name))
+            self._parts[name] = LocalPart(info, directory, PartState.OUTDATED, remove_time=time.time())
+        self.version += 1
+        return covered
+
+    # ---------------------------------------------------------------------------------------- queries
+
+    def get(self, name: str) -> LocalPart | None:
+        return self._parts.get(name)
+
+    def active(self) -> list[LocalPart]:
+        return sorted((p for p in self._parts.values() if p.state is PartState.ACTIVE), key=lambda p: p.info)
+
+    def active_names(self) -> list[str]:
+        return [p.name for p in self.active()]
+
+    def all_parts(self) -> list[LocalPart]:
+        return sorted(self._parts.values(), key=lambda p: p.info)
+
+    def for_send(self, name: str) -> LocalPart | None:
+        """A part a peer may download: pre-committed, active or outdated (as 18.16's findPart)."""
+        return self._parts.get(name)
+
+    def active_containing(self, info: PartInfo) -> LocalPart | None:
+        """The active (or pre-committed) part equal to or covering ``info``."""
+        best: LocalPart | None = None
+        for p in self._parts.values():
+            if p.state is PartState.OUTDATED:
+                continue
+            if p.info == info or p.info.contains(info):
+                if best is None or p.info.contains(best.info):
+                    best = p
+        return best
+
+    def covered_by(self, info: PartInfo) -> list[LocalPart]:
+        """Active parts strictly covered by ``info``."""
+        return [
+            p
+            for p in self._parts.values()
+            if p.state is PartState.ACTIVE and p.info != info and info.contains(p.info)
+        ]
+
+    # ---------------------------------------------------------------------------------------- changes
+
+    async def precommit(self, tmp_dir: Path, info: PartInfo) -> LocalPart:
+        """Rename a finished temporary directory to the part's name; the part becomes servable."""
+        name = info.name
+        existing = self._parts.get(name)
+        if existing is not None and existing.state is not PartState.OUTDATED:
+            raise DuplicatePartError(f"Part {name} already exists")
+        if existing is not None:  # an outdated leftover of the same name: drop it first
+            await self._remove_dir(existing)
+        path = await asyncio.to_thread(self.layout.commit, tmp_dir, name)
+        part = LocalPart(info, PartDirectory.at(path), PartState.PRECOMMITTED)
+        self._parts[name] = part
+        return part
+
+    def activate(self, name: str) -> list[LocalPart]:
+        """Make a pre-committed part active; active parts it covers become outdated (returned)."""
+        part = self._parts[name]
+        part.state = PartState.ACTIVE
+        replaced = self.covered_by(part.info)
+        now = time.time()
+        for p in replaced:
+            p.state = PartState.OUTDATED
+            p.remove_time = now
+        self.version += 1
+        return replaced
+
+    async def rollback(self, name: str) -> None:
+        """Forget a pre-committed part and delete its directory (duplicate or failed commit)."""
+        part = self._parts.get(name)
+        if part is None:
+            return
+        await self._remove_dir(part)
+
+    async def detach(self, name: str, prefix: str) -> Path | None:
+        """Move a part to ``detached/<prefix>_<name>`` and forget it."""
+        part = self._parts.pop(name, None)
+        if part is None:
+            return None
+        self.version += 1
+        return await asyncio.to_thread(self.layout.detach, name, prefix)
+
+    def make_outdated(self, name: str) -> None:
+        part = self._parts.get(name)
+        if part is not None and part.state is not PartState.OUTDATED:
+            part.state = PartState.OUTDATED
+            part.remove_time = time.time()
+            self.version += 1
+
+    async def _remove_dir(self, part: LocalPart) -> None:
+        if self._parts.get(part.name) is part:
+            del self._parts[part.name]
+            self.version += 1
+        await asyncio.to_thread(self.layout.remove_part, part.name)
+
+    async def clear_old_parts(self, max_age_s: float | None = None) -> list[str]:
+        """Delete outdated parts older than ``old_parts_lifetime`` (or ``max_age_s``); their names."""
+        lifetime = self.old_parts_lifetime_s if max_age_s is None else max_age_s
+        deadline = time.time() - lifetime
+        old = [
+            p
+            for p in self._parts.values()
+            if p.state is PartState.OUTDATED and (p.remove_time or 0.0) <= deadline
+        ]
+        for p in old:
+            await self._remove_dir(p)
+        return [p.name for p in old]

@@ -1,0 +1,173 @@
+"""Turning an insert block into temporary parts (MergeTreeDataWriter + the block-id part of the 18.16 sink).
+
+One insert block (a batch of storage-Arrow rows) is split by the partition key, each partition's rows are
+sorted by the sorting key, and written as one ``tmp_insert_…`` Wide part.  Each part gets its deduplication
+``block_id``: from its data (SipHash of the ``.bin`` files' uncompressed sizes and hashes, as 18.16), or from
+``insert_deduplication_token`` + ``_<ordinal>`` (ordinal = position of the part among all parts of the
+INSERT, as modern ClickHouse does).  Grouping, sorting and key evaluation are vectorised (pyarrow); the
+writing runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import pyarrow as pa
+
+from replicad.model.block_id import block_id_from_checksums, block_id_from_token, block_token
+from replicad.model.checksums import Checksums
+from replicad.model.partition import PartitionKey, split_by_partition
+from replicad.replication.commit import TempPart
+from replicad.sql.expressions import Expr, compile_key
+from replicad.storage.layout import TMP_INSERT, TableDataLayout
+from replicad.storage.types import DataType
+from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart, prepare_block, sort_table
+
+_tmp_counter = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """What the sink needs to know about a table."""
+
+    columns: tuple[tuple[str, DataType], ...]
+    partition_by: str | None
+    order_by: str | None
+    primary_key: str | None = None
+    tz: str = "UTC"
+
+    @cached_property
+    def types(self) -> dict[str, DataType]:
+        return dict(self.columns)
+
+    @cached_property
+    def partition_key(self) -> PartitionKey:
+        return PartitionKey.parse(self.partition_by)
+
+    @cached_property
+    def sorting_exprs(self) -> list[Expr]:
+        return compile_key(self.order_by)
+
+    @cached_property
+    def primary_exprs(self) -> list[Expr]:
+        return compile_key(self.primary_key) if self.primary_key else self.sorting_exprs
+
+    @cached_property
+    def minmax_columns(self) -> list[str]:
+        """Columns the partition expression reads (``minmax_<col>.idx``), in order of appearance."""
+        return self.partition_key.columns
+
+
+@dataclass(frozen=True)
+class PartitionBlock:
+    partition_id: str
+    partition_value: list[tuple[DataType, object]] | None
+    rows: pa.Table
+
+
+@dataclass
+class InsertContext:
+    """State shared by the blocks of one INSERT."""
+
+    deduplicate: bool = True
+    token: str | None = None
+    ordinal: int = 0
+    parts: list[TempPart] = field(default_factory=list)
+
+
+def split_block(table: pa.Table, schema: TableSchema) -> list[PartitionBlock]:
+    """Rows grouped by partition (groups in order of first appearance, rows in original order)."""
+    if table.num_rows == 0:
+        return []
+    chunks = split_by_partition(table, schema.partition_key, schema.types, schema.tz)
+    out = []
+    for c in chunks:
+        value = list(zip(c.key_types, c.values, strict=True)) if c.key_types else None
+        out.append(PartitionBlock(c.partition_id, value, c.table))
+    return out
+
+
+def _key_arrays(
+    exprs: Sequence[Expr], rows: pa.Table, schema: TableSchema
+) -> list[tuple[str, pa.Array, DataType]]:
+    out = []
+    for e in exprs:
+        arr, dtype = e.evaluate(rows, schema.types, schema.tz)
+        out.append((e.text, arr, dtype))
+    return out
+
+
+def write_temp_part(
+    block: PartitionBlock, schema: TableSchema, layout: TableDataLayout, settings: WriterSettings
+) -> WrittenPart:
+    """Sort the rows and write them to a fresh ``tmp_insert_`` directory (blocking)."""
+    rows = block.rows
+    sort_keys = _key_arrays(schema.sorting_exprs, rows, schema)
+    rows = sort_table(rows, [a for _n, a, _t in sort_keys])
+    pk = _key_arrays(schema.primary_exprs, rows, schema)
+    extra_types = {name: dtype for name, _a, dtype in pk if name not in schema.types}
+    extra_arrays = {name: arr for name, arr, _t in pk if name not in schema.types}
+    n = next(_tmp_counter)
+    tmp_dir = layout.new_tmp_dir(TMP_INSERT, f"{block.partition_id}_{n}_{n}_0")
+    writer = PartWriter(
+        tmp_dir,
+        list(schema.columns),
+        settings,
+        primary_key=[name for name, _a, _t in pk],
+        key_types=extra_types,
+        minmax_columns=schema.minmax_columns,
+        partition_value=block.partition_value,
+    )
+    with writer:
+        writer.write(rows, extra_arrays)
+        written = writer.finish()
+    return written
+
+
+def block_id_for(partition_id: str, checksums: Checksums, ctx: InsertContext) -> str:
+    if not ctx.deduplicate:
+        return ""
+    if ctx.token:
+        bid = block_id_from_token(partition_id, block_token(ctx.token, ctx.ordinal))
+    else:
+        bid = block_id_from_checksums(
+            partition_id,
+            [(name, c.uncompressed_size, c.uncompressed_hash) for name, c in checksums.files.items()],
+        )
+    return bid
+
+
+async def write_block(
+    table: pa.Table,
+    schema: TableSchema,
+    layout: TableDataLayout,
+    settings: WriterSettings,
+    ctx: InsertContext,
+    *,
+    fill_missing: bool = True,
+) -> list[TempPart]:
+    """Write one insert block as temporary parts (one per partition); appended to ``ctx.parts`` too."""
+    prepared = await asyncio.to_thread(
+        prepare_block, table, list(schema.columns), schema.tz, fill_missing=fill_missing
+    )
+    blocks = await asyncio.to_thread(split_block, prepared, schema)
+    out: list[TempPart] = []
+    for block in blocks:
+        written = await asyncio.to_thread(write_temp_part, block, schema, layout, settings)
+        bid = block_id_for(block.partition_id, written.checksums, ctx)
+        ctx.ordinal += 1
+        part = TempPart(
+            path=written.path,
+            partition_id=block.partition_id,
+            rows=written.rows,
+            checksums=written.checksums,
+            columns_text=written.columns_text,
+            block_id=bid,
+        )
+        out.append(part)
+        ctx.parts.append(part)
+    return out

@@ -1,0 +1,260 @@
+"""replicad-only replica sets on a real ZooKeeper: creation layout, commit sequence, log pulling, fetching,
+deduplication and faults.  Every replica is an in-process TableReplica with its own Keeper session and its
+own DataPartsExchange server on a free loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import pytest_asyncio
+
+from replicad.keeper.client import Keeper
+from replicad.keeper.paths import TablePaths
+from replicad.model.checksums import Checksums, MinimalisticChecksums
+from replicad.model.log_entry import LogEntry, LogEntryType
+from replicad.replica import ReplicaEnv, TableReplica, TableSpec
+from replicad.server.interserver import InterserverServer
+from replicad.service import InsertSettings, TableName
+from replicad.storage.types import parse_type
+from replicad.storage.writer import WriterSettings
+from tests.support.zookeeper import ZooKeeperServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+ZK_PATH = "/clickhouse/tables/01/events"
+METADATA = (
+    "metadata format version: 1\ndate column: \nsampling expression: \nindex granularity: 8192\nmode: 0\n"
+    "sign column: \nprimary key: id\ndata format version: 1\npartition key: toYYYYMM(ctime)\n"
+)
+COLUMNS = "columns format version: 1\n3 columns:\n`id` Int8\n`ctime` DateTime\n`name` String\n"
+
+
+def spec(replica: str, zk_path: str = ZK_PATH) -> TableSpec:
+    cols = (("id", parse_type("Int8")), ("ctime", parse_type("DateTime")), ("name", parse_type("String")))
+    return TableSpec(
+        name=TableName("db", "events"),
+        zk_path=zk_path,
+        replica_name=replica,
+        columns=cols,
+        metadata_text=METADATA,
+        columns_text=COLUMNS,
+        partition_by="toYYYYMM(ctime)",
+        order_by="id",
+    )
+
+
+def rows(ids: list[int], month: int = 11, name: str = "x") -> pa.Table:
+    ts = [dt.datetime(2026, month, 1 + (i % 27), 12, 0, i % 60) for i in ids]
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int8()),
+            "ctime": pa.array(ts, pa.timestamp("s")),
+            "name": pa.array([f"{name}{i}".encode() for i in ids], pa.binary()),
+        }
+    )
+
+
+class Cluster:
+    """In-process replicas sharing one ZooKeeper chroot."""
+
+    def __init__(self, zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> None:
+        self.zookeeper = zookeeper
+        self.zk_root = zk_root
+        self.tmp_path = tmp_path
+        self.replicas: dict[str, TableReplica] = {}
+        self.keepers: dict[str, Keeper] = {}
+        self.servers: dict[str, InterserverServer] = {}
+
+    async def start(self, name: str, **env_kw: Any) -> TableReplica:
+        keeper = Keeper(self.zookeeper.hosts, session_timeout_s=6.0, chroot=self.zk_root)
+        await keeper.start()
+        server = self.servers.get(name)
+        if server is None:
+            server = InterserverServer("127.0.0.1", 0)
+            await server.start()
+            self.servers[name] = server
+        env = ReplicaEnv(
+            data_path=self.tmp_path / name,
+            interserver=server,
+            interserver_host="127.0.0.1",
+            fsync=False,
+            writer=WriterSettings(fsync=False, threads=1),
+            **env_kw,
+        )
+        replica = TableReplica(spec(name), keeper, env)
+        await replica.start()
+        self.replicas[name] = replica
+        self.keepers[name] = keeper
+        return replica
+
+    async def stop(self, name: str, *, keep_server: bool = True) -> None:
+        replica = self.replicas.pop(name)
+        await replica.stop()
+        await self.keepers.pop(name).close()
+        if not keep_server:
+            await self.servers.pop(name).stop()
+
+    async def close(self) -> None:
+        for name in list(self.replicas):
+            await self.stop(name)
+        for server in self.servers.values():
+            await server.stop(grace_s=0.1)
+
+
+@pytest_asyncio.fixture
+async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(zookeeper, zk_root, tmp_path)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def wait_for(cond: Callable[[], Awaitable[bool] | bool], timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        res = cond()
+        if not isinstance(res, bool):
+            res = await res
+        if res:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await asyncio.sleep(0.05)
+
+
+def part_checksums(replica: TableReplica) -> dict[str, bytes]:
+    return {p.name: (p.path / "checksums.txt").read_bytes() for p in replica.store.active()}
+
+
+async def converged(replicas: list[TableReplica], n_parts: int) -> bool:
+    sets = [part_checksums(r) for r in replicas]
+    return all(len(s) == n_parts for s in sets) and all(s == sets[0] for s in sets)
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+async def test_creation_layout_matches_18_16(cluster: Cluster, keeper: Keeper) -> None:
+    await cluster.start("r1")
+    await cluster.start("r2")
+    paths = TablePaths.create(ZK_PATH, "r1")
+    children = set(await keeper.get_children(ZK_PATH))
+    assert {
+        "metadata", "columns", "log", "blocks", "block_numbers", "nonincrement_block_numbers",
+        "leader_election", "temp", "replicas", "quorum", "mutations",
+    } <= children
+    assert (await keeper.get(paths.metadata))[0].decode() == METADATA
+    assert (await keeper.get(paths.columns))[0].decode() == COLUMNS
+    assert (await keeper.get(paths.replicas))[0] == b"last added replica: r2"
+    for name, lost in (("r1", b"0"), ("r2", b"0")):  # r2 was cloned from r1 and cleared its flag
+        rp = paths.replica(name)
+        kids = set(await keeper.get_children(rp.root))
+        assert {"host", "log_pointer", "queue", "parts", "flags", "is_lost", "columns", "is_active",
+                "min_unprocessed_insert_time", "max_processed_insert_time", "mutation_pointer",
+                "metadata"} <= kids
+        assert (await keeper.get(rp.is_lost))[0] == lost
+        host = (await keeper.get(rp.host))[0].decode()
+        assert host.startswith("host: 127.0.0.1\nport: ") and host.endswith("\ndatabase: db\ntable: events\nscheme: http\n")
+        active, stat = await keeper.get(rp.is_active)
+        assert active.decode().startswith(f"pid: {os.getpid()}, random: ")
+        assert stat.ephemeral_owner != 0
+        assert (await keeper.get(rp.columns))[0].decode() == COLUMNS
+        assert (await keeper.get(rp.metadata))[0].decode() == METADATA
+
+
+async def test_second_process_with_same_replica_name_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+    from replicad.replication.init import ReplicaIsAlreadyActiveError
+
+    await cluster.start("r1")
+    other = Cluster(cluster.zookeeper, cluster.zk_root, tmp_path / "other")
+    try:
+        with pytest.raises(ReplicaIsAlreadyActiveError):
+            await other.start("r1")
+    finally:
+        for k in other.keepers.values():
+            await k.close()
+        for s in other.servers.values():
+            await s.stop(grace_s=0.1)
+
+
+async def test_metadata_mismatch_is_refused(cluster: Cluster, keeper: Keeper) -> None:
+    from replicad.errors import MetadataMismatchError
+
+    await cluster.start("r1")
+    await keeper.set(f"{ZK_PATH}/metadata", METADATA.replace("primary key: id", "primary key: name").encode())
+    with pytest.raises(MetadataMismatchError, match="primary key"):
+        await cluster.start("r2")
+
+
+async def test_commit_writes_18_16_nodes(cluster: Cluster, keeper: Keeper) -> None:
+    r1 = await cluster.start("r1")
+    summary = await r1.insert_table(rows([1, 2, 3]))
+    assert summary.written_parts == 1 and summary.written_rows == 3
+    paths = TablePaths.create(ZK_PATH, "r1")
+    (part,) = r1.store.active_names()
+    assert part == "202611_0_0_0"
+    log_names = sorted(await keeper.get_children(paths.log))
+    assert log_names == ["log-0000000000"]
+    text = (await keeper.get(paths.log_entry(log_names[0])))[0].decode()
+    entry = LogEntry.parse(text)
+    assert entry.type is LogEntryType.GET_PART and entry.new_part_name == part
+    assert entry.source_replica == "r1"
+    assert text.startswith("format version: 4\ncreate_time: ")
+    assert text.endswith(f"source replica: r1\nblock_id: {entry.block_id}\nget\n{part}\n")
+    # the block id is the 18.16 one (SipHash of the .bin checksums) and names the part
+    assert (await keeper.get(paths.block(entry.block_id)))[0] == part.encode()
+    checksums = Checksums.parse((r1.store.active()[0].path / "checksums.txt").read_bytes())
+    mc = MinimalisticChecksums.parse((await keeper.get(paths.me.part_checksums(part)))[0])
+    assert mc == MinimalisticChecksums.from_checksums(checksums)
+    assert (await keeper.get(paths.me.part_columns(part)))[0].decode() == COLUMNS
+    assert (await keeper.get(paths.me.part(part)))[0] == b""
+    # the lock is released: no block- and no abandonable_lock- nodes left
+    assert await keeper.get_children(paths.partition_block_numbers("202611")) == []
+    assert await keeper.get_children(paths.temp) == []
+    # the next insert in the partition gets the next block number
+    await r1.insert_table(rows([4]))
+    assert "202611_1_1_0" in r1.store.active_names()
+
+
+async def test_three_replicas_converge(cluster: Cluster) -> None:
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    r3 = await cluster.start("r3")
+    await r1.insert_table(rows([1, 2, 3], month=11))
+    await r2.insert_table(rows([4, 5], month=10))
+    await r3.insert_table(rows([6, 7, 8, 9], month=11))
+    await r1.insert_table(rows([10, 11], month=10, name="y"))
+    await wait_for(lambda: converged([r1, r2, r3], 4), what="all replicas to hold the same 4 parts")
+    assert sorted(r1.store.active_names()) == ["202610_0_0_0", "202610_1_1_0", "202611_0_0_0", "202611_1_1_0"]
+    for r in (r1, r2, r3):
+        assert await r.count(None) == 11
+        assert await r.count("id > 5") == 6
+        await wait_for(lambda r=r: r.queue_state.status().queue_size == 0, what="queues to drain")
+    st = r3.status()
+    assert st["queue_size"] == 0 and st["active_parts"] == 4 and st["log_pointer"] == 4
+
+
+async def test_deduplication(cluster: Cluster, keeper: Keeper) -> None:
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    first = await r1.insert_table(rows([1, 2, 3]))
+    again = await r2.insert_table(rows([1, 2, 3]))
+    assert (first.written_parts, first.deduplicated_blocks) == (1, 0)
+    assert (again.written_parts, again.deduplicated_blocks) == (0, 1)
+    tok = InsertSettings(insert_deduplication_token="batch-7")
+    a = await r1.insert_table(rows([20, 21]), tok)
+    b = await r2.insert_table(rows([30, 31]), tok)  # same token, other data: still a duplicate
+    assert (a.written_parts, b.written_parts, b.deduplicated_blocks) == (1, 0, 1)
+    await wait_for(lambda: converged([r1, r2], 2), what="2 parts everywhere")
+    assert await r2.count(None) == 5
+    # a dropped duplicate leaves no gap-filling part behind, only a consumed block number or none at all
+    assert len(await keeper.get_children(f"{ZK_PATH}/blocks")) == 2
