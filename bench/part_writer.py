@@ -125,7 +125,7 @@ def main() -> None:
               f"(input mapped: {res['rss0_kb'] / 1024:.0f} MiB before writing)")
         if args.skip_clickhouse:
             return
-        from tests.support.ch_local_server import ClickHouseServer
+        from tests.support.clickhouse import ClickHouseServer
 
         tsv = to_tsv(table)
         del table
@@ -140,7 +140,7 @@ def main() -> None:
             assert ch.proc is not None
             hwm0 = vm_hwm_kb(ch.proc.pid)
             t0 = time.perf_counter()
-            ch.query("INSERT INTO t FORMAT TSV", data=tsv)
+            ch.query("INSERT INTO t FORMAT TSV", data=tsv, timeout=600)
             ch_s = time.perf_counter() - t0
             hwm = vm_hwm_kb(ch.proc.pid)
             n = int(ch.query("SELECT count() FROM t"))
@@ -149,7 +149,7 @@ def main() -> None:
             )
         print(f"clickhouse: {n} rows in {ch_s:.3f} s = {n / ch_s:,.0f} rows/s, "
               f"{mb / ch_s:.1f} MB/s uncompressed "
-              f"(TSV {len(tsv) / 1e6:.0f} MB over HTTP; parts, bytes: {parts.decode().strip()}), "
+              f"(TSV {len(tsv) / 1e6:.0f} MB over HTTP; parts, bytes: {parts.strip()}), "
               f"server peak RSS {hwm / 1024:.0f} MiB (before insert {hwm0 / 1024:.0f} MiB)")
         print(f"ratio (replicad speed / ClickHouse speed): {ch_s / res['seconds']:.2f}x")
     finally:

@@ -1,11 +1,12 @@
 """Read the columns of a Wide part into storage Arrow, granule range by granule range.
 
 Reads what ClickHouse 18.16 writes (``.mrk`` marks: two UInt64 per granule, granules of
-``index_granularity`` rows) and what current ClickHouse writes with the classic layout, including
-adaptive granularity (``.mrk2``: three UInt64 per granule — offsets and row count — plus a final mark).
+``index_granularity`` rows) and what current ClickHouse writes with the Wide layout: adaptive granularity
+(``.mrk2``: three UInt64 per granule — offsets and row count — plus a final mark) and compressed marks
+(``.cmrk``/``.cmrk2``: the same bytes in compressed blocks); the primary index is not needed to read.
 Layouts it cannot read are refused with :class:`UnsupportedPartFormatError` naming what was found:
-Compact parts (``data.bin``), compressed marks (``.cmrk*``), a compressed primary index
-(``primary.cidx``), sparse or separate-size-stream serializations (``serialization.json``).
+Compact parts (``data.bin``), sparse columns and strings with a separate size stream
+(``serialization.json``).  :func:`incompatibilities_with_18_16` lists why 18.16 could not load a part.
 
 Memory is bounded by the batch: :meth:`PartReader.iter_batches` decompresses only the blocks that
 hold the requested granules (found through the marks) from a memory-mapped ``.bin``.
@@ -20,13 +21,14 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from replicad.errors import CorruptedDataError, MetadataMismatchError, UnsupportedPartFormatError
-from replicad.storage.compression import BLOCK_OVERHEAD, CHECKSUM_SIZE, read_block
+from replicad.storage.compression import BLOCK_OVERHEAD, CHECKSUM_SIZE, decompress_all, read_block
 from replicad.storage.part import DATA_EXT, PartDirectory
 from replicad.storage.types import DataType, escape_for_file_name, parse_type
 
@@ -67,65 +69,94 @@ def substream_width(type_name: str, suffix: str) -> int | None:
 
 @dataclass(frozen=True)
 class _Layout:
-    marks_ext: str  # ".mrk" or ".mrk2"
-    mark_width: int  # UInt64s per mark: 2 or 3
+    marks_ext: str  # ".mrk", ".mrk2", ".cmrk" or ".cmrk2"
+    mark_width: int  # UInt64s per mark: 2 (offsets) or 3 (offsets + rows, adaptive granularity)
 
     @property
     def adaptive(self) -> bool:
         return self.mark_width == 3
 
+    @property
+    def compressed(self) -> bool:
+        return self.marks_ext.startswith(".c")
 
-def detect_layout(part: PartDirectory, first_stream: str | None) -> _Layout:
-    """Which marks layout this part uses; UnsupportedPartFormatError for layouts we do not read."""
+
+_MARK_LAYOUTS = {".mrk": _Layout(".mrk", 2), ".mrk2": _Layout(".mrk2", 3),
+                 ".cmrk": _Layout(".cmrk", 2), ".cmrk2": _Layout(".cmrk2", 3)}
+
+
+def detect_layout(part: PartDirectory, columns: Mapping[str, DataType]) -> _Layout:
+    """The marks layout of a Wide part, checked for the ``columns`` to be read.
+
+    UnsupportedPartFormatError for what we do not read: Compact parts, sparse columns, strings with
+    a separate size stream.  (``primary.cidx`` does not matter for reading column data.)
+    """
     files = set(part.files())
     name = part.name
-    if "data.bin" in files or any(f.startswith("data.mrk") or f.startswith("data.cmrk") for f in files):
+    if "data.bin" in files or any(f.startswith(("data.mrk", "data.cmrk")) for f in files):
         raise UnsupportedPartFormatError(
-            f"part {name}: Compact part (data.bin) is not supported; only Wide parts can be read "
-            "(write them with min_bytes_for_wide_part=0)"
-        )
-    if "primary.cidx" in files:
-        raise UnsupportedPartFormatError(
-            f"part {name}: compressed primary index primary.cidx is not supported (compress_primary_key=0)"
-        )
-    cmrk = sorted(f for f in files if re.search(r"\.cmrk\d*$", f))
-    if cmrk:
-        raise UnsupportedPartFormatError(
-            f"part {name}: compressed marks ({cmrk[0]}) are not supported (compress_marks=0)"
+            f"part {name}: Compact parts (data.bin) are not supported; only Wide parts can be read "
+            "(min_bytes_for_wide_part=0, min_rows_for_wide_part=0)"
         )
     if "serialization.json" in files:
-        _check_serialization_json(part)
-    if first_stream is not None:
-        if first_stream + ".mrk" in files:
-            return _Layout(".mrk", 2)
-        if first_stream + ".mrk2" in files:
-            return _Layout(".mrk2", 3)
-        if first_stream + ".mrk3" in files:
-            raise UnsupportedPartFormatError(f"part {name}: .mrk3 marks (Compact layout) are not supported")
-        raise CorruptedDataError(f"part {name}: no marks file for stream {first_stream}")
-    if any(f.endswith(".mrk2") for f in files):
-        return _Layout(".mrk2", 3)
-    return _Layout(".mrk", 2)
+        _check_serialization_json(part, columns)
+    first = next(iter(columns.items()), None)
+    if first is None:
+        return _MARK_LAYOUTS[".mrk"]
+    stem = escape_for_file_name(first[0]) + first[1].substreams()[0]
+    for ext, layout in _MARK_LAYOUTS.items():
+        if stem + ext in files:
+            return layout
+    if stem + ".mrk3" in files or stem + ".cmrk3" in files:
+        raise UnsupportedPartFormatError(f"part {name}: .mrk3 marks (Compact layout) are not supported")
+    raise CorruptedDataError(f"part {name}: no marks file for stream {stem}")
 
 
-def _check_serialization_json(part: PartDirectory) -> None:
+def _check_serialization_json(part: PartDirectory, columns: Mapping[str, DataType]) -> None:
     try:
         info = json.loads(part.read_bytes("serialization.json"))
     except (ValueError, UnicodeDecodeError) as e:
         raise CorruptedDataError(f"part {part.name}: bad serialization.json: {e}") from None
     versions = info.get("types_serialization_versions") or {}
-    if any(v not in (0, "0", "basic", "single_stream") for v in versions.values()):
+    string_version = versions.get("string", 0)
+    if string_version not in (0, "0", "single_stream") and any("String" in t.name for t in columns.values()):
         raise UnsupportedPartFormatError(
-            f"part {part.name}: serialization versions {versions} are not supported "
-            "(string_serialization_version='single_stream')"
+            f"part {part.name}: strings with a separate size stream (serialization version "
+            f"{string_version}) are not supported (string_serialization_version='single_stream')"
         )
     for col in info.get("columns") or []:
         kind = col.get("kind", "Default")
-        if kind != "Default":
+        if kind != "Default" and col.get("name") in columns:
             raise UnsupportedPartFormatError(
                 f"part {part.name}: column {col.get('name')!r} uses {kind} serialization "
                 "(ratio_of_defaults_for_sparse_serialization=1)"
             )
+
+
+def incompatibilities_with_18_16(part: PartDirectory) -> list[str]:
+    """Why ClickHouse 18.16 could not load this part (empty if it could)."""
+    files = part.files()
+    out: list[str] = []
+    if "data.bin" in files:
+        out.append("Compact part (data.bin)")
+    if "primary.cidx" in files:
+        out.append("compressed primary index (primary.cidx)")
+    odd_marks = sorted({f[f.rindex("."):] for f in files if re.search(r"\.(c?mrk[23]?|cmrk)$", f)} - {".mrk"})
+    if odd_marks:
+        out.append(f"marks files {', '.join(odd_marks)}")
+    if "serialization.json" in files:
+        try:
+            _check_serialization_json(part, {n: _ANY_STRING for n, _ in part.column_types})
+        except UnsupportedPartFormatError as e:
+            out.append(str(e).split(": ", 1)[-1])
+    return out
+
+
+class _AnyString:
+    name = "String"
+
+
+_ANY_STRING: Any = _AnyString()
 
 
 class _StreamReader:
@@ -139,6 +170,8 @@ class _StreamReader:
             raw = marks_path.read_bytes()
         except FileNotFoundError:
             raise CorruptedDataError(f"part {part.name}: no marks file {marks_path.name}") from None
+        if layout.compressed:
+            raw = decompress_all(raw, marks_path.name)
         width = 8 * layout.mark_width
         if len(raw) % width:
             raise CorruptedDataError(
@@ -266,9 +299,7 @@ class PartReader:
             name0, type0 = next(iter(part_types.items()))
             opened[name0] = parse_type(type0)
         self._opened = opened
-        first = next(iter(opened.items()), None)
-        first_stem = escape_for_file_name(first[0]) + first[1].substreams()[0] if first else None
-        self.layout = detect_layout(self.part, first_stem)
+        self.layout = detect_layout(self.part, opened)
         self._streams: dict[str, _StreamReader] = {}
         marks_count = None
         for name, dtype in opened.items():

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from replicad.errors import BadInputError, CorruptedDataError, UnsupportedPartFormatError
 from replicad.model.checksums import Checksums
 from replicad.model.cityhash import file_hash
-from replicad.storage.compression import iter_blocks
+from replicad.storage.compression import compress_block, iter_blocks
 from replicad.storage.part import PartDirectory, back_quote, columns_text, parse_columns_text
-from replicad.storage.reader import PartReader, fixed_width
+from replicad.storage.reader import PartReader, fixed_width, incompatibilities_with_18_16
 from replicad.storage.types import DataType, parse_type
 from replicad.storage.writer import PartWriter, WriterSettings, prepare_block, sort_table
 
@@ -247,18 +247,44 @@ def test_adaptive_marks_mrk2(tmp_path: Path) -> None:
     assert r.read().equals(t)
 
 
-@pytest.mark.parametrize("extra", ["data.bin", "primary.cidx", "x.cmrk2"])
-def test_unsupported_layouts(tmp_path: Path, extra: str) -> None:
+def test_compact_part_refused(tmp_path: Path) -> None:
     p = write_part(tmp_path / "p", [("x", T("UInt8"))], [pa.table({"x": pa.array([1], pa.uint8())})])
-    (p / extra).write_bytes(b"")
-    with pytest.raises(UnsupportedPartFormatError):
+    (p / "data.bin").write_bytes(b"")
+    with pytest.raises(UnsupportedPartFormatError, match="Compact"):
         PartReader(p)
+    assert incompatibilities_with_18_16(PartDirectory.at(p)) == ["Compact part (data.bin)"]
+
+
+def test_compressed_marks_and_primary_cidx(tmp_path: Path) -> None:
+    """Modern defaults compress_marks=1 / compress_primary_key=1: .cmrk = marks in compressed blocks."""
+    t = pa.table({"x": pa.array(np.arange(50, dtype=np.uint32))})
+    s = WriterSettings(index_granularity=8, fsync=False)
+    p = write_part(tmp_path / "p", [("x", T("UInt32"))], [t], s, primary_key=["x"])
+    (p / "x.cmrk").write_bytes(compress_block((p / "x.mrk").read_bytes(), "zstd", 3))
+    (p / "x.mrk").unlink()
+    (p / "primary.cidx").write_bytes(compress_block((p / "primary.idx").read_bytes(), "zstd", 3))
+    (p / "primary.idx").unlink()
+    r = PartReader(p)
+    assert r.layout.compressed and r.granules == 7
+    assert r.read().equals(t)
+    assert incompatibilities_with_18_16(PartDirectory.at(p)) == [
+        "compressed primary index (primary.cidx)", "marks files .cmrk"]
 
 
 def test_sparse_serialization_refused(tmp_path: Path) -> None:
     p = write_part(tmp_path / "p", [("x", T("UInt8"))], [pa.table({"x": pa.array([1], pa.uint8())})])
     (p / "serialization.json").write_text('{"columns":[{"name":"x","kind":"Sparse"}],"version":0}')
     with pytest.raises(UnsupportedPartFormatError, match="Sparse"):
+        PartReader(p)
+
+
+def test_string_size_stream_refused(tmp_path: Path) -> None:
+    p = write_part(tmp_path / "p", [("x", T("UInt8")), ("s", T("String"))],
+                   [pa.table({"x": pa.array([1], pa.uint8()), "s": pa.array([b"a"])})])
+    (p / "serialization.json").write_text(
+        '{"columns":[],"types_serialization_versions":{"string":1},"version":1}')
+    assert PartReader(p, {"x": T("UInt8")}).read().num_rows == 1  # no String read: fine
+    with pytest.raises(UnsupportedPartFormatError, match="size stream"):
         PartReader(p)
 
 
