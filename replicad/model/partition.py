@@ -1,0 +1,174 @@
+"""ClickHouse partition IDs and splitting rows by partition key (MergeTreePartition::getID, 18.16 rules).
+
+* no partition key -> ``all``;
+* every key value an integer Field (ints, Enum, Date, DateTime) -> the values joined by ``-``, a Date
+  rendered ``YYYYMMDD``, everything else in decimal (``202611``, ``202611--3``, ``1795309323``);
+* otherwise the lowercase hex of ClickHouse's SipHash-128 over each value's Field bytes (type byte +
+  payload).  Decimals are hashed the 18.16 way (value + scale); ClickHouse 19.x+ hash the value only, so a
+  Decimal-keyed table gets different partition IDs on modern servers (FACTS §6.1).
+
+``split_by_partition`` evaluates the key once for the whole table and groups rows with pyarrow/numpy.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replicad.errors import BadInputError
+from replicad.model.siphash import SipHash
+from replicad.sql.expressions import Expr, compile_key
+from replicad.sql.expressions_ast import format_list
+from replicad.storage.types import DataType
+
+_EPOCH = _dt.date(1970, 1, 1)
+
+
+def _integer_value(dt: DataType, arr: pa.Array, i: int) -> int:
+    t = arr.type
+    if pa.types.is_date32(t):
+        return int(arr.cast(pa.int32())[i].as_py())
+    if pa.types.is_timestamp(t):
+        return int(arr.cast(pa.int64())[i].as_py())
+    v = arr[i].as_py()
+    if isinstance(v, bool):
+        return int(v)
+    if not isinstance(v, int):
+        raise BadInputError(f"partition value {v!r} of type {dt.name} is not an integer")
+    return v
+
+
+def _yyyymmdd(days: int) -> str:
+    d = _EPOCH + _dt.timedelta(days=days)
+    return f"{d.year:04d}{d.month:02d}{d.day:02d}"
+
+
+def partition_id_at(types: Sequence[DataType], arrays: Sequence[pa.Array], i: int) -> str:
+    """Partition ID of row ``i`` of the evaluated key columns ``arrays`` (storage Arrow of ``types``)."""
+    if not types:
+        return "all"
+    if all(t.is_integer_like and arr[i].is_valid for t, arr in zip(types, arrays, strict=True)):
+        parts = []
+        for t, arr in zip(types, arrays, strict=True):
+            v = _integer_value(t, arr, i)
+            parts.append(_yyyymmdd(v) if t.is_date else str(v))
+        return "-".join(parts)
+    h = SipHash()
+    for t, arr in zip(types, arrays, strict=True):
+        h.update(t.field_bytes(arr, i, legacy_decimal=True))
+    return h.hexdigest128()
+
+
+def partition_id(values: list[tuple[DataType, object]]) -> str:
+    """Partition ID of one key tuple given as (type, value) pairs; values are storage-Arrow Python values
+    (``datetime.date`` for Date, ``datetime.datetime``/int seconds for DateTime, bytes for String ...)."""
+    types = [t for t, _ in values]
+    arrays = [pa.array([v], type=t.arrow_type) for t, v in values]
+    return partition_id_at(types, arrays, 0)
+
+
+@dataclass(frozen=True)
+class PartitionKey:
+    """A table's partition key: the PARTITION BY expression list (``tuple()`` / none -> empty)."""
+
+    expressions: tuple[Expr, ...]
+
+    @classmethod
+    def parse(cls, text: str | None) -> PartitionKey:
+        return cls(tuple(compile_key(text)))
+
+    @cached_property
+    def text(self) -> str:
+        """The key as the table ``metadata`` znode writes it (``toYYYYMM(d)``, ``a, b``, empty)."""
+        return format_list([e.node for e in self.expressions])
+
+    @cached_property
+    def columns(self) -> list[str]:
+        """Columns the key reads, in order of first use (these get ``minmax_<col>.idx`` files)."""
+        out: list[str] = []
+        for e in self.expressions:
+            out.extend(c for c in e.columns if c not in out)
+        return out
+
+    def evaluate(self, table: pa.Table, types: dict[str, DataType], tz: str = "UTC"
+                 ) -> tuple[list[pa.Array], list[DataType]]:
+        arrays: list[pa.Array] = []
+        out_types: list[DataType] = []
+        for e in self.expressions:
+            arr, dt = e.evaluate(table, types, tz)
+            if isinstance(arr, pa.ChunkedArray):
+                arr = arr.combine_chunks()
+            arrays.append(arr)
+            out_types.append(dt)
+        return arrays, out_types
+
+    def result_types(self, types: dict[str, DataType], tz: str = "UTC") -> list[DataType]:
+        return [e.result_type(types, tz) for e in self.expressions]
+
+
+@dataclass(frozen=True)
+class PartitionChunk:
+    """The rows of one partition: its ID, the key value (one-element arrays) and the rows."""
+
+    partition_id: str
+    key_types: tuple[DataType, ...]
+    key_values: tuple[pa.Array, ...]
+    table: pa.Table
+
+    @property
+    def values(self) -> tuple[object, ...]:
+        return tuple(a[0].as_py() for a in self.key_values)
+
+    def partition_dat(self) -> bytes:
+        """``partition.dat``: serializeBinary of each key value (empty when there is no key)."""
+        return b"".join(t.serialize_value(a, 0) for t, a in zip(self.key_types, self.key_values, strict=True))
+
+
+def _group_codes(arrays: Sequence[pa.Array]) -> tuple[np.ndarray, int]:
+    """Dense group number per row (groups numbered in order of first appearance) and the group count."""
+    n = len(arrays[0])
+    combined = np.zeros(n, dtype=np.int64)
+    for arr in arrays:
+        enc = pc.dictionary_encode(arr, null_encoding="encode")
+        codes = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        combined = combined * (len(enc.dictionary) + 1) + codes
+        _, combined = np.unique(combined, return_inverse=True)
+        combined = combined.astype(np.int64)
+    # renumber groups by first appearance so that the output order is the input order
+    uniq, first = np.unique(combined, return_index=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[order] = np.arange(len(uniq))
+    return rank[combined], len(uniq)
+
+
+def split_by_partition(table: pa.Table, key: PartitionKey | str | None, types: dict[str, DataType],
+                       tz: str = "UTC") -> list[PartitionChunk]:
+    """Split ``table`` (storage Arrow) into one chunk per partition; rows keep their relative order."""
+    pk = key if isinstance(key, PartitionKey) else PartitionKey.parse(key)
+    if not pk.expressions:
+        return [PartitionChunk("all", (), (), table)]
+    arrays, key_types = pk.evaluate(table, types, tz)
+    for e, dt in zip(pk.expressions, key_types, strict=True):
+        if dt.name.startswith("Nullable("):
+            raise BadInputError(f"Partition key cannot contain nullable columns: {e.text} is {dt.name}")
+    if table.num_rows == 0:
+        return []
+    groups, count = _group_codes(arrays)
+    order = np.argsort(groups, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(groups, minlength=count))])
+    chunks = []
+    for g in range(count):
+        idx = order[bounds[g] : bounds[g + 1]]
+        first = int(idx[0])
+        values = tuple(a.slice(first, 1) for a in arrays)
+        pid = partition_id_at(key_types, values, 0)
+        rows = table if count == 1 else table.take(pa.array(idx))
+        chunks.append(PartitionChunk(pid, tuple(key_types), values, rows))
+    return chunks
