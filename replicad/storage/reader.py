@@ -415,7 +415,13 @@ class PartReader:
                               pa.repeat(pa.scalar(dtype.default_value, dtype.arrow_type), n))
                 continue
             base = escape_for_file_name(name)
-            bufs = {s: self._streams[base + s].read_range(start, end) for s in dtype.substreams()}
+            bufs: dict[str, bytes] = {}
+            for suffix in dtype.substreams():
+                stream = self._streams[base + suffix]
+                # A LowCardinality dictionary stream is read from the granule's mark to its end: every
+                # mark points at the shared dictionary, which 18.16 writes once, after the last granule.
+                stop = len(stream.marks) if suffix.endswith(".dict") else end
+                bufs[suffix] = stream.read_range(start, stop)
             try:
                 arrays.append(dtype.deserialize(bufs, n))
             except CorruptedDataError as e:

@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -160,6 +160,22 @@ def _combine(col: pa.Array | pa.ChunkedArray) -> pa.Array:
     return col
 
 
+class BulkSerializer(Protocol):
+    """Per-part serialization state of a stateful type (LowCardinality's shared dictionary).
+
+    A ``DataType`` with a ``bulk_serializer()`` method returning this is written through it:
+    ``prefix()`` before the first mark (ClickHouse's serializeBinaryBulkStatePrefix), ``serialize()``
+    once per granule piece, in order, and ``suffix()`` after the last row (serializeBinaryBulkStateSuffix).
+    Each returns bytes per substream suffix.  Stateless types just use ``DataType.serialize``.
+    """
+
+    def prefix(self) -> dict[str, bytes]: ...
+
+    def serialize(self, arr: pa.Array) -> dict[str, bytes]: ...
+
+    def suffix(self) -> dict[str, bytes]: ...
+
+
 class _Column:
     """A column's streams and how to feed them one batch at a time."""
 
@@ -169,10 +185,19 @@ class _Column:
         base = escape_for_file_name(name)
         self.suffixes = dtype.substreams()
         self.streams = [_Stream(directory, base + s, settings) for s in self.suffixes]
+        make_state = getattr(dtype, "bulk_serializer", None)
+        self.state: BulkSerializer | None = make_state() if make_state is not None else None
+        self._serialize = self.state.serialize if self.state is not None else dtype.serialize
+        if self.state is not None:
+            self._append(self.state.prefix())
+
+    def _append(self, parts: Mapping[str, bytes]) -> None:
+        for suffix, stream in zip(self.suffixes, self.streams, strict=True):
+            stream.append(parts.get(suffix, b""))
 
     def write(self, arr: pa.Array, segments: Sequence[tuple[int, int, bool]]) -> None:
         """Serialize ``arr`` segment by segment (a segment = the rows of one granule in this batch)."""
-        serialize = self.dtype.serialize
+        serialize = self._serialize
         pairs = list(zip(self.suffixes, self.streams, strict=True))
         for start, length, is_mark in segments:
             parts = serialize(arr.slice(start, length))
@@ -182,6 +207,8 @@ class _Column:
                 stream.append(parts.get(suffix, b""))
 
     def finish(self, directory: Path, fsync: bool) -> dict[str, Checksum]:
+        if self.state is not None:
+            self._append(self.state.suffix())
         out: dict[str, Checksum] = {}
         for s in self.streams:
             out.update(s.finish(directory, fsync))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -445,3 +446,42 @@ def test_granule_carry_matches_single_write(tmp_path: Path) -> None:
     assert (one / "x.bin").read_bytes() == (two / "x.bin").read_bytes()
     assert (one / "x.mrk").read_bytes() == (two / "x.mrk").read_bytes()
     shutil.rmtree(one)
+
+
+class _DictLike:
+    """A fake stateful type: a '.dict' stream with a prefix and a suffix, like LowCardinality."""
+
+    name = "UInt8"
+    arrow_type = pa.uint8()
+
+    def substreams(self) -> list[str]:
+        return [".dict", ""]
+
+    def bulk_serializer(self) -> _DictLike:
+        self.rows = 0
+        return self
+
+    def prefix(self) -> dict[str, bytes]:
+        return {".dict": b"VERSION1"}
+
+    def serialize(self, arr: pa.Array) -> dict[str, bytes]:
+        self.rows += len(arr)
+        return {"": arr.to_numpy().tobytes()}
+
+    def suffix(self) -> dict[str, bytes]:
+        return {".dict": b"DICT%d" % self.rows}
+
+    def deserialize(self, bufs: dict[str, bytes], n: int) -> pa.Array:
+        assert bufs[".dict"] == b"DICT10"  # from the granule's mark to the end of the stream
+        return pa.array(np.frombuffer(bufs[""], np.uint8))
+
+
+def test_stateful_type_prefix_and_suffix(tmp_path: Path) -> None:
+    t = pa.table({"x": pa.array(np.arange(10, dtype=np.uint8))})
+    fake: Any = _DictLike()
+    p = write_part(tmp_path / "p", [("x", fake)], [t], WriterSettings(index_granularity=4, fsync=False))
+    assert [x for _, x in iter_blocks((p / "x.dict.bin").read_bytes())] == [b"VERSION1DICT10"]
+    assert marks(p / "x.dict.mrk") == [(0, 8)] * 3
+    assert marks(p / "x.mrk") == [(0, 0), (0, 4), (0, 8)]
+    r = PartReader(p, {"x": fake}, index_granularity=4)
+    assert r.read_granules(1, 3).column("x").to_pylist() == list(range(4, 10))
