@@ -1,0 +1,326 @@
+"""Merging sorted parts into one (an Ordinary MergeTree merge, as ClickHouse 18.16 performs it).
+
+``merge_parts(sources, tmp_dir, schema, settings)`` streams a k-way merge: every source part is read
+``granules_per_batch`` granules at a time (:class:`~replicad.storage.reader.PartReader`), and each round
+
+1. takes the *frontier*: the smallest "last pending key" over the sources, with the source number as
+   tie-break (``(F, m)``);
+2. cuts every source's pending rows at the frontier by binary search on its (sorted) keys — rows ``<= F``
+   from sources numbered below ``m``, everything pending from ``m``, rows ``< F`` from the others;
+3. concatenates the cut prefixes in source order and sorts them by the sorting key with a *stable*
+   sort, so equal keys keep source order and, inside a source, row order — exactly the order of
+   ClickHouse's ``MergingSortedBlockInputStream`` (ties go to the lower source number);
+4. hands the rows to :class:`~replicad.storage.writer.PartWriter`, whose output does not depend on
+   where the batches are cut.
+
+Memory is bounded by one batch per source plus the batch being written, not by the part sizes.  The
+merged part is a function of the source rows, their order and the writer settings only, so every replica
+(and 18.16 itself, with the same compression method) produces the same bytes.  18.16 picks its Vertical
+algorithm for >= 11 non-key columns and >= 131072 rows; the rows and granules it writes are the same, so
+the bytes are too (see tests/integration/test_merge_clickhouse18.py).
+
+Sorting-key order follows ClickHouse: ascending, NaN after every number, NULL last, strings and
+FixedString/UUID bytes compared unsigned byte-wise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replicad.errors import CorruptedDataError
+from replicad.model.partition import PartitionKey
+from replicad.sql.expressions import Expr, compile_key
+from replicad.storage.part import PartDirectory
+from replicad.storage.reader import PartReader
+from replicad.storage.types import DataType
+from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
+
+#: granules read from each source per round (8 × 8192 rows)
+DEFAULT_GRANULES_PER_BATCH = 8
+
+
+class TableSchemaLike(Protocol):
+    """What merging and mutating need to know about the table (the sink's ``TableSchema`` fits)."""
+
+    @property
+    def columns(self) -> Sequence[tuple[str, DataType]]: ...
+
+    @property
+    def partition_by(self) -> str | None: ...
+
+    @property
+    def order_by(self) -> str | None: ...
+
+    @property
+    def primary_key(self) -> str | None: ...
+
+    @property
+    def tz(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class PartSchema:
+    """A plain :class:`TableSchemaLike`: columns in table order and the key clauses' expression text."""
+
+    columns: tuple[tuple[str, DataType], ...]
+    partition_by: str | None = None
+    order_by: str | None = None
+    primary_key: str | None = None
+    tz: str = "UTC"
+
+
+class TableKeys:
+    """A schema's compiled keys and what :class:`PartWriter` needs from them."""
+
+    def __init__(self, schema: TableSchemaLike) -> None:
+        self.schema = schema
+        self.columns = list(schema.columns)
+        self.types: dict[str, DataType] = dict(self.columns)
+        self.tz = schema.tz
+
+    @cached_property
+    def sorting(self) -> list[Expr]:
+        return compile_key(self.schema.order_by)
+
+    @cached_property
+    def primary(self) -> list[Expr]:
+        return compile_key(self.schema.primary_key) if self.schema.primary_key else self.sorting
+
+    @cached_property
+    def partition(self) -> PartitionKey:
+        return PartitionKey.parse(self.schema.partition_by)
+
+    @cached_property
+    def sorting_columns(self) -> set[str]:
+        """Columns the sorting key reads (ClickHouse refuses to UPDATE them)."""
+        return {c for e in self.sorting for c in e.columns}
+
+    @cached_property
+    def partition_types(self) -> list[DataType]:
+        return self.partition.result_types(self.types, self.tz)
+
+    def evaluate(self, exprs: Sequence[Expr], table: pa.Table) -> list[pa.Array]:
+        out = []
+        for e in exprs:
+            arr, _t = e.evaluate(table, self.types, self.tz)
+            if isinstance(arr, pa.ChunkedArray):
+                arr = arr.combine_chunks()
+            out.append(arr)
+        return out
+
+    def partition_value(self, part: PartDirectory) -> list[tuple[DataType, object]] | None:
+        """The partition-key values stored in a part's ``partition.dat`` (None without a partition key)."""
+        types = self.partition_types
+        if not types:
+            return None
+        data = part.partition_dat
+        if data is None:
+            raise CorruptedDataError(f"part {part.name}: no partition.dat but the table has a partition key")
+        view = memoryview(data)
+        pos = 0
+        out: list[tuple[DataType, object]] = []
+        for t in types:
+            try:
+                arr, used = t.decode(view[pos:], 1)
+            except (CorruptedDataError, ValueError, IndexError) as e:
+                raise CorruptedDataError(f"part {part.name}: bad partition.dat: {e}") from None
+            out.append((t, arr[0].as_py()))
+            pos += used
+        if pos != len(data):
+            raise CorruptedDataError(f"part {part.name}: partition.dat has {len(data) - pos} trailing bytes")
+        return out
+
+    def writer(
+        self,
+        tmp_dir: Path,
+        settings: WriterSettings,
+        partition_value: list[tuple[DataType, object]] | None,
+    ) -> PartWriter:
+        names = [e.text for e in self.primary]
+        key_types = {
+            e.text: e.result_type(self.types, self.tz) for e in self.primary if e.text not in self.types
+        }
+        return PartWriter(
+            tmp_dir,
+            self.columns,
+            settings,
+            primary_key=names,
+            key_types=key_types,
+            minmax_columns=self.partition.columns if partition_value is not None else (),
+            partition_value=partition_value,
+        )
+
+    def primary_arrays(
+        self, table: pa.Table, sorted_keys: Sequence[pa.Array] | None = None
+    ) -> dict[str, pa.Array]:
+        """Arrays of the primary-key expressions that are not plain columns (for ``PartWriter.write``);
+        a primary expression that is also a sorting expression reuses ``sorted_keys``."""
+        out: dict[str, pa.Array] = {}
+        for i, e in enumerate(self.primary):
+            if e.text in self.types:
+                continue
+            if sorted_keys is not None and i < len(self.sorting) and self.sorting[i].text == e.text:
+                out[e.text] = sorted_keys[i]
+            else:
+                out[e.text] = self.evaluate([e], table)[0]
+        return out
+
+
+# ---- sort keys as Python values (only the few rows a round looks at) ---------------------------------
+
+
+def _sortable(v: object) -> tuple[int, object]:
+    """ClickHouse order: values, then NaN, then NULL."""
+    if v is None:
+        return (2, 0)
+    if isinstance(v, float) and math.isnan(v):
+        return (1, 0)
+    return (0, v)
+
+
+_Key = tuple[tuple[int, object], ...]
+
+
+class _KeyView:
+    """The sort keys of a source's pending rows, row by row, for :mod:`bisect`."""
+
+    def __init__(self, keys: Sequence[pa.Array]) -> None:
+        self.keys = keys
+
+    def __len__(self) -> int:
+        return len(self.keys[0]) if self.keys else 0
+
+    def __getitem__(self, i: int) -> _Key:
+        return tuple(_sortable(k[i].as_py()) for k in self.keys)
+
+
+class _Source:
+    """One source part: its batches, and the pending (not yet merged) rows of the current batch."""
+
+    def __init__(self, index: int, batches: Iterator[pa.Table], keys: TableKeys) -> None:
+        self.index = index
+        self._batches = batches
+        self._keys = keys
+        self.table: pa.Table | None = None
+        self.sort_keys: list[pa.Array] = []
+        self.exhausted = False
+
+    @property
+    def pending(self) -> int:
+        return 0 if self.table is None else self.table.num_rows
+
+    def fill(self) -> bool:
+        """Make sure rows are pending unless the source is exhausted; True if rows are pending."""
+        while self.pending == 0 and not self.exhausted:
+            batch = next(self._batches, None)
+            if batch is None:
+                self.exhausted = True
+                self.table = None
+                self.sort_keys = []
+            elif batch.num_rows:
+                self.table = batch
+                self.sort_keys = self._keys.evaluate(self._keys.sorting, batch)
+        return self.pending > 0
+
+    def last_key(self) -> _Key:
+        return _KeyView(self.sort_keys)[self.pending - 1]
+
+    def cut(self, frontier: _Key, inclusive: bool) -> int:
+        view = _KeyView(self.sort_keys)
+        return (bisect_right if inclusive else bisect_left)(view, frontier)
+
+    def take(self, n: int) -> tuple[pa.Table, list[pa.Array]]:
+        assert self.table is not None
+        head = self.table.slice(0, n)
+        keys = [k.slice(0, n) for k in self.sort_keys]
+        self.table = self.table.slice(n)
+        self.sort_keys = [k.slice(n) for k in self.sort_keys]
+        return head, keys
+
+
+def merged_batches(
+    readers: Sequence[PartReader],
+    keys: TableKeys,
+    granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
+) -> Iterator[tuple[pa.Table, list[pa.Array]]]:
+    """The rows of ``readers`` (each sorted) merged by the sorting key, as (batch, sorting-key arrays).
+
+    Ties keep source order, then row order (ClickHouse's stable merge).  Without a sorting key the
+    sources are concatenated.
+    """
+    names = [n for n, _ in keys.columns]
+    sources = [
+        _Source(i, r.iter_batches(names, granules_per_batch), keys) for i, r in enumerate(readers)
+    ]
+    if not keys.sorting:
+        for s in sources:
+            while s.fill():
+                yield s.take(s.pending)
+        return
+    while True:
+        active = [s for s in sources if s.fill()]
+        if not active:
+            return
+        if len(active) == 1:
+            s = active[0]
+            yield s.take(s.pending)
+            continue
+        frontier, m = min((s.last_key(), s.index) for s in active)
+        pieces: list[tuple[pa.Table, list[pa.Array]]] = []
+        for s in active:
+            n = s.pending if s.index == m else s.cut(frontier, inclusive=s.index < m)
+            if n:
+                pieces.append(s.take(n))
+        if len(pieces) == 1:
+            yield pieces[0]
+            continue
+        table = pa.concat_tables([t for t, _ in pieces])
+        cols = [pa.concat_arrays([k[i] for _, k in pieces]) for i in range(len(keys.sorting))]
+        order = pc.sort_indices(
+            pa.table({f"k{i}": c for i, c in enumerate(cols)}),
+            sort_keys=[(f"k{i}", "ascending", "at_end") for i in range(len(cols))],
+        )
+        yield table.take(order), [c.take(order) for c in cols]
+
+
+def merge_parts(
+    source_dirs: Sequence[str | os.PathLike[str]],
+    tmp_dir: str | os.PathLike[str],
+    schema: TableSchemaLike,
+    settings: WriterSettings | None = None,
+    *,
+    granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
+) -> WrittenPart:
+    """Merge the parts in ``source_dirs`` (in part order: by block number) into a new part in ``tmp_dir``.
+
+    All sources must belong to one partition (their ``partition.dat`` is taken from the first).  Columns
+    are the table's (``schema.columns``); a source lacking one reads as the type's defaults.  Blocking:
+    run it in a worker thread.
+    """
+    if not source_dirs:
+        raise ValueError("merge_parts needs at least one source part")
+    settings = settings or WriterSettings()
+    keys = TableKeys(schema)
+    parts = [PartDirectory(Path(p)) for p in source_dirs]
+    partition_value = keys.partition_value(parts[0])
+    readers: list[PartReader] = []
+    try:
+        for part in parts:
+            readers.append(PartReader(part, keys.types, index_granularity=settings.index_granularity))
+        with keys.writer(Path(tmp_dir), settings, partition_value) as writer:
+            for batch, sort_keys in merged_batches(readers, keys, granules_per_batch):
+                writer.write(batch, keys.primary_arrays(batch, sort_keys))
+            return writer.finish()
+    finally:
+        for r in readers:
+            r.close()
