@@ -19,7 +19,13 @@ from pathlib import Path
 from replicad.errors import CorruptedDataError
 from replicad.model.checksums import Checksums
 from replicad.model.cityhash import FileHasher, hash_file
-from replicad.storage.compression import iter_file_blocks
+from replicad.storage.compression import (
+    BLOCK_OVERHEAD,
+    CHECKSUM_SIZE,
+    HEADER_SIZE,
+    MAX_BLOCK_SIZE,
+    read_block,
+)
 from replicad.storage.types import DataType, escape_for_file_name, parse_type
 
 COLUMNS_FILE = "columns.txt"
@@ -138,17 +144,30 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def hash_compressed_file(path: str | os.PathLike[str]) -> tuple[int, bytes, int, bytes]:
-    """(file size, file hash, uncompressed size, uncompressed hash) of a ``.bin`` file.
+    """(file size, file hash, uncompressed size, uncompressed hash) of a ``.bin`` file, in one pass.
 
     Every block's checksum is verified on the way (CorruptedDataError otherwise); memory is bounded
     by one block.
     """
-    size, digest = hash_file(path)
-    plain = FileHasher()
+    name = os.path.basename(path)
+    raw_hasher, plain = FileHasher(), FileHasher()
     with open(path, "rb") as f:
-        for _offset, payload in iter_file_blocks(f, os.path.basename(path)):
+        while True:
+            head = f.read(BLOCK_OVERHEAD)
+            if not head:
+                break
+            block = head
+            if len(head) == BLOCK_OVERHEAD:
+                csize = int.from_bytes(head[CHECKSUM_SIZE + 1:CHECKSUM_SIZE + 5], "little")
+                if HEADER_SIZE < csize <= MAX_BLOCK_SIZE:
+                    block = head + f.read(csize - HEADER_SIZE)
+            try:
+                payload, _end = read_block(block, 0, name)
+            except CorruptedDataError as e:
+                raise CorruptedDataError(f"{e} (block at offset {raw_hasher.size})") from None
+            raw_hasher.update(block)
             plain.update(payload)
-    return size, digest, plain.size, plain.digest()
+    return raw_hasher.size, raw_hasher.digest(), plain.size, plain.digest()
 
 
 @dataclass(frozen=True)

@@ -485,3 +485,15 @@ def test_stateful_type_prefix_and_suffix(tmp_path: Path) -> None:
     assert marks(p / "x.mrk") == [(0, 0), (0, 4), (0, 8)]
     r = PartReader(p, {"x": fake}, index_granularity=4)
     assert r.read_granules(1, 3).column("x").to_pylist() == list(range(4, 10))
+
+
+def test_empty_part(tmp_path: Path) -> None:
+    cols = [("d", T("Date")), ("s", T("String"))]
+    empty = pa.table({"d": pa.array([], pa.date32()), "s": pa.array([], pa.binary())})
+    p = write_part(tmp_path / "p", cols, [empty], primary_key=["d"], minmax_columns=["d"],
+                   partition_value=[(U32, 202401)])
+    assert (p / "count.txt").read_bytes() == b"0" and (p / "d.mrk").read_bytes() == b""
+    assert not (p / "minmax_d.idx").exists()  # as 18.16: no min/max for an empty part
+    PartDirectory.at(p).verify(require_all_files_listed=True)
+    r = PartReader(p)
+    assert r.rows == 0 and r.read().equals(empty)
