@@ -37,6 +37,7 @@ _FIXED_WIDTHS = {
     "Float32": 4, "Float64": 8, "Date": 2, "DateTime": 4, "UUID": 16, "Decimal32": 4, "Decimal64": 8,
     "Decimal128": 16, "Enum8": 1, "Enum16": 2,
 }
+_READ_GRANULES = 16  # granules decoded at once by PartReader.read
 _NAME_HEAD = re.compile(r"^([A-Za-z0-9]+)(?:\((.*)\))?$", re.S)
 
 
@@ -432,7 +433,11 @@ class PartReader:
 
     def read(self, columns: Sequence[str] | None = None) -> pa.Table:
         """The whole part (for small parts; use :meth:`iter_batches` for big ones)."""
-        return self.read_granules(0, self.granules, columns)
+        if self.granules <= _READ_GRANULES:
+            return self.read_granules(0, self.granules, columns)
+        # Decoding in granule batches is cheaper than one huge decode (variable-width columns).
+        tables = list(self.iter_batches(columns, _READ_GRANULES))
+        return pa.concat_tables(tables).combine_chunks()
 
     def iter_batches(
         self, columns: Sequence[str] | None = None, granules_per_batch: int = 16
