@@ -497,3 +497,19 @@ def test_empty_part(tmp_path: Path) -> None:
     PartDirectory.at(p).verify(require_all_files_listed=True)
     r = PartReader(p)
     assert r.rows == 0 and r.read().equals(empty)
+
+
+class _Exploding(_DictLike):
+    def serialize(self, arr: pa.Array) -> dict[str, bytes]:
+        raise ValueError("boom")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_failure_in_column_task_removes_tmp_dir(tmp_path: Path, threads: int) -> None:
+    fake: Any = _Exploding()
+    cols = [("a", T("UInt8")), ("x", fake)]
+    t = pa.table({"a": pa.array([1, 2], pa.uint8()), "x": pa.array([1, 2], pa.uint8())})
+    w = PartWriter(tmp_path / "tmp_insert_y", cols, WriterSettings(fsync=False, threads=threads))
+    with pytest.raises(ValueError, match="boom"):
+        w.write(t)
+    assert not (tmp_path / "tmp_insert_y").exists()
