@@ -24,7 +24,7 @@ from replicad import settings as settings_table
 ENV_PREFIX = "REPLICAD_"
 BUILTIN_MACROS = frozenset({"replica", "database", "table", "uuid"})
 _MACRO_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
+_HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::(\d{1,5}))?$")
 
 
 class ConfigError(Exception):
@@ -176,8 +176,8 @@ def split_hosts(hosts: str) -> tuple[list[tuple[str, int]], str]:
         item = item.strip()
         m = _HOST_RE.match(item)
         if not m:
-            raise ValueError(f"invalid host {item!r}: expected host:port")
-        port = int(m.group(2))
+            raise ValueError(f"invalid host {item!r}: expected host[:port]")
+        port = int(m.group(2) or 2181)
         if not 1 <= port <= 65535:
             raise ValueError(f"invalid port in {item!r}")
         out.append((m.group(1).strip("[]"), port))
@@ -218,7 +218,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str], source: str = 
         problems.append("settings: must be a mapping of setting names to values")
     else:
         valid, setting_problems = settings_table.validate({str(k): v for k, v in settings_raw.items()})
-        problems.extend(f"settings: {p}" for p in setting_problems)
+        problems.extend(f"settings.{p}" for p in setting_problems)
         coerced = {str(k): valid[str(k)] for k in settings_raw if str(k) in valid}
     problems.extend(_check_tables(data))
     if cfg is not None:

@@ -99,10 +99,22 @@ def set_level(level: str) -> None:
 
 def get_logger(name: str | None = None, **fields: Any) -> Any:
     """A bound structlog logger; ``name`` becomes the ``logger`` field."""
-    log = structlog.get_logger()
     if name:
         fields = {"logger": name, **fields}
-    return log.bind(**fields) if fields else log
+    return _LazyLogger(fields)
+
+
+class _LazyLogger:
+    """Resolves the structlog logger at each call, so module-level loggers follow :func:`configure`."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self._fields = fields
+
+    def bind(self, **fields: Any) -> _LazyLogger:
+        return _LazyLogger({**self._fields, **fields})
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(structlog.get_logger().bind(**self._fields), method)
 
 
 def is_event_name(name: str) -> bool:

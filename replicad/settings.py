@@ -198,7 +198,7 @@ def coerce(name: str, raw: object) -> tuple[int | float | str | None, str | None
     """Convert ``raw`` (YAML value or URL text) to the setting's kind.  Returns (value, problem)."""
     d = SETTINGS.get(name)
     if d is None:
-        return None, f"unknown setting {name}"
+        return None, "unknown setting"
     value: int | float | str
     try:
         if d.kind is str:
@@ -207,7 +207,7 @@ def coerce(name: str, raw: object) -> tuple[int | float | str | None, str | None
             value = d.kind(int(raw))
         elif d.kind is int:
             if isinstance(raw, float) and not raw.is_integer():
-                return None, f"setting {name}: expected an integer, got {raw!r}"
+                return None, f"expected an integer, got {raw!r}"
             if isinstance(raw, float):
                 value = int(raw)
             else:
@@ -216,26 +216,27 @@ def coerce(name: str, raw: object) -> tuple[int | float | str | None, str | None
         else:
             value = float(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError, KeyError):
-        return None, f"setting {name}: expected {d.kind.__name__}, got {raw!r}"
+        return None, f"expected {'an integer' if d.kind is int else d.kind.__name__}, got {raw!r}"
     if d.check is not None:
         problem = d.check(value)
         if problem:
-            return None, f"setting {name} = {value!r}: {problem}"
+            return None, f"{problem} (got {value!r})"
     return value, None
 
 
 def validate(values: Mapping[str, object]) -> tuple[dict[str, int | float | str], list[str]]:
-    """Coerce a whole settings map.  Returns (defaults updated with the valid values, problems)."""
+    """Coerce a whole settings map.  Returns (defaults updated with the valid values, problems as
+    ``"<name>: <problem>"``)."""
     out = defaults()
     problems: list[str] = []
     for name, raw in values.items():
         value, problem = coerce(name, raw)
         if problem is not None:
-            problems.append(problem)
+            problems.append(f"{name}: {problem}")
         elif value is not None:
             out[name] = value
     if not problems and out["parts_to_delay_insert"] > out["parts_to_throw_insert"]:  # type: ignore[operator]
-        problems.append("setting parts_to_delay_insert must not exceed parts_to_throw_insert")
+        problems.append("parts_to_delay_insert: must not exceed parts_to_throw_insert")
     if not problems and out["min_replicated_logs_to_keep"] > out["max_replicated_logs_to_keep"]:  # type: ignore[operator]
-        problems.append("setting min_replicated_logs_to_keep must not exceed max_replicated_logs_to_keep")
+        problems.append("min_replicated_logs_to_keep: must not exceed max_replicated_logs_to_keep")
     return out, problems

@@ -105,6 +105,9 @@ class ApiState:
 # ---- errors --------------------------------------------------------------------------------------------
 
 
+STATE = web.AppKey("state", ApiState)
+
+
 def error_text(e: ReplicadError) -> str:
     return f"Code: {e.code}. DB::Exception: {e}\n"
 
@@ -120,7 +123,7 @@ def error_response(e: ReplicadError) -> web.Response:
 @web.middleware
 async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                   ) -> web.StreamResponse:
-    metrics: Metrics = request.app["state"].metrics
+    metrics: Metrics = request.app[STATE].metrics
     started = time.monotonic()
     name = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
     try:
@@ -128,8 +131,9 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
     except ReplicadError as e:
         log.info("request_failed", path=request.path, code=e.code, status=e.http_status, error=str(e)[:300])
         resp = error_response(e)
-    except web.HTTPException as e:
-        resp = e
+    except web.HTTPException as e:  # 404 for unknown paths, 405 …: aiohttp renders them
+        metrics.http_requests.labels(name, str(e.status)).inc()
+        raise
     except Exception as e:
         log.error("request_crashed", path=request.path, error=f"{type(e).__name__}: {e}", exc_info=True)
         resp = error_response(ReplicadError(f"{type(e).__name__}: {e}", code=1001))
@@ -152,7 +156,7 @@ def url_settings(params: Mapping[str, str]) -> dict[str, int | float | str]:
             raise UnknownSettingError(f"Unknown setting {name}")
         value, problem = settings_table.coerce(name, raw)
         if problem or value is None:
-            raise BadInputError(f"Cannot parse setting {problem or name}", code=26)
+            raise BadInputError(f"Cannot parse setting {name}: {problem}", code=26)
         out[name] = value
     return out
 
@@ -207,7 +211,7 @@ def _is_insert(text: str) -> bool:
 
 
 async def handle_query(request: web.Request) -> web.StreamResponse:
-    state: ApiState = request.app["state"]
+    state: ApiState = request.app[STATE]
     params = request.query
     given = url_settings(params)
     query_id = params.get("query_id") or str(uuid.uuid4())
@@ -227,7 +231,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
             text = text + "\n" + extra
     r = route(text, params.get("database") or "default")
     if request.method != "POST" and not isinstance(r, SelectRoute):
-        raise ReplicadError("Cannot execute a query that writes with a GET request: use POST",
+        raise BadInputError("Cannot execute a query that writes with a GET request: use POST",
                             code=READONLY_CODE)
     headers = {"X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Server-Display-Name": state.config.replica}
     if isinstance(r, InsertRoute):
@@ -370,7 +374,7 @@ async def handle_ping(request: web.Request) -> web.Response:
 
 
 async def handle_replicas_status(request: web.Request) -> web.Response:
-    state: ApiState = request.app["state"]
+    state: ApiState = request.app[STATE]
     problems = status_mod.replicas_problems(state.catalog)
     if problems:
         return web.Response(status=503, text="\n".join(problems) + "\n")
@@ -382,7 +386,7 @@ def _dumps(obj: Any) -> str:
 
 
 async def handle_status(request: web.Request) -> web.Response:
-    state: ApiState = request.app["state"]
+    state: ApiState = request.app[STATE]
     body = status_mod.build_status(replica=state.config.replica, state=state.state,
                                    started_at=state.started_at, version=version(), catalog=state.catalog,
                                    supervisor=state.supervisor)
@@ -390,7 +394,7 @@ async def handle_status(request: web.Request) -> web.Response:
 
 
 async def handle_table(request: web.Request) -> web.Response:
-    state: ApiState = request.app["state"]
+    state: ApiState = request.app[STATE]
     try:
         name = TableName.parse(request.match_info["name"])
     except ValueError as e:
@@ -400,14 +404,14 @@ async def handle_table(request: web.Request) -> web.Response:
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    state: ApiState = request.app["state"]
+    state: ApiState = request.app[STATE]
     body = await asyncio.to_thread(state.metrics.render)
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 def create_app(state: ApiState) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=MAX_QUERY_BYTES)
-    app["state"] = state
+    app[STATE] = state
     app.router.add_route("GET", "/", handle_query)
     app.router.add_route("POST", "/", handle_query)
     app.router.add_get("/ping", handle_ping)

@@ -264,10 +264,6 @@ class _Converter:
         default_mask = None
         if self.text == "tsv":
             arr = tsv_unescape(arr)
-        elif self.text == "csv":
-            nulls = pc.equal(arr, b"\\N")
-            if pc.any(nulls).as_py():
-                arr = pc.if_else(nulls, pa.scalar(None, arr.type), arr)
         if not dt.is_nullable and arr.null_count:
             if self.text == "json":  # omitted fields and nulls get the default (input_format_null_as_default)
                 default_mask = arr.is_null()
@@ -431,8 +427,8 @@ def _csv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
         parse_options=pa_csv.ParseOptions(delimiter=delim, quote_char='"', double_quote=True,
                                           escape_char=False, newlines_in_values=True),
         convert_options=pa_csv.ConvertOptions(column_types={c: pa.binary() for c in col_names},
-                                              null_values=[], strings_can_be_null=False,
-                                              check_utf8=False))
+                                              null_values=["\\N"], strings_can_be_null=True,
+                                              quoted_strings_can_be_null=False, check_utf8=False))
     while True:
         try:
             batch = reader.read_next_batch()

@@ -1,0 +1,32 @@
+# replicad container image.
+#   docker build -t replicad .
+#   docker run -e REPLICAD_REPLICA=r1 -e REPLICAD_ZOOKEEPER__HOSTS=zk1:2181,zk2:2181 \
+#              -e REPLICAD_INTERSERVER__HOST=<address peers reach> -v replicad-data:/var/lib/replicad replicad
+# The configuration is /etc/replicad/replicad.yaml (mount your own); REPLICAD_<SECTION>__<KEY> overrides it.
+
+FROM python:3.11-slim AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY replicad ./replicad
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+RUN useradd --system --home-dir /var/lib/replicad --shell /usr/sbin/nologin replicad \
+ && mkdir -p /var/lib/replicad /etc/replicad \
+ && chown replicad:replicad /var/lib/replicad
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+COPY config/replicad.example.yaml /etc/replicad/replicad.yaml
+ENV PYTHONUNBUFFERED=1 \
+    REPLICAD_API__LISTEN_HOST=0.0.0.0 \
+    REPLICAD_INTERSERVER__LISTEN_HOST=0.0.0.0
+USER replicad
+VOLUME /var/lib/replicad
+EXPOSE 8123 9009
+HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \
+  CMD ["python", "-c", "import sys, urllib.request; r = urllib.request.urlopen('http://127.0.0.1:8123/ping', timeout=2); sys.exit(0 if r.status == 200 else 1)"]
+ENTRYPOINT ["replicad"]
+CMD ["run", "--config", "/etc/replicad/replicad.yaml"]

@@ -1,0 +1,113 @@
+"""Command line: ``replicad run|check-config --config PATH`` and ``replicad status [--url URL]``.
+
+Exit codes: 0 ok; 1 run-time failure (start-up failed, shutdown step failed, status unreachable);
+2 usage error; 78 (EX_CONFIG) invalid configuration — every problem is listed on stderr, and the
+systemd unit does not restart on 78.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from replicad.config import Config, ConfigError, load_config
+
+EX_CONFIG = 78
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="replicad", description="ClickHouse ReplicatedMergeTree replica daemon")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run the daemon in the foreground (JSON logs on stdout)")
+    run.add_argument("--config", required=True, help="YAML config file")
+    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("--config", required=True, help="YAML config file")
+    status = sub.add_parser("status", help="show a running daemon's /status")
+    status.add_argument("--url", default=None, help="API address (default http://127.0.0.1:8123)")
+    status.add_argument("--config", default=None, help="take the API address from this config file")
+    status.add_argument("--json", action="store_true", help="print the raw /status JSON")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
+    return p
+
+
+def _load(path: str) -> Config | None:
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return None
+
+
+def cmd_check_config(path: str) -> int:
+    cfg = _load(path)
+    if cfg is None:
+        return EX_CONFIG
+    print(f"{path}: ok")
+    print(f"  replica      {cfg.replica}")
+    print(f"  data_path    {cfg.data_path.absolute()}")
+    print(f"  zookeeper    {cfg.zookeeper.hosts}")
+    print(f"  api          {cfg.api.listen_host}:{cfg.api.port}")
+    print(f"  interserver  {cfg.interserver.listen_host}:{cfg.interserver.port} (advertised "
+          f"{cfg.interserver.host})")
+    print(f"  tables       {len(cfg.tables)}")
+    if cfg.settings:
+        print("  settings     " + ", ".join(f"{k}={v}" for k, v in sorted(cfg.settings.items())))
+    return 0
+
+
+def cmd_run(path: str) -> int:
+    cfg = _load(path)
+    if cfg is None:
+        return EX_CONFIG
+    from replicad.daemon import (  # heavy imports only when running
+        DEFAULT_ENGINE,
+        EngineUnavailableError,
+        load_engine_factory,
+        run_daemon,
+    )
+
+    # REPLICAD_ENGINE_FACTORY=module:callable swaps the engine (tests run the shell with a fake one).
+    try:
+        factory = load_engine_factory(os.environ.get("REPLICAD_ENGINE_FACTORY") or DEFAULT_ENGINE)
+    except EngineUnavailableError as e:
+        print(f"replicad: {e}", file=sys.stderr)
+        return 1
+    return run_daemon(cfg, config_path=path, engine_factory=factory)
+
+
+def cmd_status(url: str | None, config: str | None, raw: bool, timeout_s: float) -> int:
+    from replicad.server.status import fetch_status, status_command
+
+    if url is None and config is not None:
+        cfg = _load(config)
+        if cfg is None:
+            return EX_CONFIG
+        host = cfg.api.listen_host if cfg.api.listen_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        url = f"http://{host}:{cfg.api.port}"
+    url = url or "http://127.0.0.1:8123"
+    if raw:
+        try:
+            print(json.dumps(fetch_status(url, timeout_s), indent=2))
+        except Exception as e:
+            print(f"replicad status: cannot read {url}/status: {e}", file=sys.stderr)
+            return 1
+        return 0
+    code, text = status_command(url, timeout_s)
+    (sys.stdout if code == 0 else sys.stderr).write(text)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return cmd_check_config(args.config)
+    if args.command == "run":
+        return cmd_run(args.config)
+    return cmd_status(args.url, args.config, args.json, args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

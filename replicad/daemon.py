@@ -1,0 +1,257 @@
+"""The daemon: config → engine (Catalog) → API server → supervisor, signals, systemd notify.
+
+Start-up: the API listens first (``/ping`` and ``/status`` answer ``starting``; table endpoints answer 503),
+then the engine starts (ZooKeeper session, local parts, the config's tables, the interserver listener),
+then the supervisor starts the background tasks, and only then ``READY=1`` is sent to systemd.
+
+Shutdown (SIGTERM/SIGINT) runs :data:`SHUTDOWN_ORDER`; each step runs its hooks in order, each hook with a
+time limit, failures are logged and the next step still runs:
+
+1. ``stop_inserts``     — the API refuses writes (503) and drains running ones; the engine stops inserts;
+2. ``stop_fetches``     — the engine finishes or cancels fetches, merges and other queue work;
+3. ``stop_tasks``       — the supervisor stops every background task (ask, wait, cancel);
+4. ``deactivate``       — the engine removes ``is_active`` so peers stop choosing this replica;
+5. ``stop_interserver`` — the DataPartsExchange listener closes;
+6. ``stop_api``         — the HTTP API closes;
+7. ``close_keeper``     — the ZooKeeper session closes.
+
+SIGHUP re-reads the config file: the log level, settings, API limits and new tables apply at once;
+keys that need a restart (replica, data_path, timezone, macros, zookeeper, interserver, API address)
+are logged and keep their old values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from replicad import logging as rlog
+from replicad.config import RESTART_REQUIRED, Config, ConfigError, load_config, restart_required
+from replicad.sd_notify import Notifier
+from replicad.server.api import ApiServer, ApiState, version
+from replicad.server.metrics import Metrics
+from replicad.service import Engine, EngineFactory
+from replicad.tasks import Supervisor
+
+log = rlog.get_logger(__name__)
+
+DEFAULT_ENGINE = "replicad.replica:create_engine"
+SHUTDOWN_ORDER = ("stop_inserts", "stop_fetches", "stop_tasks", "deactivate", "stop_interserver", "stop_api",
+                  "close_keeper")
+STEP_TIMEOUT_S = 30.0
+
+Hook = Callable[[], Awaitable[None]]
+
+
+class EngineUnavailableError(RuntimeError):
+    pass
+
+
+def load_engine_factory(spec: str = DEFAULT_ENGINE) -> EngineFactory:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        factory: EngineFactory = getattr(module, attr)
+    except (ImportError, AttributeError) as e:
+        raise EngineUnavailableError(f"the replication engine {spec} is not available: {e}") from e
+    return factory
+
+
+class ShutdownPlan:
+    """Named steps in a fixed order, each with its hooks."""
+
+    def __init__(self, order: tuple[str, ...] = SHUTDOWN_ORDER) -> None:
+        self.order = order
+        self._hooks: dict[str, list[tuple[str, Hook, float]]] = {s: [] for s in order}
+        self.forced = False
+
+    def add(self, step: str, name: str, hook: Hook, timeout_s: float = STEP_TIMEOUT_S) -> None:
+        if step not in self._hooks:
+            raise ValueError(f"unknown shutdown step {step!r}; steps: {', '.join(self.order)}")
+        self._hooks[step].append((name, hook, timeout_s))
+
+    async def run(self) -> list[str]:
+        """Run every step; returns the names of hooks that failed or timed out."""
+        failed = []
+        for step in self.order:
+            for name, hook, timeout_s in self._hooks[step]:
+                started = time.monotonic()
+                try:
+                    await asyncio.wait_for(hook(), timeout=1.0 if self.forced else timeout_s)
+                except TimeoutError:
+                    failed.append(name)
+                    log.error("shutdown_step_timeout", step=step, hook=name, timeout_s=timeout_s)
+                except Exception as e:
+                    failed.append(name)
+                    log.error("shutdown_step_failed", step=step, hook=name, error=f"{type(e).__name__}: {e}",
+                              exc_info=True)
+                else:
+                    log.info("shutdown_step_done", step=step, hook=name,
+                             seconds=round(time.monotonic() - started, 3))
+        return failed
+
+
+class Daemon:
+    def __init__(self, config: Config, *, config_path: str | Path | None = None,
+                 engine_factory: EngineFactory | None = None, notifier: Notifier | None = None,
+                 api_port: int | None = None) -> None:
+        self.config = config
+        self.config_path = Path(config_path) if config_path is not None else None
+        self._engine_factory = engine_factory
+        self.notifier = notifier if notifier is not None else Notifier()
+        self.supervisor = Supervisor()
+        self.metrics = Metrics()
+        self.api_state = ApiState(config=config, metrics=self.metrics)
+        self.api = ApiServer(self.api_state, port=api_port)
+        self.engine: Engine | None = None
+        self.plan = ShutdownPlan()
+        self._stop = asyncio.Event()
+        self._watchdog: asyncio.Task[None] | None = None
+        self._reloading: asyncio.Task[bool] | None = None
+
+    # ---- run -------------------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Start, serve until a stop signal, shut down.  Returns the process exit code."""
+        self._install_signals()
+        self._start_watchdog()
+        try:
+            await self.start()
+        except Exception as e:
+            log.error("startup_failed", error=f"{type(e).__name__}: {e}", exc_info=True)
+            self.notifier.status(f"start-up failed: {e}")
+            await self.shutdown()
+            return 1
+        await self._stop.wait()
+        failed = await self.shutdown()
+        return 0 if not failed else 1
+
+    async def start(self) -> None:
+        cfg = self.config
+        log.info("daemon_starting", replica=cfg.replica, version=version(), data_path=str(cfg.data_path),
+                 zookeeper=cfg.zookeeper.hosts, api_port=cfg.api.port, interserver_port=cfg.interserver.port)
+        self.notifier.status("starting: API")
+        await self.api.start()
+        self.plan.add("stop_inserts", "api_stop_writes",
+                      lambda: self.api.stop_writes(cfg.api.drain_timeout_s), cfg.api.drain_timeout_s + 5)
+        self.plan.add("stop_api", "api_stop", self.api.stop)
+        factory = self._engine_factory or load_engine_factory()
+        self.notifier.status("starting: ZooKeeper, parts, interserver")
+        engine = factory(cfg, self.supervisor, self.metrics)
+        self.engine = engine
+        self.plan.add("stop_inserts", "engine_stop_inserts", engine.stop_inserts)
+        self.plan.add("stop_fetches", "engine_stop_fetches", engine.stop_fetches)
+        self.plan.add("stop_tasks", "supervisor_stop", self.supervisor.stop)
+        self.plan.add("deactivate", "engine_deactivate", engine.deactivate)
+        self.plan.add("stop_interserver", "engine_stop_interserver", engine.stop_interserver)
+        self.plan.add("close_keeper", "engine_close_keeper", engine.close_keeper)
+        await engine.start()
+        self.api_state.catalog = engine.catalog
+        self.api_state.supervisor = self.supervisor
+        self.metrics.bind(lambda: engine.catalog, self.supervisor)
+        self.supervisor.start()
+        self.api_state.state = "running"
+        tables = len(engine.catalog.tables())
+        self.notifier.ready(f"serving {tables} table(s) on port {self.api.port}")
+        log.info("daemon_ready", replica=cfg.replica, tables=tables, api_port=self.api.port)
+
+    def request_stop(self, reason: str = "request") -> None:
+        if self._stop.is_set():
+            if not self.plan.forced:
+                self.plan.forced = True
+                log.warning("shutdown_forced", reason=reason)
+            return
+        log.info("shutdown_requested", reason=reason)
+        self._stop.set()
+
+    async def shutdown(self) -> list[str]:
+        self.api_state.state = "stopping"
+        self.notifier.stopping("shutting down")
+        log.info("daemon_stopping", replica=self.config.replica)
+        failed = await self.plan.run()
+        if self.engine is None:  # start-up failed before the engine existed: close what did start
+            with contextlib.suppress(Exception):
+                await self.api.stop()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+        log.info("daemon_stopped", replica=self.config.replica, failed_steps=failed)
+        return failed
+
+    # ---- signals -----------------------------------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop, sig.name)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+
+    def _on_sighup(self) -> None:
+        if self._reloading is not None and not self._reloading.done():
+            log.warning("reload_already_running")
+            return
+        self._reloading = asyncio.get_running_loop().create_task(self.reload())
+
+    async def reload(self) -> bool:
+        """Re-read the config file and apply what can be applied.  Returns False if it was invalid."""
+        if self.config_path is None:
+            log.warning("reload_skipped", reason="no config file")
+            return False
+        self.notifier.reloading()
+        try:
+            try:
+                new = await asyncio.to_thread(load_config, self.config_path)
+            except ConfigError as e:
+                log.error("config_reload_failed", problems=e.problems)
+                return False
+            old = self.config
+            needs_restart = restart_required(old, new)
+            if needs_restart:
+                log.warning("config_change_needs_restart", keys=needs_restart)
+            keep = {k: getattr(old, k) for k in RESTART_REQUIRED}
+            address = {"listen_host": old.api.listen_host, "port": old.api.port}
+            keep["api"] = new.api.model_copy(update=address)
+            applied = new.model_copy(update=keep)
+            self.config = applied
+            self.api_state.config = applied
+            rlog.set_level(applied.log_level)
+            if self.engine is not None:
+                await self.engine.reload(applied)
+            log.info("config_reloaded", log_level=applied.log_level, tables=len(applied.tables))
+            return True
+        finally:
+            self.notifier.ready("reloaded")
+
+    # ---- systemd watchdog ----------------------------------------------------------------------------------
+
+    def _start_watchdog(self) -> None:
+        interval = self.notifier.watchdog_interval_s
+        if interval is None:
+            return
+
+        async def ping() -> None:
+            while True:
+                self.notifier.watchdog()
+                await asyncio.sleep(interval)
+
+        self._watchdog = asyncio.get_running_loop().create_task(ping(), name="systemd-watchdog")
+        log.info("watchdog_enabled", interval_s=interval)
+
+
+def run_daemon(config: Config, config_path: str | Path | None = None,
+               engine_factory: EngineFactory | None = None) -> int:
+    """Run the daemon on a fresh event loop (uvloop when installed)."""
+    rlog.configure(config.log_level)
+    try:
+        import uvloop
+    except ImportError:  # optional speed-up
+        return asyncio.run(Daemon(config, config_path=config_path, engine_factory=engine_factory).run())
+    return uvloop.run(Daemon(config, config_path=config_path, engine_factory=engine_factory).run())

@@ -1,0 +1,309 @@
+"""The HTTP API against a fake TableService/Catalog (the seam in replicad.service)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from replicad.config import build_config
+from replicad.errors import QuorumError, TooManyPartsError
+from replicad.server.api import ApiServer, ApiState, create_app
+from replicad.server.metrics import Metrics
+from replicad.service import StatementKind
+from replicad.tasks import FunctionTask, Supervisor
+from tests.support.fake_engine import FakeCatalog, FakeTable
+
+ROWS = b"2020-01-02\t2020-01-02 03:04:05\t5\tclick\n2020-01-03\t2020-01-03 00:00:00\t6\tview\n"
+ERROR_RE = re.compile(r"^Code: (\d+)\. DB::Exception: (.+)\n$", re.S)
+
+
+class Api:
+    def __init__(self, client: TestClient[Any, Any], state: ApiState, table: FakeTable,
+                 catalog: FakeCatalog) -> None:
+        self.client, self.state, self.table, self.catalog = client, state, table, catalog
+
+    async def post(self, query: str | None, data: bytes = b"",
+                   **params: str) -> tuple[int, dict[str, str], bytes]:
+        if query is not None:
+            params["query"] = query
+        async with self.client.post("/", params=params, data=data) as r:
+            return r.status, dict(r.headers), await r.read()
+
+    async def get(self, path: str, **params: str) -> tuple[int, dict[str, str], bytes]:
+        async with self.client.get(path, params=params) as r:
+            return r.status, dict(r.headers), await r.read()
+
+
+def error(body: bytes) -> tuple[int, str]:
+    m = ERROR_RE.match(body.decode())
+    assert m, body
+    return int(m.group(1)), m.group(2)
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[Api]:
+    cfg = build_config({"replica": "r1", "data_path": str(tmp_path), "api": {"max_body_bytes": 4096}}, {})
+    metrics = Metrics()
+    state = ApiState(config=cfg, metrics=metrics, state="running")
+    catalog = FakeCatalog()
+    table = catalog.add("db.events", [("d", "Date"), ("ts", "DateTime"), ("user_id", "UInt64"),
+                                      ("kind", "String")])
+    supervisor = Supervisor()
+    state.catalog, state.supervisor = catalog, supervisor
+    metrics.bind(lambda: catalog, supervisor)
+    client: TestClient[Any, Any] = TestClient(TestServer(create_app(state)))
+    await client.start_server()
+    try:
+        yield Api(client, state, table, catalog)
+    finally:
+        await client.close()
+
+
+# ---- INSERT ---------------------------------------------------------------------------------------------
+
+
+async def test_insert_tsv_returns_summary_body_and_header(api: Api) -> None:
+    status, headers, body = await api.post("INSERT INTO db.events FORMAT TabSeparated", ROWS)
+    assert status == 200
+    assert json.loads(body) == {"written_rows": 2, "written_parts": 1, "deduplicated_blocks": 0,
+                                "written_bytes": api.table.blocks[0].nbytes}
+    summary = json.loads(headers["X-ClickHouse-Summary"])
+    assert summary["written_rows"] == "2" and summary["written_parts"] == "1" and summary["read_rows"] == "0"
+    assert headers["X-ClickHouse-Query-Id"]
+    assert api.table.table().column("kind").to_pylist() == [b"click", b"view"]
+    assert api.table.insert_settings[0].insert_deduplicate is True
+    assert api.table.insert_settings[0].max_insert_block_size == 1048576
+
+
+async def test_query_in_the_body_first_line(api: Api) -> None:
+    data = b"INSERT INTO db.events (user_id, kind) FORMAT CSV\n7,\"x\"\n8,y\n"
+    status, _, body = await api.post(None, data)
+    assert status == 200, body
+    assert api.table.received_columns == [["user_id", "kind"]]
+    t = api.table.table()
+    assert t.column("user_id").to_pylist() == [7, 8] and t.column("d").to_pylist()[0].year == 1970
+    status, _, body = await api.post("INSERT INTO db.events FORMAT JSONEachRow {\"user_id\": 9}")
+    assert status == 200 and json.loads(body)["written_rows"] == 1
+    status, _, body = await api.post(None, b"insert into events format TSV\n", database="db")
+    assert status == 200 and json.loads(body)["written_rows"] == 0
+
+
+async def test_insert_settings_from_url(api: Api) -> None:
+    status, _, body = await api.post("INSERT INTO db.events FORMAT TSV", ROWS, insert_quorum="2",
+                                     insert_quorum_timeout="1000", insert_deduplicate="0",
+                                     insert_deduplication_token="tok", max_insert_block_size="1")
+    assert status == 200
+    s = api.table.insert_settings[0]
+    assert (s.insert_quorum, s.insert_quorum_timeout_ms, s.insert_deduplicate, s.insert_deduplication_token,
+            s.max_insert_block_size) == (2, 1000, False, "tok", 1)
+    assert json.loads(body)["written_parts"] == 2  # one block per row
+
+
+async def test_retried_insert_is_deduplicated(api: Api) -> None:
+    await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    status, _, body = await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    assert status == 200 and json.loads(body) == {"written_rows": 0, "written_parts": 0,
+                                                  "deduplicated_blocks": 1, "written_bytes": 0}
+
+
+@pytest.mark.parametrize("query,params,data,status,code,needle", [
+    ("INSERT INTO db.events FORMAT TSV", {"bogus_setting": "1"}, ROWS, 400, 115,
+     "Unknown setting bogus_setting"),
+    ("INSERT INTO db.events FORMAT TSV", {"index_granularity": "1"}, ROWS, 400, 115, "Unknown setting"),
+    ("INSERT INTO db.events FORMAT TSV", {"insert_quorum": "x"}, ROWS, 400, 26, "insert_quorum"),
+    ("INSERT INTO db.events FORMAT TSV", {}, b"2020-01-01\t2020-01-01 00:00:00\t-1\tk\n", 400, 27,
+     "column user_id, row 1"),
+    ("INSERT INTO db.nope FORMAT TSV", {}, ROWS, 404, 60, "db.nope"),
+    ("INSERT INTO db.events (nope) FORMAT TSV", {}, b"1\n", 400, 16, "No such column nope"),
+    ("INSERT INTO db.events FORMAT Pretty", {}, ROWS, 400, 73, "Pretty"),
+    ("INSERT INTO db.events VALUES (1)", {}, b"", 400, 73, "VALUES"),
+    ("INSERT INTO db.events FORMAT TSV", {}, ROWS * 100, 413, 307, "max_body_bytes"),
+    ("SELEKT 1", {}, b"", 400, 62, "SELEKT"),
+])
+async def test_insert_errors(api: Api, query: str, params: dict[str, str], data: bytes, status: int,
+                             code: int, needle: str) -> None:
+    got, headers, body = await api.post(query, data, **params)
+    assert got == status
+    assert headers["X-ClickHouse-Exception-Code"] == str(code)
+    assert error(body)[0] == code and needle in error(body)[1]
+
+
+async def test_body_too_large_without_content_length(api: Api) -> None:
+    async def gen() -> AsyncIterator[bytes]:
+        for _ in range(100):
+            yield ROWS
+
+    async with api.client.post("/", params={"query": "INSERT INTO db.events FORMAT TSV"}, data=gen()) as r:
+        assert r.status == 413 and error(await r.read())[0] == 307
+    assert api.table.blocks == []
+
+
+async def test_readonly_too_many_parts_and_quorum(api: Api) -> None:
+    api.table.readonly = True
+    status, _, body = await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    assert status == 503 and error(body)[0] == 242
+    status, _, body = await api.post("ALTER TABLE db.events DELETE WHERE 1")
+    assert status == 503
+    api.table.readonly = False
+    api.table.fail_insert = TooManyPartsError("Too many parts (300). Merges are processing slower")
+    status, headers, body = await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    assert status == 429 and headers["Retry-After"] == "1" and error(body)[0] == 252
+    api.table.fail_insert = QuorumError("Number of alive replicas (1) is less than requested quorum (2)")
+    status, _, body = await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    assert status == 500 and error(body)[0] == 286
+    metrics = (await api.get("/metrics"))[2].decode()
+    assert 'replicad_insert_errors_total{code="252",table="db.events"} 1.0' in metrics
+
+
+async def test_writes_refused_while_shutting_down_but_reads_work(api: Api) -> None:
+    await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    server = ApiServer(api.state)
+    await server.stop_writes(timeout_s=1)
+    status, _, body = await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    assert status == 503 and "shutting down" in error(body)[1]
+    status, _, body = await api.get("/", query="SELECT count() FROM db.events")
+    assert status == 200 and body == b"2\n"
+
+
+async def test_stop_writes_waits_for_running_inserts(api: Api) -> None:
+    server = ApiServer(api.state)
+    release = asyncio.Event()
+
+    async def insert() -> None:
+        async with api.state.write():
+            await release.wait()
+
+    running = asyncio.create_task(insert())
+    await asyncio.sleep(0.01)
+    stopping = asyncio.create_task(server.stop_writes(timeout_s=5))
+    await asyncio.sleep(0.05)
+    assert not stopping.done()
+    release.set()
+    await asyncio.wait_for(stopping, 1)
+    await running
+
+
+# ---- SELECT ---------------------------------------------------------------------------------------------
+
+
+async def test_select_formats(api: Api) -> None:
+    await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    status, headers, body = await api.get("/", query="SELECT * FROM db.events")
+    assert status == 200 and body == ROWS and headers["X-ClickHouse-Format"] == "TabSeparated"
+    assert headers["Content-Type"].startswith("text/tab-separated-values")
+    _, _, body = await api.get("/", query="SELECT kind, user_id FROM db.events ORDER BY user_id DESC LIMIT 1 "
+                                          "FORMAT JSONEachRow")
+    assert body == b'{"kind":"view","user_id":"6"}\n'
+    _, _, body = await api.get("/", query="SELECT user_id FROM db.events", default_format="CSV")
+    assert body == b"5\n6\n"
+    _, _, body = await api.get("/", query="SELECT count() FROM db.events WHERE kind = 'x' FORMAT JSONEachRow")
+    assert body == b'{"count()":"2"}\n'
+    _, _, body = await api.post(None, b"SELECT count()\nFROM db.events")  # whole body is the query
+    assert body == b"2\n"
+    _, _, body = await api.get("/", query="SELECT 1")
+    assert body == b"1\n"
+
+
+async def test_select_errors(api: Api) -> None:
+    status, _, body = await api.get("/", query="SELECT * FROM db.events FORMAT Pretty")
+    assert status == 400 and error(body)[0] == 73
+    status, _, body = await api.get("/", query="SELECT * FROM db.missing")
+    assert status == 404 and error(body)[0] == 60
+    status, _, body = await api.get("/", query="SELECT nope FROM db.events")
+    assert status == 500 and error(body) == (47, "Missing columns: nope")
+    status, _, body = await api.get("/", query="INSERT INTO db.events FORMAT TSV")
+    assert status == 400 and error(body)[0] == 164
+    status, _, body = await api.get("/", query="SELECT kind FROM db.events GROUP BY kind")
+    assert status == 400 and error(body)[0] == 48
+
+
+# ---- statements ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sql,kind", [
+    ("ALTER TABLE db.events DELETE WHERE user_id = 5", StatementKind.ALTER_DELETE),
+    ("ALTER TABLE db.events UPDATE kind = 'x' WHERE 1", StatementKind.ALTER_UPDATE),
+    ("ALTER TABLE db.events DROP PARTITION 202001", StatementKind.DROP_PARTITION),
+    ("ALTER TABLE db.events DETACH PARTITION 202001", StatementKind.DETACH_PARTITION),
+    ("OPTIMIZE TABLE db.events PARTITION 202001 FINAL", StatementKind.OPTIMIZE),
+    ("TRUNCATE TABLE db.events", StatementKind.TRUNCATE),
+    ("SYSTEM SYNC REPLICA db.events", StatementKind.SYNC_REPLICA),
+])
+async def test_statements_reach_the_table(api: Api, sql: str, kind: StatementKind) -> None:
+    status, _, body = await api.post(sql, mutations_sync="2")
+    assert status == 200 and body == b""
+    stmt = api.table.statements[-1]
+    assert stmt.kind is kind and stmt.text == sql and str(stmt.table) == "db.events"
+    assert stmt.settings == {"mutations_sync": 2}
+
+
+async def test_create_and_drop_table(api: Api) -> None:
+    ddl = "CREATE TABLE db.t2 (x UInt64) ENGINE = ReplicatedMergeTree('/t/t2', '{replica}') ORDER BY x"
+    assert (await api.post(ddl))[0] == 200
+    assert [str(t.name) for t in api.catalog.tables()] == ["db.events", "db.t2"]
+    status, _, body = await api.post(ddl)
+    assert status == 500 and error(body)[0] == 57
+    assert (await api.post(ddl.replace("TABLE", "TABLE IF NOT EXISTS", 1)))[0] == 200
+    assert (await api.post("DROP TABLE db.t2"))[0] == 200
+    status, _, body = await api.post("DROP TABLE db.t2")
+    assert status == 404
+    assert (await api.post("DROP TABLE IF EXISTS db.t2"))[0] == 200
+    assert (await api.post("TRUNCATE TABLE IF EXISTS db.t2"))[0] == 200
+
+
+# ---- introspection ---------------------------------------------------------------------------------------
+
+
+async def test_ping_status_and_tables(api: Api) -> None:
+    assert (await api.get("/ping"))[2] == b"Ok.\n"
+    assert (await api.get("/replicas_status"))[:3:2] == (200, b"Ok.\n")
+    await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    api.state.supervisor.add(FunctionTask("queue", lambda: asyncio.sleep(0)))  # type: ignore[union-attr]
+    status, _, body = await api.get("/status")
+    data = json.loads(body)
+    assert status == 200 and data["replica"] == "r1" and data["state"] == "running"
+    assert data["zookeeper"]["state"] == "connected"
+    events = data["tables"]["db.events"]
+    assert list(events)[:4] == ["database", "table", "is_leader", "is_readonly"]
+    assert events["active_parts"] == 1 and events["queue_size"] == 0
+    assert data["tasks"][0]["name"] == "queue" and data["tasks"][0]["restarts"] == 0
+    parts = json.loads((await api.get("/tables/db.events/parts"))[2])
+    assert parts == [{"name": "all_0_0_0", "rows": 2, "active": True}]
+    assert json.loads((await api.get("/tables/db.events/queue"))[2]) == []
+    assert (await api.get("/tables/db.missing/parts"))[0] == 404
+    assert (await api.get("/tables/db.events/other"))[0] == 404
+    api.table.readonly = True
+    status, _, body = await api.get("/replicas_status")
+    assert status == 503 and body == b"db.events:\tis read-only.\n"
+
+
+async def test_metrics(api: Api) -> None:
+    await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    status, headers, body = await api.get("/metrics")
+    text = body.decode()
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    assert 'replicad_inserted_rows_total{table="db.events"} 2.0' in text
+    assert 'replicad_inserted_parts_total{table="db.events"} 1.0' in text
+    assert 'replicad_replica_queue_size{table="db.events"} 0.0' in text
+    assert 'replicad_active_parts{table="db.events"} 1.0' in text
+    assert "replicad_keeper_session_connected 1.0" in text
+    assert 'replicad_http_requests_total{code="200",handler="/"}' in text
+
+
+async def test_starting_replica_answers_503_but_pings(tmp_path: Path) -> None:
+    cfg = build_config({"replica": "r1", "data_path": str(tmp_path)}, {})
+    state = ApiState(config=cfg, metrics=Metrics())
+    async with TestClient(TestServer(create_app(state))) as client:
+        assert (await client.get("/ping")).status == 200
+        r = await client.get("/", params={"query": "SELECT count() FROM db.events"})
+        assert r.status == 503 and "starting" in await r.text()
+        assert (await client.get("/replicas_status")).status == 503
+        data = await (await client.get("/status")).json()
+        assert data["state"] == "starting" and data["tables"] == {}

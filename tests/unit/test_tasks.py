@@ -1,0 +1,217 @@
+"""The background task model: run_once/outcome, wakeup, crash → backoff → restart, ordered stop."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+import pytest
+
+from replicad.tasks import IDLE, BackgroundTask, FunctionTask, Outcome, Supervisor, TaskState
+
+
+class Counter(BackgroundTask):
+    def __init__(self, name: str = "counter", period_s: float = 60.0, work: int = 0) -> None:
+        super().__init__(name, period_s)
+        self.calls = 0
+        self.work = work  # this many runs report did_work (run again at once)
+        self.stopped = False
+
+    async def run_once(self) -> Outcome:
+        self.calls += 1
+        if self.calls <= self.work:
+            return Outcome("did_one", did_work=True, fields={"n": self.calls})
+        return IDLE
+
+    async def on_stop(self) -> None:
+        self.stopped = True
+
+
+async def until(cond: object, timeout: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():  # type: ignore[operator]
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.005)
+
+
+async def test_run_once_outcome_is_recorded() -> None:
+    t = Counter()
+    assert await t.run_once() == IDLE
+    assert t.last_outcome is None  # only run() records
+    sup = Supervisor()
+    sup.add(t)
+    sup.start()
+    await until(lambda: t.runs == 1)
+    h = sup.health()["counter"]
+    assert h.state is TaskState.RUNNING and h.last_outcome == IDLE and h.last_run is not None
+    assert h.to_dict()["last_outcome"] == {"name": "idle", "did_work": False}
+    await sup.stop()
+    assert t.stopped and sup.health()["counter"].state is TaskState.STOPPED
+
+
+async def test_did_work_runs_again_at_once_then_waits_for_period() -> None:
+    t = Counter(work=5, period_s=60)
+    sup = Supervisor()
+    sup.add(t)
+    sup.start()
+    await until(lambda: t.calls == 6)
+    await asyncio.sleep(0.05)
+    assert t.calls == 6  # now idle: waits for the 60 s period
+    await sup.stop()
+
+
+async def test_wakeup_triggers_a_run_also_from_another_thread() -> None:
+    t = Counter(period_s=60)
+    sup = Supervisor()
+    sup.add(t)
+    sup.start()
+    await until(lambda: t.calls == 1)
+    t.wakeup()
+    await until(lambda: t.calls == 2)
+    th = threading.Thread(target=t.wakeup)
+    th.start()
+    th.join()
+    await until(lambda: t.calls == 3)
+    await sup.stop()
+
+
+async def test_wakeup_during_run_once_is_not_lost() -> None:
+    gate = asyncio.Event()
+    runs: list[int] = []
+
+    async def fn() -> Outcome:
+        runs.append(1)
+        if len(runs) == 1:
+            await gate.wait()
+        return IDLE
+
+    t = FunctionTask("f", fn, period_s=60)
+    sup = Supervisor()
+    sup.add(t)
+    sup.start()
+    await until(lambda: len(runs) == 1)
+    t.wakeup()  # arrives while the first run is still busy
+    gate.set()
+    await until(lambda: len(runs) == 2)
+    await sup.stop()
+
+
+async def test_delay_overrides_period() -> None:
+    calls = []
+
+    async def fn() -> Outcome:
+        calls.append(1)
+        return Outcome("retry_soon", delay_s=0.01)
+
+    sup = Supervisor()
+    sup.add(FunctionTask("f", fn, period_s=60))
+    sup.start()
+    await until(lambda: len(calls) >= 3)
+    await sup.stop()
+
+
+async def test_crash_is_counted_and_restarted_with_backoff() -> None:
+    calls = []
+
+    async def flaky() -> Outcome | None:
+        calls.append(asyncio.get_running_loop().time())
+        if len(calls) <= 3:
+            raise RuntimeError(f"boom {len(calls)}")
+        return None
+
+    sup = Supervisor(backoff_initial_s=0.02, backoff_max_s=0.05)
+    t = FunctionTask("flaky", flaky, period_s=60)
+    sup.add(t)
+    sup.start()
+    await until(lambda: len(calls) == 4)
+    h = sup.health()["flaky"]
+    assert h.restarts == 3
+    assert h.last_error == "RuntimeError: boom 3" and h.last_error_time is not None
+    await until(lambda: sup.health()["flaky"].state is TaskState.RUNNING)
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    assert gaps[0] >= 0.015 and gaps[1] >= 0.035 and gaps[2] >= 0.045  # 0.02, 0.04, capped at 0.05
+    assert t.last_outcome == IDLE
+    await sup.stop()
+
+
+async def test_stop_during_backoff_is_prompt() -> None:
+    async def broken() -> Outcome:
+        raise ValueError("always")
+
+    sup = Supervisor(backoff_initial_s=30)
+    sup.add(FunctionTask("broken", broken))
+    sup.start()
+    await until(lambda: sup.health()["broken"].state is TaskState.BACKOFF)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await sup.stop(timeout_s=5)
+    assert loop.time() - started < 1
+    assert sup.health()["broken"].state is TaskState.STOPPED
+
+
+async def test_stuck_task_is_cancelled_after_the_grace_period() -> None:
+    cancelled = asyncio.Event()
+
+    async def stuck() -> Outcome:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return IDLE
+
+    sup = Supervisor()
+    sup.add(FunctionTask("stuck", stuck))
+    sup.start()
+    await asyncio.sleep(0.01)
+    await sup.stop(timeout_s=0.05)
+    assert cancelled.is_set()
+    assert sup.health()["stuck"].state is TaskState.STOPPED
+
+
+async def test_ordered_stop_by_group() -> None:
+    order: list[str] = []
+
+    class Named(Counter):
+        async def on_stop(self) -> None:
+            order.append(self.name)
+
+    sup = Supervisor()
+    for name, group in (("log_puller", "pull"), ("fetcher", "fetches"), ("merger", "merges"),
+                        ("cleanup", "cleanup")):
+        sup.add(Named(name), group=group)
+    sup.start()
+    await asyncio.sleep(0.01)
+    await sup.stop(order=["fetches", "merges"])
+    # named groups first, in that order; then the rest, last registered first
+    assert order == ["fetcher", "merger", "cleanup", "log_puller"]
+
+
+async def test_tasks_added_after_start_run_and_names_are_unique() -> None:
+    sup = Supervisor()
+    sup.start()
+    t = Counter("late")
+    sup.add(t)
+    await until(lambda: t.calls == 1)
+    with pytest.raises(ValueError):
+        sup.add(Counter("late"))
+    assert sup.get("late") is t and sup.tasks == [t] and sup.groups() == ["default"]
+    await sup.stop()
+
+
+async def test_one_shot_task_ends_stopped() -> None:
+    class OneShot(BackgroundTask):
+        async def run_once(self) -> Outcome:
+            return IDLE
+
+        async def run(self) -> None:  # a task may also finish by itself
+            self.last_outcome = await self.run_once()
+
+    sup = Supervisor()
+    sup.add(OneShot("once"))
+    sup.start()
+    await until(lambda: sup.health()["once"].state is TaskState.STOPPED)
+    assert sup.health()["once"].restarts == 0
+    await sup.stop()
