@@ -11,7 +11,8 @@ Rules (18.16 plus the modern refinements that matter for correctness):
 
 * an entry producing a part (GET/ATTACH/MERGE/MUTATE/CLONE) waits while that part, or a part covering or
   overlapping it, is being produced by another entry;
-* MERGE_PARTS / MUTATE_PART wait while one of their source parts is being produced;
+* MERGE_PARTS / MUTATE_PART wait while one of their source parts is being produced, or overlaps a part
+  another executing entry produces (it is being merged away or dropped);
 * DROP_RANGE / DROP_PART / REPLACE_RANGE / CLEAR_COLUMN / CLEAR_INDEX wait while an executing entry
   produces a part that intersects their range; while they execute, their range is a future part, so
   nothing inside it starts;
@@ -232,6 +233,10 @@ class QueueState:
                         f"Not merging into part {e.new_part_name} because part {name} is not ready yet "
                         "(log entry for that part is being processed)."
                     )
+            for name in e.source_parts:
+                reason = self._source_consumed(name, qe.znode_name)
+                if reason:
+                    return f"Not executing log entry for part {e.new_part_name} because {reason}"
         if e.type in _RANGE_OPS:
             range_name = e.drop_range_name or e.new_part_name
             conflicts = self._range_conflicts(range_name, qe.znode_name)
@@ -288,6 +293,15 @@ class QueueState:
                     f"Not executing log entry for part {name} because it intersects part {future} "
                     "that is currently executing"
                 )
+        return None
+
+    def _source_consumed(self, source: str, own_znode: str) -> str | None:
+        """A source part that another executing entry is turning into a bigger part (merging it, or
+        dropping its range) cannot be relied on: wait instead of racing for it."""
+        info = PartInfo.parse(source)
+        for future, znode in self.future_parts.items():
+            if znode != own_znode and not PartInfo.parse(future).is_disjoint(info):
+                return f"source part {source} overlaps part {future} that is currently executing"
         return None
 
     def _range_conflicts(self, range_name: str, own_znode: str) -> list[tuple[str, str]]:

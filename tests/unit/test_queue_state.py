@@ -262,7 +262,7 @@ def workloads(draw: st.DrawFn) -> list[LogEntry]:
     return entries
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(workloads(), st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.booleans()), max_size=60))
 def test_random_walk_no_conflicting_execution(
     entries: list[LogEntry], steps: list[tuple[bool, int, bool]]
