@@ -71,7 +71,9 @@ def _column_text(rng: np.random.Generator, type_text: str, n: int, spread: int) 
     raise AssertionError(type_text)
 
 
-def make_tsv(rng: np.random.Generator, columns: Sequence[tuple[str, str]], n: int, spread: int = 1 << 40) -> bytes:
+def make_tsv(
+    rng: np.random.Generator, columns: Sequence[tuple[str, str]], n: int, spread: int = 1 << 40
+) -> bytes:
     cols = [_column_text(rng, t, n, spread) for _name, t in columns]
     return "".join("\t".join(row) + "\n" for row in zip(*cols, strict=True)).encode()
 
@@ -81,7 +83,10 @@ def ddl(columns: Sequence[tuple[str, str]]) -> str:
 
 
 def schema_of(
-    columns: Sequence[tuple[str, str]], partition_by: str | None, order_by: str, primary_key: str | None = None
+    columns: Sequence[tuple[str, str]],
+    partition_by: str | None,
+    order_by: str,
+    primary_key: str | None = None,
 ) -> PartSchema:
     types = tuple((n, parse_type("String" if t == "BigString" else t)) for n, t in columns)
     return PartSchema(types, partition_by, order_by, primary_key)
@@ -99,7 +104,7 @@ def assert_same_part(theirs: Path, ours: WrittenPart) -> None:
     """Every file of the two part directories is byte-identical."""
     names = sorted(os.listdir(theirs))
     assert sorted(os.listdir(ours.path)) == names
-    match, mismatch, errors = filecmp.cmpfiles(theirs, ours.path, names, shallow=False)
+    _same, mismatch, errors = filecmp.cmpfiles(theirs, ours.path, names, shallow=False)
     assert not mismatch and not errors, f"differing files: {mismatch + errors}"
 
 
@@ -164,7 +169,8 @@ def merge_algorithm(ch: ClickHouseServer, table: str) -> str:
 
 # ---- merges -----------------------------------------------------------------------------------------
 
-EVENTS = [("d", "Date"), ("ts", "DateTime"), ("k", "UInt64"), ("s", "String"), ("f", "Float64"), ("u", "UInt8")]
+EVENTS = [("d", "Date"), ("ts", "DateTime"), ("k", "UInt64"), ("s", "String"), ("f", "Float64"),
+          ("u", "UInt8")]
 
 
 def test_merge_with_ties_is_byte_identical(ch: ClickHouseServer, tmp_path: Path) -> None:
@@ -189,8 +195,8 @@ def test_vertical_merge_is_byte_identical(ch: ClickHouseServer, tmp_path: Path) 
 
 def test_merge_expression_key_and_primary_prefix(ch: ClickHouseServer, tmp_path: Path) -> None:
     ours, theirs = merge_like_18_16(
-        ch, tmp_path, "m_expr", EVENTS, ("(toYYYYMM(d), intDiv(u, 1000))", "(toStartOfHour(ts), intDiv(k, 1000), s)",
-                                         "toStartOfHour(ts)"),
+        ch, tmp_path, "m_expr", EVENTS,
+        ("(toYYYYMM(d), intDiv(u, 1000))", "(toStartOfHour(ts), intDiv(k, 1000), s)", "toStartOfHour(ts)"),
         [20000, 20000, 3], spread=100000, seed=2)
     assert_same_part(theirs, ours)
 
@@ -205,7 +211,7 @@ def test_merge_string_key_and_big_blocks(ch: ClickHouseServer, tmp_path: Path) -
 def test_merge_after_add_column(ch: ClickHouseServer, tmp_path: Path) -> None:
     # the first part has no column z: 18.16 (and we) write the type's default for its rows
     cols = [("k", "UInt64"), ("s", "String")]
-    more = cols + [("z", "Int32")]
+    more = [*cols, ("z", "Int32")]
     ours, theirs = merge_like_18_16(ch, tmp_path, "m_alter", cols, (None, "k", None), [10000, 10000],
                                     spread=1000, seed=4,
                                     alter_before={1: ("ALTER TABLE m_alter ADD COLUMN z Int32", more)})
@@ -258,7 +264,8 @@ def test_mutations_are_byte_identical(ch: ClickHouseServer, tmp_path: Path) -> N
         ours = mutate_part(source, tmp_path / f"tmp_mut_{result}", schema, commands,
                            WriterSettings(method="lz4", fsync=False))
         assert_same_part(table_dir / result, ours)
-        linked = {f for f in os.listdir(ours.path) if os.stat(ours.path / f).st_ino == os.stat(source / f).st_ino}
+        linked = {f for f in os.listdir(ours.path)
+                  if os.stat(ours.path / f).st_ino == os.stat(source / f).st_ino}
         if outcome == "clone":
             assert linked == set(os.listdir(source))
         elif outcome == "columns":
