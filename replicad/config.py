@@ -221,9 +221,10 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str], source: str = 
         problems.extend(f"settings.{p}" for p in setting_problems)
         coerced = {str(k): valid[str(k)] for k in settings_raw if str(k) in valid}
     problems.extend(_check_tables(data))
-    if cfg is not None:
-        problems.extend(_check_listeners(cfg))
-        problems.extend(_check_data_path(cfg.data_path))
+    problems.extend(_check_listeners(data))
+    data_path = data.get("data_path") or Config.model_fields["data_path"].default
+    if isinstance(data_path, (str, Path)):
+        problems.extend(_check_data_path(Path(data_path)))
     if problems:
         raise ConfigError(problems, source)
     assert cfg is not None
@@ -317,11 +318,27 @@ def _ddl_parser() -> Any:
     return getattr(ddl, "parse_create_table", None)
 
 
-def _check_listeners(cfg: Config) -> list[str]:
-    a, s = cfg.api, cfg.interserver
+def _check_listeners(data: Mapping[str, Any]) -> list[str]:
+    """The API and interserver listeners must not collide (checked on the raw values, so it is reported
+    together with field errors elsewhere)."""
+
+    def listener(section: str, model: type[_Section]) -> tuple[str, int] | None:
+        raw = data.get(section) or {}
+        if not isinstance(raw, Mapping):
+            return None
+        host = raw.get("listen_host", model.model_fields["listen_host"].default)
+        try:
+            port = int(raw.get("port", model.model_fields["port"].default))
+        except (TypeError, ValueError):
+            return None
+        return str(host), port
+
+    a, s = listener("api", ApiConfig), listener("interserver", InterserverConfig)
+    if a is None or s is None or a[1] != s[1]:
+        return []
     wildcard = {"0.0.0.0", "::", ""}
-    if a.port == s.port and (a.listen_host == s.listen_host or {a.listen_host, s.listen_host} & wildcard):
-        return [f"api.port and interserver.port are both {a.port} on overlapping addresses"]
+    if a[0] == s[0] or {a[0], s[0]} & wildcard:
+        return [f"api.port and interserver.port are both {a[1]} on overlapping addresses"]
     return []
 
 

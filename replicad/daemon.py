@@ -119,7 +119,6 @@ class Daemon:
     async def run(self) -> int:
         """Start, serve until a stop signal, shut down.  Returns the process exit code."""
         self._install_signals()
-        self._start_watchdog()
         try:
             await self.start()
         except Exception as e:
@@ -135,6 +134,7 @@ class Daemon:
         cfg = self.config
         log.info("daemon_starting", replica=cfg.replica, version=version(), data_path=str(cfg.data_path),
                  zookeeper=cfg.zookeeper.hosts, api_port=cfg.api.port, interserver_port=cfg.interserver.port)
+        self._start_watchdog()
         self.notifier.status("starting: API")
         await self.api.start()
         self.plan.add("stop_inserts", "api_stop_writes",

@@ -280,7 +280,8 @@ class Engine(Protocol):
         """Apply what can change at run time (settings, new tables); called on SIGHUP."""
         ...
 
-    # Shutdown steps, called once each in this order by the daemon (each may be a no-op).
+    # Shutdown steps, called once each in this order by the daemon (each may be a no-op).  They are also
+    # called when start() failed part way, so each must tolerate a partly started engine.
     async def stop_inserts(self) -> None:
         """Refuse new inserts and wait for the ones in flight (their commits finish or fail)."""
         ...
