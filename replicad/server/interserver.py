@@ -3,6 +3,10 @@
 ``GET|POST /?endpoint=DataPartsExchange:<replica_zk_path>&part=<name>&compress=false``
 ``[&client_protocol_version=N]``
 
+A small HTTP/1.1 server on asyncio streams, one request per connection (``Connection: Close``).  It is not
+built on a general web framework on purpose: ClickHouse 18.16's fetcher half-closes its socket right after
+sending the request, which general-purpose servers take for a dropped client.
+
 Compatible with 18.16 and modern fetchers:
 
 * no ``client_protocol_version`` → protocol 0, no cookie (what 18.16 sends and expects);
@@ -15,7 +19,7 @@ Compatible with 18.16 and modern fetchers:
 * too many parallel sends → 429, ``Retry-After: 10``, empty body;
 * an unknown endpoint or part → 404 with a message (18.16 answers 200 with an empty body, which every fetcher
   treats as a failed fetch anyway); the part name is validated (PartInfo) before anything is looked up;
-* errors after the headers were sent show up as a truncated body (the fetcher validates hashes and EOF).
+* the body is sent chunked: an error after the headers shows up as a truncated body, which fetchers detect.
 """
 
 from __future__ import annotations
@@ -27,8 +31,7 @@ import hmac
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from aiohttp import web
+from urllib.parse import parse_qs, urlsplit
 
 from replicad.errors import BadPartNameError, CorruptedDataError
 from replicad.logging import get_logger
@@ -39,6 +42,18 @@ from replicad.storage.part_transfer import SEND_MAX_PROTOCOL_VERSION, iter_part_
 log = get_logger(__name__)
 
 ENDPOINT_PREFIX = "DataPartsExchange:"
+MAX_HEAD = 64 * 1024
+MAX_REQUEST_BODY = 1 << 20
+HEAD_TIMEOUT_S = 30.0
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    429: "Too many concurrent fetches, try again later",
+    500: "Internal Server Error",
+}
 
 
 @dataclass(frozen=True)
@@ -60,14 +75,82 @@ class Endpoint:
     on_broken_part: Callable[[str], None] | None = None
 
 
+@dataclass(frozen=True)
+class Request:
+    method: str
+    target: str
+    version: str
+    headers: dict[str, str]
+    query: dict[str, str]
+    path: str
+
+
+class BadRequest(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    text: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    reason: str | None = None
+
+
 async def _aclose(it: AsyncIterator[bytes]) -> None:
     close = getattr(it, "aclose", None)
     if close is not None:
         await close()
 
 
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n" % len(data) + data + b"\r\n"
+
+
+async def read_request(reader: asyncio.StreamReader) -> Request:
+    """Request line and headers; a body (Content-Length or chunked) is read and discarded."""
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+    except asyncio.LimitOverrunError as e:
+        raise BadRequest("request head too large") from e
+    except asyncio.IncompleteReadError as e:
+        raise ConnectionResetError("client closed the connection before sending a request") from e
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise BadRequest(f"bad request line {lines[0][:200]!r}")
+    method, target, version = parts
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise BadRequest(f"bad header line {line[:200]!r}")
+        headers[name.strip().lower()] = value.strip()
+    length = headers.get("content-length")
+    if length is not None:
+        if not length.isdigit() or int(length) > MAX_REQUEST_BODY:
+            raise BadRequest("bad Content-Length")
+        await reader.readexactly(int(length))
+    elif headers.get("transfer-encoding", "").lower() == "chunked":
+        total = 0
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+            total += size
+            if total > MAX_REQUEST_BODY:
+                raise BadRequest("request body too large")
+            await reader.readexactly(size + 2)
+            if size == 0:
+                break
+    url = urlsplit(target)
+    query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+    return Request(method, target, version, headers, query, url.path or "/")
+
+
 class InterserverServer:
-    """One aiohttp server serving the DataPartsExchange endpoints of all local replicas."""
+    """Serves the DataPartsExchange endpoints of all local replicas."""
 
     def __init__(
         self,
@@ -86,8 +169,9 @@ class InterserverServer:
         self.endpoints: dict[str, Endpoint] = {}
         self.total_sends = 0
         self.sent_parts = 0
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
+        self.requests = 0
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
 
     # --------------------------------------------------------------------------------------------- registry
 
@@ -100,49 +184,97 @@ class InterserverServer:
     # --------------------------------------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=1 << 20)
-        app.router.add_route("*", "/", self._handle)
-        app.router.add_route("GET", "/ping", self._ping)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await self._site.start()
+        self._server = await asyncio.start_server(
+            self._on_connection, self.host, self.port, reuse_address=True, limit=MAX_HEAD
+        )
         if self.port == 0:
-            server = self._site._server
-            sockets = getattr(server, "sockets", None) or []
-            if sockets:
-                self.port = int(sockets[0].getsockname()[1])
+            self.port = int(self._server.sockets[0].getsockname()[1])
         log.info("interserver_listening", host=self.host, port=self.port)
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop accepting, let sends in flight finish for ``grace_s``, then cut them."""
         for ep in self.endpoints.values():
             ep.blocked = True
-        deadline = asyncio.get_running_loop().time() + grace_s
-        while self.total_sends and asyncio.get_running_loop().time() < deadline:
+        if self._server is not None:
+            self._server.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while self._connections and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        for t in list(self._connections):
+            t.cancel()
+        for t in list(self._connections):
+            try:
+                await t
+            except BaseException:  # cancelled connection handlers
+                pass
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
 
-    # --------------------------------------------------------------------------------------------- handlers
+    # ------------------------------------------------------------------------------------------- connections
 
-    async def _ping(self, _request: web.Request) -> web.Response:
-        return web.Response(text="Ok.\n")
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        try:
+            await self._serve(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError) as e:
+            log.debug("interserver_connection_dropped", error=str(e))
+        finally:
+            if task is not None:
+                self._connections.discard(task)
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (ConnectionError, OSError):
+                pass
 
-    def _check_auth(self, request: web.Request) -> web.Response | None:
-        header = request.headers.get("Authorization")
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await read_request(reader)
+        except BadRequest as e:
+            await self._reply(writer, Reply(400, f"{e}\n"))
+            return
+        self.requests += 1
+        reply = self._route(request)
+        if isinstance(reply, Reply):
+            await self._reply(writer, reply)
+            return
+        endpoint, part_name, part, version = reply
+        self.total_sends += 1
+        endpoint.current_sends += 1
+        try:
+            await self._send(request, writer, endpoint, part_name, part, version)
+        finally:
+            self.total_sends -= 1
+            endpoint.current_sends -= 1
+
+    async def _reply(self, writer: asyncio.StreamWriter, reply: Reply) -> None:
+        body = reply.text.encode()
+        head = [f"HTTP/1.1 {reply.status} {reply.reason or _REASONS.get(reply.status, 'Error')}"]
+        head += [f"{k}: {v}" for k, v in reply.headers]
+        head += [
+            f"Content-Length: {len(body)}",
+            "Content-Type: text/plain; charset=UTF-8",
+            "Connection: Close",
+        ]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        await writer.drain()
+
+    # --------------------------------------------------------------------------------------------- routing
+
+    def _check_auth(self, request: Request) -> Reply | None:
+        header = request.headers.get("authorization")
         if self.user is None:
             if header is not None:
-                return web.Response(
-                    status=401,
-                    text="Client requires HTTP Basic authentification, but server doesn't provide it\n",
+                return Reply(
+                    401, "Client requires HTTP Basic authentification, but server doesn't provide it\n"
                 )
             return None
         if header is None or not header.startswith("Basic "):
-            return web.Response(
-                status=401,
-                text="Server requires HTTP Basic authentification, but client doesn't provide it\n",
-            )
+            return Reply(401, "Server requires HTTP Basic authentification, but client doesn't provide it\n")
         try:
             user, _, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
         except (binascii.Error, UnicodeDecodeError):
@@ -150,100 +282,103 @@ class InterserverServer:
         ok_user = hmac.compare_digest(user.encode(), self.user.encode())
         ok_password = hmac.compare_digest(password.encode(), (self.password or "").encode())
         if not (ok_user and ok_password):
-            return web.Response(
-                status=401, text="Incorrect user or password in HTTP Basic authentification\n"
-            )
+            return Reply(401, "Incorrect user or password in HTTP Basic authentification\n")
         return None
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    def _route(self, request: Request) -> Reply | tuple[Endpoint, str, PartToSend, int]:
+        if request.path == "/ping" and request.method in ("GET", "HEAD"):
+            return Reply(200, "Ok.\n")
+        if request.path != "/":
+            return Reply(404, f"There is no handle {request.path}\n")
+        if request.method not in ("GET", "POST"):
+            return Reply(405, f"Method {request.method} is not allowed\n")
         denied = self._check_auth(request)
         if denied is not None:
             return denied
         q = request.query
         endpoint_id = q.get("endpoint")
         if endpoint_id is None:
-            return web.Response(status=400, text="No 'endpoint' parameter\n")
+            return Reply(400, "No 'endpoint' parameter\n")
         if "compress" not in q:
-            return web.Response(
-                status=500,
-                text="Poco::Exception. Code: 1000, e.code() = 0, e.displayText() = Not found: compress, "
+            return Reply(
+                500,
+                "Poco::Exception. Code: 1000, e.code() = 0, e.displayText() = Not found: compress, "
                 "e.what() = Not found\n",
             )
-        if q.get("compress") not in ("false", "0"):
-            return web.Response(status=400, text="compress=true is not supported\n")
+        if q["compress"] not in ("false", "0"):
+            return Reply(400, "compress=true is not supported\n")
         endpoint = self.endpoints.get(endpoint_id)
         if endpoint is None:
-            return web.Response(status=404, text=f"No interserver IO endpoint named {endpoint_id}\n")
+            return Reply(404, f"No interserver IO endpoint named {endpoint_id}\n")
         part_name = q.get("part", "")
         try:
             PartInfo.parse(part_name)
         except BadPartNameError as e:
-            return web.Response(status=400, text=f"{e}\n")
+            return Reply(400, f"{e}\n")
         version_text = q.get("client_protocol_version")
         if version_text is None:
             version = 0
         elif version_text.isdigit():
             version = min(int(version_text), SEND_MAX_PROTOCOL_VERSION)
         else:
-            return web.Response(status=400, text=f"Bad client_protocol_version {version_text!r}\n")
+            return Reply(400, f"Bad client_protocol_version {version_text!r}\n")
         if endpoint.blocked:
-            return web.Response(status=500, text="Transferring part to replica was cancelled\n")
+            return Reply(500, "Transferring part to replica was cancelled\n")
         if (self.max_parallel_sends and self.total_sends >= self.max_parallel_sends) or (
             endpoint.max_parallel_sends and endpoint.current_sends >= endpoint.max_parallel_sends
         ):
-            return web.Response(
-                status=429,
-                reason="Too many concurrent fetches, try again later",
-                headers={"Retry-After": "10", "Connection": "Close"},
-            )
+            return Reply(429, "", (("Retry-After", "10"),))
         part = endpoint.lookup(part_name)
         if part is None:
-            return web.Response(status=404, text=f"No part {part_name} in table\n")
+            return Reply(404, f"No part {part_name} in table\n")
+        return endpoint, part_name, part, version
 
-        self.total_sends += 1
-        endpoint.current_sends += 1
-        try:
-            return await self._send(request, part_name, part, version, endpoint)
-        finally:
-            self.total_sends -= 1
-            endpoint.current_sends -= 1
+    # --------------------------------------------------------------------------------------------- sending
 
     async def _send(
-        self, request: web.Request, part_name: str, part: PartToSend, version: int, endpoint: Endpoint
-    ) -> web.StreamResponse:
-        resp = web.StreamResponse(status=200)
-        resp.content_type = "application/octet-stream"
-        if request.query.get("client_protocol_version") is not None:
-            resp.set_cookie("server_protocol_version", str(version))
+        self,
+        request: Request,
+        writer: asyncio.StreamWriter,
+        endpoint: Endpoint,
+        part_name: str,
+        part: PartToSend,
+        version: int,
+    ) -> None:
         body = iter_part_body(part.path, part.checksums, version)
         try:
-            first = await anext(body)
-        except StopAsyncIteration:  # pragma: no cover - a body always has its file count
-            first = b""
-        except (OSError, CorruptedDataError) as e:
-            await _aclose(body)
-            if isinstance(e, CorruptedDataError) and endpoint.on_broken_part is not None:
-                endpoint.on_broken_part(part_name)
-            log.warning("part_send_failed", part=part_name, error=str(e))
-            return web.Response(status=500, text=f"Cannot send part {part_name}: {e}\n")
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        try:
-            await resp.write(first)
+            try:
+                first = await anext(body)
+            except (OSError, CorruptedDataError) as e:
+                if isinstance(e, CorruptedDataError) and endpoint.on_broken_part is not None:
+                    endpoint.on_broken_part(part_name)
+                log.warning("part_send_failed", part=part_name, error=str(e))
+                await self._reply(writer, Reply(500, f"Cannot send part {part_name}: {e}\n"))
+                return
+            head = [
+                "HTTP/1.1 200 OK",
+                "Content-Type: application/octet-stream",
+                "Transfer-Encoding: chunked",
+                "Connection: Close",
+            ]
+            if "client_protocol_version" in request.query:
+                head.append(f"Set-Cookie: server_protocol_version={version}; Path=/")
+            writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + _chunk(first))
+            await writer.drain()
             async for piece in body:
                 if endpoint.blocked:
                     raise ConnectionAbortedError("Transferring part to replica was cancelled")
-                await resp.write(piece)
-            await resp.write_eof()
+                writer.write(_chunk(piece))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
             self.sent_parts += 1
             log.debug("part_sent", part=part_name, version=version)
-        except (OSError, CorruptedDataError, ConnectionError) as e:
-            # Headers are gone already: all we can do is cut the body short.
-            if isinstance(e, CorruptedDataError) and endpoint.on_broken_part is not None:
+        except CorruptedDataError as e:
+            # Headers are gone already: all we can do is cut the body short (the connection closes).
+            if endpoint.on_broken_part is not None:
                 endpoint.on_broken_part(part_name)
             log.warning("part_send_aborted", part=part_name, error=str(e))
-            if request.transport is not None:
-                request.transport.close()
+        except (OSError, ConnectionError) as e:
+            log.info("part_send_aborted", part=part_name, error=str(e))
         finally:
             await _aclose(body)
-        return resp

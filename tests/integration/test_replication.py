@@ -149,8 +149,17 @@ async def test_creation_layout_matches_18_16(cluster: Cluster, keeper: Keeper) -
     paths = TablePaths.create(ZK_PATH, "r1")
     children = set(await keeper.get_children(ZK_PATH))
     assert {
-        "metadata", "columns", "log", "blocks", "block_numbers", "nonincrement_block_numbers",
-        "leader_election", "temp", "replicas", "quorum", "mutations",
+        "metadata",
+        "columns",
+        "log",
+        "blocks",
+        "block_numbers",
+        "nonincrement_block_numbers",
+        "leader_election",
+        "temp",
+        "replicas",
+        "quorum",
+        "mutations",
     } <= children
     assert (await keeper.get(paths.metadata))[0].decode() == METADATA
     assert (await keeper.get(paths.columns))[0].decode() == COLUMNS
@@ -158,12 +167,25 @@ async def test_creation_layout_matches_18_16(cluster: Cluster, keeper: Keeper) -
     for name, lost in (("r1", b"0"), ("r2", b"0")):  # r2 was cloned from r1 and cleared its flag
         rp = paths.replica(name)
         kids = set(await keeper.get_children(rp.root))
-        assert {"host", "log_pointer", "queue", "parts", "flags", "is_lost", "columns", "is_active",
-                "min_unprocessed_insert_time", "max_processed_insert_time", "mutation_pointer",
-                "metadata"} <= kids
+        assert {
+            "host",
+            "log_pointer",
+            "queue",
+            "parts",
+            "flags",
+            "is_lost",
+            "columns",
+            "is_active",
+            "min_unprocessed_insert_time",
+            "max_processed_insert_time",
+            "mutation_pointer",
+            "metadata",
+        } <= kids
         assert (await keeper.get(rp.is_lost))[0] == lost
         host = (await keeper.get(rp.host))[0].decode()
-        assert host.startswith("host: 127.0.0.1\nport: ") and host.endswith("\ndatabase: db\ntable: events\nscheme: http\n")
+        assert host.startswith("host: 127.0.0.1\nport: ") and host.endswith(
+            "\ndatabase: db\ntable: events\nscheme: http\n"
+        )
         active, stat = await keeper.get(rp.is_active)
         assert active.decode().startswith(f"pid: {os.getpid()}, random: ")
         assert stat.ephemeral_owner != 0

@@ -1,0 +1,193 @@
+"""replicad in one replica set with real ClickHouse 18.16 servers (same ZooKeeper, same table).
+
+Two ClickHouse replicas create the table; replicad joins as the third replica (cloning the state of an
+existing one, as 18.16 does for a new replica).  Parts inserted on ClickHouse are fetched by replicad and
+parts inserted on replicad are fetched (and merged) by ClickHouse; both sides must end up with the same rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from replicad.keeper.client import Keeper
+from replicad.keeper.paths import TablePaths
+from replicad.model.log_entry import LogEntry
+from replicad.replica import ReplicaEnv, TableReplica, TableSpec
+from replicad.server.interserver import InterserverServer
+from replicad.service import TableName
+from replicad.storage.types import parse_type
+from replicad.storage.writer import WriterSettings
+from tests.support.clickhouse import ClickHouseServer
+from tests.support.zookeeper import ZooKeeperServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(240)]
+
+ZK_PATH = "/clickhouse/tables/01/events"
+DDL = (
+    "CREATE TABLE db.events (id Int32, ctime DateTime, name String) "
+    "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/events', '{replica}') "
+    "PARTITION BY toYYYYMM(ctime) ORDER BY id"
+)
+METADATA = (
+    "metadata format version: 1\ndate column: \nsampling expression: \nindex granularity: 8192\nmode: 0\n"
+    "sign column: \nprimary key: id\ndata format version: 1\npartition key: toYYYYMM(ctime)\n"
+)
+COLUMNS = "columns format version: 1\n3 columns:\n`id` Int32\n`ctime` DateTime\n`name` String\n"
+
+
+def spec(replica: str) -> TableSpec:
+    cols = (("id", parse_type("Int32")), ("ctime", parse_type("DateTime")), ("name", parse_type("String")))
+    return TableSpec(
+        name=TableName("db", "events"),
+        zk_path=ZK_PATH,
+        replica_name=replica,
+        columns=cols,
+        metadata_text=METADATA,
+        columns_text=COLUMNS,
+        partition_by="toYYYYMM(ctime)",
+        order_by="id",
+    )
+
+
+def tsv(ids: range, month: int) -> bytes:
+    return "".join(f"{i}\t2026-{month:02d}-{1 + i % 27:02d} 10:00:00\tch{i}\n" for i in ids).encode()
+
+
+def arrow_rows(ids: range, month: int) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(list(ids), pa.int32()),
+            "ctime": pa.array([dt.datetime(2026, month, 1 + i % 27, 10) for i in ids], pa.timestamp("s")),
+            "name": pa.array([f"rd{i}".encode() for i in ids], pa.binary()),
+        }
+    )
+
+
+async def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        res = cond()
+        if asyncio.iscoroutine(res):
+            res = await res
+        if res:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def ch(server: ClickHouseServer, sql: str, data: bytes | None = None) -> str:
+    return await asyncio.to_thread(server.query, sql, data)
+
+
+async def start_replicad(
+    zookeeper: ZooKeeperServer, zk_root: str, data: Path, name: str = "r3"
+) -> tuple[TableReplica, Keeper, InterserverServer]:
+    keeper = Keeper(zookeeper.hosts, session_timeout_s=10.0, chroot=zk_root)
+    await keeper.start()
+    server = InterserverServer("127.0.0.1", 0)
+    await server.start()
+    env = ReplicaEnv(
+        data_path=data,
+        interserver=server,
+        interserver_host="127.0.0.1",
+        fsync=False,
+        writer=WriterSettings(fsync=False, method="lz4", threads=1),
+    )
+    replica = TableReplica(spec(name), keeper, env)
+    await replica.start()
+    return replica, keeper, server
+
+
+async def test_mixed_replica_set(
+    clickhouse_factory: Callable[..., ClickHouseServer],
+    zookeeper: ZooKeeperServer,
+    zk_root: str,
+    tmp_path: Path,
+) -> None:
+    with ThreadPoolExecutor(2) as pool:
+        ch1, ch2 = pool.map(lambda r: clickhouse_factory(r), ["r1", "r2"])
+    for s in (ch1, ch2):
+        await ch(s, "CREATE DATABASE db")
+        await ch(s, DDL)
+    await ch(ch1, "INSERT INTO db.events FORMAT TSV", tsv(range(0, 100), 11))
+    await ch(ch2, "INSERT INTO db.events FORMAT TSV", tsv(range(100, 150), 10))
+    await ch(ch1, "INSERT INTO db.events FORMAT TSV", tsv(range(150, 160), 11))
+
+    replica, keeper, server = await start_replicad(zookeeper, zk_root, tmp_path / "rd")
+    try:
+        # ClickHouse's inserts reach replicad (whatever ClickHouse merged meanwhile)
+        async def rd_count() -> int:
+            return await replica.count(None)
+
+        await wait_for(_eq(rd_count, 160), what="160 rows on replicad")
+
+        # replicad's inserts reach both ClickHouse servers
+        s1 = await replica.insert_table(arrow_rows(range(1000, 1200), 11))
+        s2 = await replica.insert_table(arrow_rows(range(1200, 1210), 9))
+        assert s1.written_parts == 1 and s2.written_parts == 1
+        for s in (ch1, ch2):
+            await ch(s, "SYSTEM SYNC REPLICA db.events")
+        expected_sum = sum(range(0, 160)) + sum(range(1000, 1210))
+        for s in (ch1, ch2):
+            assert (await ch(s, "SELECT count(), sum(id) FROM db.events")).split() == [
+                "370",
+                str(expected_sum),
+            ]
+            names = await ch(s, "SELECT count() FROM db.events WHERE name LIKE 'rd%'")
+            assert names.strip() == "210"
+        await replica.sync_replica()
+        await wait_for(_eq(rd_count, 370), what="370 rows on replicad")
+        assert await replica.count("id >= 1000") == 210
+        res = await replica.select(_select("SELECT * FROM db.events WHERE id = 1205"))
+        got = [b async for b in res.batches]
+        assert pa.Table.from_batches(got).to_pylist() == [
+            {"id": 1205, "ctime": dt.datetime(2026, 9, 18, 10), "name": b"rd1205"}
+        ]
+
+        # every znode replicad wrote can be read back by ClickHouse: its replication queue is empty and
+        # its system.replicas row shows no errors; our log entries parse as 18.16 entries
+        for s in (ch1, ch2):
+            errs = await ch(s, "SELECT count() FROM system.replication_queue WHERE last_exception != ''")
+            assert errs.strip() == "0"
+            assert (await ch(s, "SELECT total_replicas, active_replicas FROM system.replicas")).split() == [
+                "3",
+                "3",
+            ]
+        paths = TablePaths.create(ZK_PATH, "r3")
+        for name in await keeper.get_children(paths.log):
+            data, _ = await keeper.get(paths.log_entry(name))
+            assert LogEntry.parse(data).readable_by_18_16
+
+        # ClickHouse's copy of a part written by replicad is byte-identical to ours
+        for p in replica.store.active():
+            if p.info.partition_id == "202609":
+                theirs = ch1.table_dir("db", "events") / p.name / "checksums.txt"
+                if theirs.exists():
+                    assert theirs.read_bytes() == (p.path / "checksums.txt").read_bytes()
+    finally:
+        await replica.stop()
+        await keeper.close()
+        await server.stop(grace_s=0.1)
+
+
+def _eq(fn: Callable[[], Any], value: int) -> Callable[[], Any]:
+    async def check() -> bool:
+        return bool(await fn() == value)
+
+    return check
+
+
+def _select(text: str) -> Any:
+    from replicad.service import SelectQuery
+
+    return SelectQuery(TableName("db", "events"), None, "id = 1205", (), None, text)
