@@ -37,9 +37,13 @@ from replicad.storage.types_base import (
     FIELD_UINT128,
     DataType,
 )
+from replicad.storage.types_composite import ArrayType, NullableType
 from replicad.storage.types_datetime import DateTimeType, DateType
+from replicad.storage.types_decimal import DecimalType
+from replicad.storage.types_enum import EnumType
 from replicad.storage.types_numeric import FLOAT_TYPES, INT_TYPES, FloatType, IntType
 from replicad.storage.types_string import FixedStringType, StringType
+from replicad.storage.types_uuid import UUIDType
 
 __all__ = [
     "FIELD_ARRAY",
@@ -53,14 +57,19 @@ __all__ = [
     "FIELD_TUPLE",
     "FIELD_UINT64",
     "FIELD_UINT128",
+    "ArrayType",
     "DataType",
     "DateTimeType",
     "DateType",
+    "DecimalType",
+    "EnumType",
     "FixedStringType",
     "FloatType",
     "IntType",
+    "NullableType",
     "StringType",
     "TypeSyntaxError",
+    "UUIDType",
     "escape_for_file_name",
     "parse_type",
     "unescape_for_file_name",
@@ -141,13 +150,6 @@ def unquote(text: str) -> str:
             out.append(c)
             i += 1
     return "".join(out)
-
-
-def quote(s: str) -> str:
-    """ClickHouse writeQuotedString: single quotes, backslash escapes."""
-    rep = {"\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0", "\\": "\\\\",
-           "'": "\\'"}
-    return "'" + "".join(rep.get(c, c) for c in s) + "'"
 
 
 class _Parser:
@@ -295,11 +297,74 @@ def _fixed_string(node: TypeNode) -> DataType:
     return FixedStringType(n)
 
 
+def _enum(bits: int | None) -> Callable[[TypeNode], DataType]:
+    def b(node: TypeNode) -> DataType:
+        if not node.args:
+            raise TypeSyntaxError(f"{node.name} needs at least one 'name' = value pair")
+        pairs: list[tuple[str, int]] = []
+        for i, a in enumerate(node.args):
+            if isinstance(a, tuple):
+                pairs.append((str(a[0]), int(a[1])))
+            elif isinstance(a, str) and bits is None:  # Enum('a', 'b'): values 1, 2, ...
+                pairs.append((a, i + 1))
+            else:
+                raise TypeSyntaxError(f"{node.name} arguments must be 'name' = value pairs")
+        width = bits
+        if width is None:
+            width = 8 if all(-128 <= v <= 127 for _, v in pairs) else 16
+        try:
+            return EnumType(width, pairs)
+        except ValueError as e:
+            raise TypeSyntaxError(str(e)) from None
+
+    return b
+
+
+def _decimal(fixed_precision: int | None) -> Callable[[TypeNode], DataType]:
+    def b(node: TypeNode) -> DataType:
+        args = node.args or ()
+        if fixed_precision is not None:
+            if len(args) != 1:
+                raise TypeSyntaxError(f"{node.name} takes one argument: the scale")
+            precision, scale = fixed_precision, _int_arg(node, 0)
+        else:
+            if not 1 <= len(args) <= 2:
+                raise TypeSyntaxError("Decimal takes (precision[, scale])")
+            precision = _int_arg(node, 0)
+            scale = _int_arg(node, 1) if len(args) == 2 else 0
+        try:
+            return DecimalType(precision, scale)
+        except ValueError as e:
+            raise TypeSyntaxError(str(e)) from None
+
+    return b
+
+
+def _nullable(node: TypeNode) -> DataType:
+    try:
+        return NullableType(build(_type_arg(node)))
+    except ValueError as e:
+        raise TypeSyntaxError(str(e)) from None
+
+
+def _array(node: TypeNode) -> DataType:
+    return ArrayType(build(_type_arg(node)))
+
+
 _BUILDERS: dict[str, Callable[[TypeNode], DataType]] = {}
-for _t in [*INT_TYPES.values(), *FLOAT_TYPES.values(), DateType(), StringType()]:
+for _t in [*INT_TYPES.values(), *FLOAT_TYPES.values(), DateType(), StringType(), UUIDType()]:
     _BUILDERS[_t.name] = _simple(_t)
 _BUILDERS["DateTime"] = _datetime
 _BUILDERS["FixedString"] = _fixed_string
+_BUILDERS["Enum8"] = _enum(8)
+_BUILDERS["Enum16"] = _enum(16)
+_BUILDERS["Enum"] = _enum(None)
+_BUILDERS["Decimal"] = _decimal(None)
+_BUILDERS["Decimal32"] = _decimal(9)
+_BUILDERS["Decimal64"] = _decimal(18)
+_BUILDERS["Decimal128"] = _decimal(38)
+_BUILDERS["Nullable"] = _nullable
+_BUILDERS["Array"] = _array
 
 
 @lru_cache(maxsize=1024)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -71,10 +71,11 @@ def show_value(arr: pa.Array, i: int) -> str:
     """Short readable rendering of ``arr[i]`` for error messages."""
     v: object = arr[i].as_py()
     if isinstance(v, bytes):
+        raw = v
         try:
-            v = v.decode("utf-8")
+            v = raw.decode("utf-8")
         except UnicodeDecodeError:
-            return "0x" + bytes(v[:32]).hex()
+            return "0x" + raw[:32].hex()
     if isinstance(v, str):
         return repr(v[:64])
     if v is None:
@@ -131,10 +132,10 @@ class DataType(ABC):
     #: the Field kind as text: uint64, int64, float64, uint128, string, decimal32/64/128, array
     field_kind: str
     #: true for types whose Field is an integer (ints, Date, DateTime, Enum): partition IDs print them
-    is_integer_like: ClassVar[bool] = False
+    is_integer_like: bool = False
     #: true for Date (partition IDs render it as YYYYMMDD)
-    is_date: ClassVar[bool] = False
-    is_nullable: ClassVar[bool] = False
+    is_date: bool = False
+    is_nullable: bool = False
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DataType) and other.name == self.name
@@ -226,12 +227,16 @@ class DataType(ABC):
         """
         arr = as_array(values)
         try:
-            if not self.is_nullable and arr.null_count:
-                i = first_true(arr.is_null())
-                raise BadValue(i, "NULL", f"is not allowed: type {self.name} is not Nullable")
-            return self.convert(arr, tz)
+            return self.convert_checked(arr, tz)
         except BadValue as e:
             raise BadInputError(f"column {column}: value {e.value} at row {e.row} {e.reason}") from None
+
+    def convert_checked(self, arr: pa.Array, tz: str) -> pa.Array:
+        """:meth:`convert` after rejecting nulls for non-Nullable types."""
+        if not self.is_nullable and arr.null_count:
+            i = first_true(arr.is_null())
+            raise BadValue(i, "NULL", f"is not allowed: type {self.name} is not Nullable")
+        return self.convert(arr, tz)
 
     @abstractmethod
     def convert(self, arr: pa.Array, tz: str) -> pa.Array:
