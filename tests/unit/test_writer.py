@@ -513,3 +513,13 @@ def test_failure_in_column_task_removes_tmp_dir(tmp_path: Path, threads: int) ->
     with pytest.raises(ValueError, match="boom"):
         w.write(t)
     assert not (tmp_path / "tmp_insert_y").exists()
+
+
+def test_prepare_block_missing_nullable_is_null() -> None:
+    cols = [("a", T("UInt8")), ("n", T("Nullable(Int32)"))]
+    out = prepare_block(pa.table({"a": [1, 2]}), cols, fill_missing=False)
+    assert out.column("n").to_pylist() == [None, None]
+    with pytest.raises(BadInputError, match=r"column n.*row 1"):
+        prepare_block(pa.table({"a": [1, 2], "n": [1, 2**40]}), cols)
+    with pytest.raises(BadInputError, match=r"column a.*row 1"):
+        prepare_block(pa.table({"a": [1, None], "n": [1, 2]}), cols)
