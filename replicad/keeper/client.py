@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import enum
 import functools
 import logging
 import posixpath
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
 from kazoo.client import KazooClient
@@ -60,7 +58,35 @@ from replicad.errors import (
     KeeperOperationTimeoutError,
     KeeperSessionExpiredError,
 )
-from replicad.keeper.ops import Check, Create, Delete, Op, Set
+from replicad.keeper.ops import (
+    Check,
+    Create,
+    Delete,
+    MultiOutcome,
+    MultiResult,
+    Op,
+    SessionState,
+    Set,
+    StateCallback,
+    WatchCallback,
+    WatchEvent,
+    WatchEventType,
+    ZnodeStat,
+)
+from replicad.keeper.watches import ChildrenWatch, SessionEvents
+
+__all__ = [
+    "ChildrenWatch",
+    "Keeper",
+    "MultiOutcome",
+    "MultiResult",
+    "SessionEvents",
+    "SessionState",
+    "WatchEvent",
+    "WatchEventType",
+    "ZnodeStat",
+    "translate_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,64 +94,6 @@ T = TypeVar("T")
 
 #: Requests kept in flight at once by the pipelined helpers (get_many, recursive delete, ...).
 PIPELINE_WINDOW = 1000
-
-
-class SessionState(enum.StrEnum):
-    CONNECTED = "connected"
-    SUSPENDED = "suspended"
-    LOST = "lost"
-
-
-class WatchEventType(enum.StrEnum):
-    CREATED = "CREATED"
-    DELETED = "DELETED"
-    CHANGED = "CHANGED"
-    CHILD = "CHILD"
-    NONE = "NONE"  # the connection dropped: the watch is gone (it was not triggered by a change)
-
-
-@dataclass(frozen=True, slots=True)
-class ZnodeStat:
-    czxid: int
-    mzxid: int
-    ctime_ms: int
-    mtime_ms: int
-    version: int
-    cversion: int
-    aversion: int
-    ephemeral_owner: int
-    data_length: int
-    num_children: int
-    pzxid: int
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    kind: WatchEventType
-    path: str | None
-    keeper_state: str  # kazoo's low-level state at the time, e.g. "CONNECTED", "CONNECTING"
-
-
-MultiResult = str | ZnodeStat | None
-WatchCallback = Callable[[WatchEvent], object]
-StateCallback = Callable[[SessionState], object]
-
-
-@dataclass(frozen=True, slots=True)
-class MultiOutcome:
-    """``try_multi``'s answer: results on success, else the failing op and its error."""
-
-    results: list[MultiResult]
-    failed_index: int | None = None
-    error: KeeperError | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def zk_code(self) -> int:
-        return 0 if self.error is None else int(getattr(self.error, "zk_code", -1))
 
 
 def _stat(s: _KazooStat) -> ZnodeStat:
@@ -351,9 +319,13 @@ class Keeper:
             return
         self._state = state
         for cb in list(self._listeners):
-            self._invoke(cb, state)
+            self.dispatch(cb, state)
 
     # ------------------------------------------------------------------ plumbing
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._require_loop()
 
     def _require_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -370,8 +342,8 @@ class Keeper:
         except RuntimeError:  # loop closed meanwhile
             pass
 
-    def _invoke(self, cb: Callable[[T], object], arg: T) -> None:
-        """Run a user callback on the loop; a returned coroutine becomes a task; errors are logged."""
+    def dispatch(self, cb: Callable[[T], object], arg: T) -> None:
+        """Run a callback now (on the loop); a returned coroutine becomes a task; errors are logged."""
         try:
             res = cb(arg)
         except Exception:
@@ -412,14 +384,8 @@ class Keeper:
         except TimeoutError:
             raise KeeperOperationTimeoutError(f"{what}: no answer in {self.request_timeout_s}s") from None
 
-    def _watch_adapter(self, cb: WatchCallback | None) -> Callable[[WatchedEvent], None] | None:
-        if cb is None:
-            return None
-
-        def on_event(ev: WatchedEvent) -> None:  # kazoo's callback thread
-            self._post(self._invoke, cb, _watch_event(ev))
-
-        return on_event
+    def _watch_adapter(self, cb: WatchCallback | None) -> _WatchAdapter | None:
+        return None if cb is None else _WatchAdapter(self, cb)
 
     async def _pipelined(
         self, kind: str, items: Sequence[str], start: Callable[[str], AsyncResult]
@@ -472,20 +438,12 @@ class Keeper:
         self, path: str, watch: WatchCallback | None = None, include_data: bool = False
     ) -> list[str] | tuple[list[str], ZnodeStat]:
         """Child names (unsorted, as ZooKeeper returns them); with ``include_data`` also the node's stat."""
-        return await self._get_children(path, self._watch_adapter(watch), include_data)
-
-    async def _get_children(
-        self, path: str, kazoo_watch: Callable[[WatchedEvent], None] | None, include_data: bool
-    ) -> list[str] | tuple[list[str], ZnodeStat]:
-        what = f"get_children {path}"
+        what, adapter = f"get_children {path}", self._watch_adapter(watch)
         fut = self._submit(
-            "get_children", what, lambda: self._zk.get_children_async(path, kazoo_watch, include_data)
+            "get_children", what, lambda: self._zk.get_children_async(path, adapter, include_data)
         )
         res = await self._wait(fut, what)
-        if include_data:
-            children, stat = res
-            return list(children), _stat(stat)
-        return list(res)
+        return (list(res[0]), _stat(res[1])) if include_data else list(res)
 
     async def get_children_many(self, paths: Sequence[str]) -> list[list[str] | None]:
         """Children of many nodes, pipelined; ``None`` for a node that does not exist."""
@@ -500,6 +458,9 @@ class Keeper:
         self._watches.add(w)
         w.rearm()
         return w
+
+    def _forget_watch(self, w: ChildrenWatch) -> None:
+        self._watches.discard(w)
 
     # ------------------------------------------------------------------ writes
 
@@ -630,92 +591,29 @@ def _multi_results(ops: list[Op], raw: list[Any]) -> list[MultiResult]:
     return out
 
 
+class _WatchAdapter:
+    """kazoo-side watch callback that hands the event to the loop.  Adapters of equal callbacks are
+    equal, so kazoo (which keeps a set of watchers per path) triggers a re-registered callback once."""
+
+    __slots__ = ("cb", "keeper")
+
+    def __init__(self, keeper: Keeper, cb: WatchCallback) -> None:
+        self.keeper = keeper
+        self.cb = cb
+
+    def __call__(self, ev: WatchedEvent) -> None:  # kazoo's callback thread
+        self.keeper._post(self.keeper.dispatch, self.cb, _watch_event(ev))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _WatchAdapter) and other.keeper is self.keeper and other.cb == self.cb
+
+    def __hash__(self) -> int:
+        return hash((id(self.keeper), self.cb))
+
+
 def _watch_event(ev: WatchedEvent) -> WatchEvent:
     try:
         kind = WatchEventType(ev.type)
     except ValueError:
         kind = WatchEventType.NONE
     return WatchEvent(kind, ev.path, str(ev.state))
-
-
-class SessionEvents:
-    """Async iterator over session state transitions (see ``Keeper.session_events``)."""
-
-    def __init__(self, keeper: Keeper) -> None:
-        self._keeper = keeper
-        self._queue: asyncio.Queue[SessionState] = asyncio.Queue()
-        keeper.add_state_listener(self._queue.put_nowait)
-
-    def __aiter__(self) -> SessionEvents:
-        return self
-
-    async def __anext__(self) -> SessionState:
-        return await self._queue.get()
-
-    def close(self) -> None:
-        self._keeper.remove_state_listener(self._queue.put_nowait)
-
-
-class ChildrenWatch:
-    """A re-arming children watch (see ``Keeper.watch_children``)."""
-
-    def __init__(self, keeper: Keeper, path: str, callback: Callable[[list[str]], object]) -> None:
-        self.keeper = keeper
-        self.path = path
-        self.callback = callback
-        self.fired = 0  # callbacks delivered so far
-        self._cancelled = False
-        self._task: asyncio.Task[None] | None = None
-        self._again = False
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        self.keeper._watches.discard(self)
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    def rearm(self) -> None:
-        """(Re-)read the children with a new watch; coalesces with a read already under way."""
-        if self._cancelled:
-            return
-        if self._task is not None and not self._task.done():
-            self._again = True
-            return
-        self._task = self.keeper._require_loop().create_task(self._run())
-
-    def _on_kazoo_event(self, ev: WatchedEvent) -> None:  # kazoo's callback thread
-        self.keeper._post(self._on_event, ev)
-
-    def _on_event(self, ev: WatchedEvent) -> None:
-        # A NONE event means the connection dropped and the watch is gone: the keeper re-arms us
-        # when it reconnects; re-arming now also works if we are already connected again.
-        if ev.type != WatchEventType.NONE or self.keeper.connected:
-            self.rearm()
-
-    async def _run(self) -> None:
-        while not self._cancelled:
-            self._again = False
-            try:
-                children = await self.keeper._get_children(self.path, self._on_kazoo_event, False)
-            except KeeperNoNodeError:
-                try:
-                    if await self.keeper.exists(self.path, self._on_exists_event) is not None:
-                        continue  # created in between: read its children
-                except KeeperError:
-                    return  # connection trouble: re-armed on reconnect
-                children = []
-            except KeeperError:
-                return
-            assert isinstance(children, list)
-            self.fired += 1
-            self.keeper._invoke(self.callback, children)
-            if not self._again:
-                return
-
-    def _on_exists_event(self, ev: WatchEvent) -> None:  # already on the loop
-        if ev.kind is not WatchEventType.NONE or self.keeper.connected:
-            self.rearm()

@@ -436,3 +436,36 @@ async def test_requests_in_flight_fail_with_connection_loss(private_zk: ZooKeepe
             assert isinstance(r, tuple) or (isinstance(r, KeeperError) and r.retriable), r
     finally:
         await k.close()
+
+
+async def test_same_callback_registered_twice_fires_once(keeper: Keeper) -> None:
+    events: list[WatchEvent] = []
+    await keeper.create("/dup")
+    await keeper.get("/dup", watch=events.append)
+    await keeper.get("/dup", watch=events.append)
+    await keeper.set("/dup", b"x")
+    await wait_until(lambda: len(events) >= 1)
+    await asyncio.sleep(0.2)
+    assert len(events) == 1
+
+
+def test_error_translation_and_retriable_flags() -> None:
+    from kazoo import exceptions as kz
+
+    from replicad.errors import KeeperOperationTimeoutError
+    from replicad.keeper.client import translate_error
+
+    cases: list[tuple[Exception, type[KeeperError], bool]] = [
+        (kz.NoNodeError(), KeeperNoNodeError, False),
+        (kz.NodeExistsError(), KeeperNodeExistsError, False),
+        (kz.BadVersionError(), KeeperBadVersionError, False),
+        (kz.NotEmptyError(), KeeperNotEmptyError, False),
+        (kz.ConnectionLoss(), KeeperConnectionLossError, True),
+        (kz.SessionExpiredError(), KeeperSessionExpiredError, True),
+        (kz.ConnectionClosedError(), KeeperSessionExpiredError, True),
+        (kz.OperationTimeoutError(), KeeperOperationTimeoutError, True),
+        (kz.NoAuthError(), KeeperError, False),
+    ]
+    for exc, cls, retriable in cases:
+        err = translate_error(exc, "get /p")
+        assert type(err) is cls and err.retriable is retriable and "get /p" in str(err)

@@ -28,6 +28,20 @@ from tests.support.ports import free_port
 # Jars a standalone server needs (Debian names); the first four are required.
 _REQUIRED_JARS = ("zookeeper", "zookeeper-jute", "slf4j-api", "slf4j-simple")
 _OPTIONAL_JARS = ("metrics-core", "commons-cli", "snappy-java")
+# With these the server uses Netty for client connections.  ZooKeeper 3.8.0's default NIO factory
+# leaks a connection that arrives between binding the port and loading the database (an NPE while
+# closing it), so a client reconnecting during a restart hangs for a whole session timeout.
+_NETTY_JARS = (
+    "netty-handler",
+    "netty-common",
+    "netty-transport",
+    "netty-buffer",
+    "netty-codec",
+    "netty-resolver",
+    "netty-transport-native-epoll",
+    "netty-transport-native-unix-common",
+)
+NETTY_FACTORY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
 _JAR_DIRS = ("/usr/share/java", "/usr/share/zookeeper/lib", "/usr/share/zookeeper")
 
 
@@ -42,16 +56,28 @@ def find_classpath() -> str | None:
         jars += sorted(str(p) for p in Path(home).glob("zookeeper-*.jar"))
         return os.pathsep.join(jars) if jars else None
     found: list[str] = []
-    for name in _REQUIRED_JARS + _OPTIONAL_JARS:
-        for d in _JAR_DIRS:
-            p = Path(d) / f"{name}.jar"
-            if p.is_file():
-                found.append(str(p))
-                break
-        else:
-            if name in _REQUIRED_JARS:
-                return None
+    for name in _REQUIRED_JARS + _OPTIONAL_JARS + _NETTY_JARS:
+        jar = _find_jar(name)
+        if jar is not None:
+            found.append(jar)
+        elif name in _REQUIRED_JARS:
+            return None
     return os.pathsep.join(found)
+
+
+def _find_jar(name: str) -> str | None:
+    for d in _JAR_DIRS:
+        p = Path(d) / f"{name}.jar"
+        if p.is_file():
+            return str(p)
+    return None
+
+
+def _has_netty(classpath: str) -> bool:
+    names = {Path(p).name for p in classpath.split(os.pathsep)}
+    if any(n.startswith("netty-all") for n in names):
+        return True
+    return all(any(n.startswith(j) for n in names) for j in _NETTY_JARS[:6])
 
 
 def find_java() -> str | None:
@@ -138,6 +164,7 @@ class ZooKeeperServer:
         if java is None or classpath is None:
             raise RuntimeError("ZooKeeper or Java is not installed")
         self._write_config()
+        factory = [f"-Dzookeeper.serverCnxnFactory={NETTY_FACTORY}"] if _has_netty(classpath) else []
         argv = [
             java,
             f"-Xmx{self.heap_mb}m",
@@ -147,7 +174,9 @@ class ZooKeeperServer:
             "-Xshare:auto",
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
             "-Dzookeeper.admin.enableServer=false",
+            *factory,
             "-cp",
             classpath,
             "org.apache.zookeeper.server.ZooKeeperServerMain",
@@ -161,16 +190,22 @@ class ZooKeeperServer:
                 raise RuntimeError(
                     f"ZooKeeper exited with {self.proc.returncode}:\n{process.tail(self.log_path)}"
                 )
-            try:
-                if four_letter("127.0.0.1", self.port, "ruok", timeout=0.5) == "imok":
-                    break
-            except OSError:
-                pass
+            if self._serving():
+                break
             if time.monotonic() > deadline:
                 self.kill()
                 raise RuntimeError(f"ZooKeeper not ready in {timeout}s:\n{process.tail(self.log_path)}")
             time.sleep(0.05)
         self.start_seconds = time.monotonic() - t0
+
+    def _serving(self) -> bool:
+        try:
+            return (
+                four_letter("127.0.0.1", self.port, "ruok", timeout=0.5) == "imok"
+                and "Mode: " in four_letter("127.0.0.1", self.port, "srvr", timeout=0.5)
+            )
+        except OSError:
+            return False
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop (SIGTERM), SIGKILL after ``timeout``.  Data stays for a later start()."""
