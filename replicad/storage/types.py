@@ -41,6 +41,7 @@ from replicad.storage.types_composite import ArrayType, NullableType
 from replicad.storage.types_datetime import DateTimeType, DateType
 from replicad.storage.types_decimal import DecimalType
 from replicad.storage.types_enum import EnumType
+from replicad.storage.types_lowcard import LowCardinalityType
 from replicad.storage.types_numeric import FLOAT_TYPES, INT_TYPES, FloatType, IntType
 from replicad.storage.types_string import FixedStringType, StringType
 from replicad.storage.types_uuid import UUIDType
@@ -66,6 +67,7 @@ __all__ = [
     "FixedStringType",
     "FloatType",
     "IntType",
+    "LowCardinalityType",
     "NullableType",
     "StringType",
     "TypeSyntaxError",
@@ -351,6 +353,15 @@ def _array(node: TypeNode) -> DataType:
     return ArrayType(build(_type_arg(node)))
 
 
+def _low_cardinality(node: TypeNode) -> DataType:
+    inner = build(_type_arg(node))
+    if isinstance(inner, StringType):
+        return LowCardinalityType(nullable=False)
+    if isinstance(inner, NullableType) and isinstance(inner.inner, StringType):
+        return LowCardinalityType(nullable=True)
+    raise TypeSyntaxError(f"LowCardinality({inner.name}) is not supported (only String and Nullable(String))")
+
+
 _BUILDERS: dict[str, Callable[[TypeNode], DataType]] = {}
 for _t in [*INT_TYPES.values(), *FLOAT_TYPES.values(), DateType(), StringType(), UUIDType()]:
     _BUILDERS[_t.name] = _simple(_t)
@@ -365,6 +376,7 @@ _BUILDERS["Decimal64"] = _decimal(18)
 _BUILDERS["Decimal128"] = _decimal(38)
 _BUILDERS["Nullable"] = _nullable
 _BUILDERS["Array"] = _array
+_BUILDERS["LowCardinality"] = _low_cardinality
 
 
 @lru_cache(maxsize=1024)

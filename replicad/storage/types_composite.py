@@ -8,6 +8,7 @@ offsets) then T's streams for all elements; ``level`` counts enclosing arrays (`
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -142,6 +143,29 @@ def list_from_counts(counts: np.ndarray[Any, np.dtype[Any]], values: pa.Array, i
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, type=pa.list_(item))
 
 
+class ArrayBulkSerializer:
+    """Writer state of an Array whose elements need per-part state (``writer.BulkSerializer``)."""
+
+    def __init__(self, dtype: ArrayType, inner: Any, level: int) -> None:
+        self.dtype = dtype
+        self.inner = inner
+        self.level = level
+        if isinstance(inner, ArrayBulkSerializer):
+            inner.level = level + 1
+
+    def prefix(self) -> dict[str, bytes]:
+        return dict(self.inner.prefix())
+
+    def serialize(self, arr: pa.Array) -> dict[str, bytes]:
+        counts, values = list_parts(as_array(arr))
+        out = {f".size{self.level}": counts.astype("<u8").tobytes()}
+        out.update(self.inner.serialize(values))
+        return out
+
+    def suffix(self) -> dict[str, bytes]:
+        return dict(self.inner.suffix())
+
+
 class ArrayType(DataType):
     field_type = FIELD_ARRAY
     field_kind = "array"
@@ -173,6 +197,14 @@ class ArrayType(DataType):
             raise CorruptedDataError(f"{self.name}: implausible array size {int(counts.max())}")
         values = self.inner._deserialize_from(bufs, pos, total, array_level + 1)
         return list_from_counts(counts, values, self.inner.arrow_type)
+
+    @property
+    def bulk_serializer(self) -> Callable[[], ArrayBulkSerializer]:
+        """Present only when the element type is stateful (LowCardinality): per-part writer state."""
+        make_inner = getattr(self.inner, "bulk_serializer", None)
+        if make_inner is None:
+            raise AttributeError("bulk_serializer")
+        return lambda: ArrayBulkSerializer(self, make_inner(), 0)
 
     def encode(self, arr: pa.Array) -> bytes:
         raise TypeError("Array has several streams: use serialize()")
