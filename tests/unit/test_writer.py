@@ -21,6 +21,7 @@ from replicad.storage.part import PartDirectory, back_quote, columns_text, parse
 from replicad.storage.reader import PartReader, fixed_width, incompatibilities_with_18_16
 from replicad.storage.types import DataType, parse_type
 from replicad.storage.writer import PartWriter, WriterSettings, prepare_block, sort_table
+from tests.support.part_rows import ALL_TYPES, make_rows
 
 U32 = parse_type("UInt32")
 
@@ -523,3 +524,30 @@ def test_prepare_block_missing_nullable_is_null() -> None:
         prepare_block(pa.table({"a": [1, 2], "n": [1, 2**40]}), cols)
     with pytest.raises(BadInputError, match=r"column a.*row 1"):
         prepare_block(pa.table({"a": [1, None], "n": [1, 2]}), cols)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    chosen=st.lists(st.sampled_from(ALL_TYPES[2:]), min_size=1, max_size=5, unique=True),
+    n=st.integers(0, 700),
+    granularity=st.sampled_from([1, 4, 100, 8192]),
+    seed=st.integers(0, 2**31),
+)
+def test_roundtrip_every_type(
+    tmp_path_factory: pytest.TempPathFactory,
+    chosen: list[tuple[str, str]],
+    n: int,
+    granularity: int,
+    seed: int,
+) -> None:
+    columns = [ALL_TYPES[0], *chosen]
+    table, _tsv = make_rows(columns, n, seed)
+    types = [(c, T(t)) for c, t in columns]
+    s = WriterSettings(index_granularity=granularity, min_compress_block_size=256,
+                       max_compress_block_size=1024, fsync=False)
+    pieces = [table.slice(0, n // 3), table.slice(n // 3)]
+    p = write_part(tmp_path_factory.mktemp("rt") / "p", types, pieces, s, primary_key=["k"])
+    PartDirectory.at(p).verify(require_all_files_listed=True)
+    r = PartReader(p, index_granularity=granularity)
+    assert r.read().equals(table)
+    assert pa.concat_tables([table.slice(0, 0), *r.iter_batches(granules_per_batch=2)]).equals(table)
