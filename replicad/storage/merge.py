@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -300,12 +302,14 @@ def merge_parts(
     settings: WriterSettings | None = None,
     *,
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
+    prefetch: int = 1,
 ) -> WrittenPart:
     """Merge the parts in ``source_dirs`` (in part order: by block number) into a new part in ``tmp_dir``.
 
     All sources must belong to one partition (their ``partition.dat`` is taken from the first).  Columns
-    are the table's (``schema.columns``); a source lacking one reads as the type's defaults.  Blocking:
-    run it in a worker thread.
+    are the table's (``schema.columns``); a source lacking one reads as the type's defaults.  With
+    ``prefetch`` > 0 reading and merging run in a helper thread, up to that many batches ahead of the
+    writer.  Blocking: run it in a worker thread.
     """
     if not source_dirs:
         raise ValueError("merge_parts needs at least one source part")
@@ -317,10 +321,63 @@ def merge_parts(
     try:
         for part in parts:
             readers.append(PartReader(part, keys.types, index_granularity=settings.index_granularity))
-        with keys.writer(Path(tmp_dir), settings, partition_value) as writer:
+
+        def produce() -> Iterator[tuple[pa.Table, dict[str, pa.Array]]]:
             for batch, sort_keys in merged_batches(readers, keys, granules_per_batch):
-                writer.write(batch, keys.primary_arrays(batch, sort_keys))
+                yield batch, keys.primary_arrays(batch, sort_keys)
+
+        with keys.writer(Path(tmp_dir), settings, partition_value) as writer:
+            for batch, pk in ahead(produce(), prefetch):
+                writer.write(batch, pk)
             return writer.finish()
     finally:
         for r in readers:
             r.close()
+
+
+_T = TypeVar("_T")
+_DONE = object()
+
+
+def ahead(items: Iterator[_T], depth: int) -> Iterator[_T]:
+    """``items``, produced in a helper thread up to ``depth`` items ahead (``depth`` 0: in this thread).
+
+    An exception in the producer is re-raised here; leaving the loop early stops the producer.
+    """
+    if depth <= 0:
+        yield from items
+        return
+    q: queue.Queue[object] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as e:  # handed to the consumer
+            put(e)
+
+    thread = threading.Thread(target=run, name="merge-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        thread.join()

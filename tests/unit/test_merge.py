@@ -1,0 +1,265 @@
+"""merge_parts: k-way merge of sorted parts (stable by source order), streaming, deterministic bytes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Generator, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replicad.errors import CorruptedDataError
+from replicad.storage.merge import PartSchema, TableKeys, ahead, merge_parts
+from replicad.storage.part import PartDirectory
+from replicad.storage.reader import PartReader
+from replicad.storage.types import DataType, parse_type
+from replicad.storage.writer import WriterSettings, sort_table
+
+ROOT = Path(__file__).resolve().parents[2]
+U32 = parse_type("UInt32")
+COLUMNS = (("d", parse_type("Date")), ("k", parse_type("UInt16")), ("s", parse_type("String")),
+           ("f", parse_type("Float64")))
+SETTINGS = WriterSettings(index_granularity=8, fsync=False, threads=1)
+
+
+def schema(
+    order_by: str | None, primary_key: str | None = None, columns: Sequence[tuple[str, DataType]] = COLUMNS
+) -> PartSchema:
+    return PartSchema(tuple(columns), "toYYYYMM(d)", order_by, primary_key)
+
+
+def write_part(path: Path, sch: PartSchema, table: pa.Table, settings: WriterSettings = SETTINGS) -> Path:
+    """Write ``table`` sorted by the schema's key (stable), as the insert path does."""
+    keys = TableKeys(sch)
+    table = sort_table(table, keys.evaluate(keys.sorting, table)) if keys.sorting else table
+    with keys.writer(path, settings, [(U32, 202402)]) as w:
+        w.write(table, keys.primary_arrays(table))
+        w.finish()
+    return path
+
+
+def rows_table(rows: list[tuple[int, int, bytes, float]]) -> pa.Table:
+    return pa.table({
+        "d": pa.array([r[0] for r in rows], pa.int32()).cast(pa.date32()),
+        "k": pa.array([r[1] for r in rows], pa.uint16()),
+        "s": pa.array([r[2] for r in rows], pa.binary()),
+        "f": pa.array([r[3] for r in rows], pa.float64()),
+    })
+
+
+def py_key(order_by: str, row: dict[str, object]) -> tuple[object, ...]:
+    """The sorting key in ClickHouse order, computed in plain Python (NaN after numbers)."""
+    def f(v: object) -> tuple[int, object]:
+        return (1, 0) if isinstance(v, float) and math.isnan(v) else (0, v)
+
+    k, s, d, fl = row["k"], row["s"], row["d"], row["f"]
+    assert isinstance(k, int)
+    keys: dict[str, tuple[object, ...]] = {
+        "k": (k,), "(k, s)": (k, s), "(f, k)": (f(fl), k), "s": (s,), "(intDiv(k, 3), d)": (k // 3, d),
+    }
+    return keys[order_by]
+
+
+row_strategy = st.tuples(
+    st.integers(19754, 19756),                       # three days of February 2024
+    st.integers(0, 12),                              # few distinct keys: many ties
+    st.binary(max_size=3).map(lambda b: b.replace(b"\x00", b"")),
+    st.sampled_from([0.0, -0.0, 1.5, -2.0, math.inf, -math.inf, math.nan]),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    parts=st.lists(st.lists(row_strategy, max_size=60), min_size=1, max_size=5),
+    order_by=st.sampled_from(["k", "(k, s)", "(f, k)", "s", "(intDiv(k, 3), d)"]),
+    granules=st.integers(1, 3),
+    prefetch=st.integers(0, 2),
+)
+def test_merge_is_stable_sorted_concatenation(
+    tmp_path_factory: pytest.TempPathFactory, parts: list[list[tuple[int, int, bytes, float]]], order_by: str,
+    granules: int, prefetch: int,
+) -> None:
+    tmp = tmp_path_factory.mktemp("merge")
+    sch = schema(order_by)
+    sources = [write_part(tmp / f"p{i}", sch, rows_table(rows)) for i, rows in enumerate(parts)]
+    merged = merge_parts(sources, tmp / "merged", sch, SETTINGS,
+                         granules_per_batch=granules, prefetch=prefetch)
+
+    # expected: every source's rows (as stored), concatenated in source order, stable-sorted by key
+    stored = [PartReader(p).read().to_pylist() for p in sources]
+    expected = sorted((r for rows in stored for r in rows), key=lambda r: py_key(order_by, r))
+    got = PartReader(merged.path).read().to_pylist()
+    assert merged.rows == len(expected) == len(got)
+    assert [repr(r) for r in got] == [repr(r) for r in expected]  # repr: NaN == NaN, -0.0 != 0.0
+    PartDirectory(merged.path).verify(require_all_files_listed=True)
+
+    # the same rows written in one go give the same bytes: batching never shows in the result
+    one = tmp / "one"
+    keys = TableKeys(sch)
+    table = pa.Table.from_pylist(expected, schema=PartReader(merged.path).read().schema) if expected else None
+    with keys.writer(one, SETTINGS, [(U32, 202402)]) as w:
+        if table is not None:
+            w.write(table, keys.primary_arrays(table))
+        written = w.finish()
+    assert written.checksums == merged.checksums
+
+
+def test_batching_and_prefetch_do_not_change_bytes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    sch = schema("(k, s)", "k")
+    sources = []
+    for i in range(4):
+        n = int(rng.integers(0, 3000))
+        rows = [(19754 + int(rng.integers(0, 3)), int(rng.integers(0, 500)), b"x" * int(rng.integers(0, 30)),
+                 float(rng.normal())) for _ in range(n)]
+        sources.append(write_part(tmp_path / f"p{i}", sch, rows_table(rows), WriterSettings(fsync=False)))
+    results = {
+        (g, pf): merge_parts(sources, tmp_path / f"m{g}_{pf}", sch, WriterSettings(fsync=False),
+                             granules_per_batch=g, prefetch=pf).checksums
+        for g in (1, 2, 8, 100) for pf in (0, 1)
+    }
+    assert len({c.to_bytes() for c in results.values()}) == 1
+
+
+def test_partition_files_and_minmax(tmp_path: Path) -> None:
+    sch = schema("k")
+    a = write_part(tmp_path / "a", sch, rows_table([(19754, 5, b"a", 1.0), (19760, 1, b"b", 2.0)]))
+    b = write_part(tmp_path / "b", sch, rows_table([(19780, 3, b"c", 3.0)]))
+    merged = merge_parts([a, b], tmp_path / "m", sch, SETTINGS)
+    part = PartDirectory(merged.path)
+    assert part.partition_dat == PartDirectory(a).partition_dat == (202402).to_bytes(4, "little")
+    lo, hi = part.minmax("d", parse_type("Date"))  # type: ignore[misc]
+    assert (str(lo), str(hi)) == ("2024-02-01", "2024-02-27")
+    assert part.rows == 3 and PartReader(merged.path).read().column("k").to_pylist() == [1, 3, 5]
+
+
+def test_source_without_a_new_column_reads_defaults(tmp_path: Path) -> None:
+    old = schema("k")
+    new_cols = (*COLUMNS, ("z", parse_type("Int32")))
+    new = schema("k", columns=new_cols)
+    a = write_part(tmp_path / "a", old, rows_table([(19754, 2, b"a", 1.0)]))
+    t = rows_table([(19754, 1, b"b", 2.0)]).append_column("z", pa.array([7], pa.int32()))
+    b = write_part(tmp_path / "b", new, t)
+    merged = merge_parts([a, b], tmp_path / "m", new, SETTINGS)
+    got = PartReader(merged.path).read()
+    assert got.column("k").to_pylist() == [1, 2] and got.column("z").to_pylist() == [7, 0]
+    assert "`z` Int32" in merged.columns_text
+
+
+def test_no_sorting_key_concatenates(tmp_path: Path) -> None:
+    sch = schema("tuple()")
+    a = write_part(tmp_path / "a", sch, rows_table([(19754, 9, b"a", 1.0), (19754, 1, b"b", 1.0)]))
+    b = write_part(tmp_path / "b", sch, rows_table([(19754, 5, b"c", 1.0)]))
+    merged = merge_parts([a, b], tmp_path / "m", sch, SETTINGS)
+    assert PartReader(merged.path).read().column("k").to_pylist() == [9, 1, 5]
+
+
+def test_corrupt_source_fails_and_cleans_up(tmp_path: Path) -> None:
+    sch = schema("k")
+    a = write_part(tmp_path / "a", sch, rows_table([(19754, i, b"s", 1.0) for i in range(100)]))
+    b = write_part(tmp_path / "b", sch, rows_table([(19754, i, b"t", 1.0) for i in range(100)]))
+    data = bytearray((b / "s.bin").read_bytes())
+    data[-1] ^= 0xFF
+    (b / "s.bin").write_bytes(bytes(data))
+    for prefetch in (0, 1):
+        with pytest.raises(CorruptedDataError):
+            merge_parts([a, b], tmp_path / "m", sch, SETTINGS, prefetch=prefetch)
+        assert not (tmp_path / "m").exists()
+    with pytest.raises(ValueError):
+        merge_parts([], tmp_path / "m", sch, SETTINGS)
+
+
+def test_ahead_propagates_errors_and_stops_early() -> None:
+    def gen() -> Iterator[int]:
+        yield 1
+        yield 2
+        raise RuntimeError("boom")
+
+    it = ahead(gen(), 1)
+    assert next(it) == 1 and next(it) == 2
+    with pytest.raises(RuntimeError, match="boom"):
+        next(it)
+    endless = ahead(iter(range(10**9)), 2)
+    assert next(endless) == 0
+    assert isinstance(endless, Generator)
+    endless.close()  # joins the producer thread
+
+
+# ---- memory: flat in part size ----------------------------------------------------------------------
+
+_CHILD = textwrap.dedent("""
+    import json, re, sys, threading
+    from pathlib import Path
+    import pyarrow as pa
+    from replicad.storage.merge import PartSchema, merge_parts
+    from replicad.storage.types import DataType, parse_type
+    from replicad.storage.writer import WriterSettings
+
+    def status(field):
+        return int(re.search(field + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+
+    peak_anon = 0
+    done = threading.Event()
+
+    def sample():  # the kernel keeps no high-water mark of anonymous memory alone
+        global peak_anon
+        while not done.wait(0.005):
+            peak_anon = max(peak_anon, status("RssAnon"))
+
+    cols = tuple((n, parse_type(t)) for n, t in [("k", "UInt64"), ("s", "String"), ("f", "Float64")])
+    sch = PartSchema(cols, None, "k")
+    pa.table({"x": [1]})  # one-time pyarrow imports before the baseline
+    base_anon = status("RssAnon")
+    threading.Thread(target=sample, daemon=True).start()
+    part = merge_parts(sys.argv[2:], sys.argv[1], sch, WriterSettings(fsync=False, method="lz4"))
+    done.set()
+    print(json.dumps({"rows": part.rows, "anon_kb": max(peak_anon, status("RssAnon")) - base_anon,
+                      "hwm_kb": status("VmHWM"), "arrow_peak": pa.default_memory_pool().max_memory()}))
+""")
+
+
+def _write_big_part(path: Path, rows: int, seed: int) -> Path:
+    """A sorted part of ``rows`` rows (k ascending, interleaving with the other seed), written in chunks."""
+    cols = (("k", parse_type("UInt64")), ("s", parse_type("String")), ("f", parse_type("Float64")))
+    keys = TableKeys(PartSchema(cols, None, "k"))
+    rng = np.random.default_rng(seed)
+    start = 0
+    with keys.writer(path, WriterSettings(fsync=False, method="lz4"), None) as w:
+        for pos in range(0, rows, 1 << 18):
+            n = min(1 << 18, rows - pos)
+            k = start + np.cumsum(rng.integers(0, 4, n)).astype(np.uint64)
+            start = int(k[-1])
+            s = pa.array(np.char.add(b"value-", (k % 100000).astype("S6")).astype(object), pa.binary())
+            w.write(pa.table({"k": k, "s": s, "f": rng.normal(size=n)}))
+        w.finish()
+    return path
+
+
+def test_memory_is_flat_in_part_size(tmp_path: Path) -> None:
+    figures = {}
+    for total in (1_000_000, 4_000_000):
+        d = tmp_path / str(total)
+        sources = [_write_big_part(d / f"src{i}", total // 2, seed=i) for i in range(2)]
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(d / "merged"), *map(str, sources)],
+            check=True, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        figures[total] = json.loads(out.stdout)
+        assert figures[total]["rows"] == total
+    small, big = figures[1_000_000], figures[4_000_000]
+    print(f"merge memory, 1M vs 4M rows: anonymous RSS peak above baseline {small['anon_kb'] / 1024:.0f} vs "
+          f"{big['anon_kb'] / 1024:.0f} MiB, Arrow pool peak {small['arrow_peak'] / 2**20:.0f} vs "
+          f"{big['arrow_peak'] / 2**20:.0f} MiB, VmHWM (incl. mapped source files) "
+          f"{small['hwm_kb'] / 1024:.0f} vs {big['hwm_kb'] / 1024:.0f} MiB")
+    # 4x the rows must not mean (much) more memory: bounded by batches, not by parts
+    assert big["arrow_peak"] < small["arrow_peak"] * 1.5 + (8 << 20)
+    assert big["anon_kb"] < small["anon_kb"] * 1.5 + 16 * 1024
