@@ -34,7 +34,7 @@ from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
 from replicad.model.log_entry import LogEntry
 from replicad.model.part_info import PartInfo
-from replicad.model.queue_state import QueueState
+from replicad.model.queue_state import BackoffSettings, QueueState
 from replicad.replication import init as zk_init
 from replicad.replication.commit import PartCommitter
 from replicad.replication.executor import QueueExecutor, part_remove_ops, remove_parts_from_zookeeper
@@ -121,7 +121,10 @@ class TableReplica:
             threads=base.threads,
         )
         self.parts_to_throw_insert = int(s.get("parts_to_throw_insert", 300))
-        self.queue_state = QueueState()
+        # 18.16 retries a failed entry after a few seconds; fetches are cheap to retry, so start short
+        self.queue_state = QueueState(
+            backoff=BackoffSettings(initial_s=0.5, max_fetch_s=10.0, max_merge_s=10.0)
+        )
         self.structure: zk_init.TableStructure | None = None
         self.identifier = zk_init.active_node_identifier()
         self.committer = PartCommitter(

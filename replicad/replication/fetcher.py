@@ -2,7 +2,8 @@
 
 Source choice: among the *active* replicas (``is_active`` exists) other than us that hold the part or a part
 covering it in ``replicas/<r>/parts``, the largest covering part wins; ties are broken by the largest
-``log_pointer`` (the replica that has executed most of the log) and then the shortest ``queue``.
+``log_pointer`` (the replica that has executed most of the log) and then the shortest ``queue``.  A replica
+that failed to deliver the part recently (truncated or corrupt body, HTTP error) is tried last.
 
 Download: ``POST http://<host>:<port>/?endpoint=DataPartsExchange:<zk>/replicas/<src>&part=<name>
 &client_protocol_version=N&compress=false`` (Basic auth when configured); the ``server_protocol_version``
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
+import time
 from dataclasses import dataclass
 
 import aiohttp
@@ -46,6 +48,9 @@ from replicad.storage.layout import TMP_FETCH
 from replicad.storage.part_transfer import RECEIVE_MAX_PROTOCOL_VERSION, receive_part
 
 log = get_logger(__name__)
+
+#: a replica that failed to deliver a part is tried last for this long
+FAILED_SOURCE_PENALTY_S = 60.0
 
 
 class NoReplicaHasPartError(ReplicadError):
@@ -105,6 +110,8 @@ class PartFetcher:
         self.fsync = fsync
         self._session: aiohttp.ClientSession | None = None
         self._fetching: set[str] = set()
+        #: (part, replica) -> when fetching that part from that replica last failed
+        self._failed_sources: dict[tuple[str, str], float] = {}
         self.fetches_total = 0
 
     async def close(self) -> None:
@@ -149,9 +156,12 @@ class PartFetcher:
         if not candidates:
             return None
 
-        def rank(c: FetchSource) -> tuple[int, int, int, int]:
+        now = time.monotonic()
+
+        def rank(c: FetchSource) -> tuple[bool, int, int, int, int]:
             info = PartInfo.parse(c.part_name)
-            return (info.max_block - info.min_block, info.level, c.log_pointer, -c.queue_size)
+            failed = self._failed_sources.get((c.part_name, c.replica), -1e18) > now - FAILED_SOURCE_PENALTY_S
+            return (not failed, info.max_block - info.min_block, info.level, c.log_pointer, -c.queue_size)
 
         return max(candidates, key=rank)
 
@@ -177,7 +187,15 @@ class PartFetcher:
             return None
         self._fetching.add(part_name)
         try:
-            return await self._fetch(part_name, source_replica)
+            result = await self._fetch(part_name, source_replica)
+        except BaseException:
+            self._failed_sources[(part_name, source_replica)] = time.monotonic()
+            if len(self._failed_sources) > 10_000:
+                self._failed_sources.clear()
+            raise
+        else:
+            self._failed_sources.pop((part_name, source_replica), None)
+            return result
         finally:
             self._fetching.discard(part_name)
 

@@ -280,3 +280,117 @@ async def test_deduplication(cluster: Cluster, keeper: Keeper) -> None:
     assert await r2.count(None) == 5
     # a dropped duplicate leaves no gap-filling part behind, only a consumed block number or none at all
     assert len(await keeper.get_children(f"{ZK_PATH}/blocks")) == 2
+
+
+# ---------------------------------------------------------------------------------------------- faults
+
+
+async def test_stopped_replica_catches_up_after_restart(cluster: Cluster) -> None:
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    r3 = await cluster.start("r3")
+    await r1.insert_table(rows([1]))
+    await wait_for(lambda: converged([r1, r2, r3], 1), what="first part everywhere")
+
+    async def inserts(replica: TableReplica, base: int) -> None:
+        for i in range(4):
+            await replica.insert_table(rows([base + i], month=10 + i % 2))
+
+    # r3 goes down while inserts are running on the two others
+    await asyncio.gather(inserts(r1, 10), inserts(r2, 20), cluster.stop("r3"))
+    await inserts(r1, 30)
+    await wait_for(lambda: converged([r1, r2], 13), what="r1 and r2 to converge")
+    r3 = await cluster.start("r3")  # same data directory, same replica name
+    await wait_for(lambda: converged([r1, r2, r3], 13), what="r3 to catch up")
+    assert await r3.count(None) == 13
+    await wait_for(lambda: r3.queue_state.status().queue_size == 0, what="r3's queue to drain")
+
+
+class FakeSource:
+    """A DataPartsExchange peer that serves a damaged copy of a real part: ``corrupt`` flips one byte of
+    the first .bin file's data, ``truncate`` cuts the body in the middle and drops the connection."""
+
+    def __init__(self, part_dir: Path, mode: str) -> None:
+        from replicad.storage.part_transfer import iter_part_body_sync
+
+        body = b"".join(
+            iter_part_body_sync(part_dir, Checksums.parse((part_dir / "checksums.txt").read_bytes()))
+        )
+        if mode == "corrupt":
+            at = body.index(b".bin") + 4 + 8 + 20  # inside the first .bin file's bytes
+            body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1 :]
+        else:
+            body = body[: len(body) // 2]
+        self.body = body
+        self.mode = mode
+        self.requests = 0
+        self.server: asyncio.Server | None = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        self.requests += 1
+        head = b"HTTP/1.1 200 OK\r\nConnection: Close\r\n"
+        if self.mode == "corrupt":
+            writer.write(head + b"Content-Length: %d\r\n\r\n" % len(self.body) + self.body)
+        else:  # promise the whole body, send half of it, hang up
+            writer.write(head + b"Content-Length: %d\r\n\r\n" % (2 * len(self.body) + 1) + self.body)
+        await writer.drain()
+        writer.close()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def register_fake_replica(
+    keeper: Keeper, name: str, port: int, source: TableReplica, part: str
+) -> None:
+    """ZooKeeper nodes of a healthy-looking active replica ``name`` that claims to hold ``part``."""
+    paths = TablePaths.create(ZK_PATH, name)
+    me = paths.me
+    src = source.paths.me
+    host = f"host: 127.0.0.1\nport: {port}\ntcp_port: 9000\ndatabase: db\ntable: events\nscheme: http\n"
+    for path, data in (
+        (me.root, b""),
+        (me.host, host.encode()),
+        (me.log_pointer, b"1000"),
+        (me.queue, b""),
+        (me.parts, b""),
+        (me.is_lost, b"0"),
+        (me.columns, COLUMNS.encode()),
+        (me.part(part), b""),
+        (me.part_columns(part), (await keeper.get(src.part_columns(part)))[0]),
+        (me.part_checksums(part), (await keeper.get(src.part_checksums(part)))[0]),
+    ):
+        await keeper.create(path, data)
+    await keeper.create(me.is_active, b"pid: 1, random: 2", ephemeral=True)
+
+
+@pytest.mark.parametrize("mode", ["corrupt", "truncate"])
+async def test_bad_transfer_is_refused_and_fetched_from_another_replica(
+    cluster: Cluster, keeper: Keeper, mode: str
+) -> None:
+    r1 = await cluster.start("r1")
+    await r1.insert_table(rows([1, 2, 3]))
+    (part,) = r1.store.active()
+    fake = FakeSource(part.path, mode)
+    port = await fake.start()
+    try:
+        # "zz" sorts after r1, so r2 clones r1; the fake's large log_pointer makes it the preferred source
+        await register_fake_replica(keeper, "zz_fake", port, r1, part.name)
+        r2 = await cluster.start("r2")
+        await wait_for(
+            lambda: converged([r1, r2], 1), what="r2 to get the part from r1 after the fake failed"
+        )
+        assert fake.requests >= 1
+        assert r2.executor.failed_total >= 1
+        assert not list(r2.layout.path.glob("tmp*")), "no half-fetched directory may be left behind"
+        assert await r2.count(None) == 3
+        assert (r2.store.active()[0].path / "id.bin").read_bytes() == (part.path / "id.bin").read_bytes()
+    finally:
+        await fake.stop()
