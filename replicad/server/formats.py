@@ -271,6 +271,8 @@ class _Converter:
                 i = _first(arr.is_null())
                 raise BadInputError(f"Cannot parse input: column {name}, row {self.row + i + 1}: NULL is not "
                                     f"allowed, type {dt.name} is not Nullable")
+        if self.text and _is_date(dt) and (pa.types.is_binary(arr.type) or pa.types.is_string(arr.type)):
+            arr = _zero_dates(arr, "0" if "DateTime" in dt.name else "1970-01-01")
         if self.text in ("tsv", "csv") and not _is_textual(dt):
             empty = pc.fill_null(pc.equal(arr, b""), False)
             if pc.any(empty).as_py():  # an empty field means the column's default, as in ClickHouse
@@ -287,6 +289,20 @@ class _Converter:
         if default_mask is not None:
             out = pc.if_else(default_mask, dt.defaults(len(out)), out)
         return out
+
+
+def _is_date(dt: DataType) -> bool:
+    n = dt.name.removeprefix("Nullable(")
+    return n.startswith(("Date", "DateTime"))
+
+
+def _zero_dates(arr: pa.Array, epoch: str) -> pa.Array:
+    """ClickHouse 18.16 writes the zero Date/DateTime as ``0000-00-00[ 00:00:00]``: read it as the epoch."""
+    zero = pc.fill_null(pc.match_substring_regex(arr, r"^0000-00-00( 00:00:00)?$"), False)
+    if not pc.any(zero).as_py():
+        return arr
+    value = epoch if pa.types.is_string(arr.type) else epoch.encode()
+    return pc.if_else(zero, pa.scalar(value, arr.type), arr)
 
 
 def _is_textual(dt: DataType) -> bool:
@@ -482,7 +498,8 @@ def _json(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
 
 
 def _json_slow(block: bytes, names: list[str], row0: int, skip_unknown: bool) -> list[pa.Array]:
-    """Fallback for blocks pyarrow refuses (e.g. numbers given as strings and as numbers): values as text."""
+    """Fallback for blocks pyarrow refuses (numbers given both as strings and as numbers, raw non-UTF-8
+    bytes inside strings as ClickHouse writes them): every value as text bytes."""
     values: dict[str, list[Any]] = {n: [] for n in names}
     known = set(names)
     row = row0
@@ -491,7 +508,7 @@ def _json_slow(block: bytes, names: list[str], row0: int, skip_unknown: bool) ->
             continue
         row += 1
         try:
-            obj = json.loads(line)
+            obj = json.loads(line.decode("utf-8", "surrogateescape"))
         except ValueError as e:
             raise BadInputError(f"Cannot parse input: row {row}: invalid JSON: {e}") from None
         if not isinstance(obj, dict):
@@ -502,20 +519,22 @@ def _json_slow(block: bytes, names: list[str], row0: int, skip_unknown: bool) ->
                                 f" (row {row})", code=INCORRECT_DATA)
         for n in names:
             values[n].append(_as_text(obj.get(n)))
-    return [pa.array(values[n], pa.list_(pa.string()) if any(isinstance(v, list) for v in values[n])
-                     else pa.string()) for n in names]
+    return [pa.array(values[n], pa.list_(pa.binary()) if any(isinstance(v, list) for v in values[n])
+                     else pa.binary()) for n in names]
 
 
 def _as_text(v: Any) -> Any:
-    if v is None or isinstance(v, str):
-        return v
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogateescape")
     if isinstance(v, bool):
-        return "1" if v else "0"
+        return b"1" if v else b"0"
     if isinstance(v, list):
         return [_as_text(x) for x in v]
     if isinstance(v, dict):
-        return json.dumps(v)
-    return repr(v) if isinstance(v, float) else str(v)
+        return json.dumps(v).encode()
+    return (repr(v) if isinstance(v, float) else str(v)).encode()
 
 
 def _arrow_stream(body: SyncBody, spec: InputSpec) -> Iterator[Any]:

@@ -174,15 +174,43 @@ def _string_text(arr: pa.Array, style: Style) -> pa.Array:
 
 
 def _json_control(v: bytes) -> bytes:
-    return b"".join(bytes([b]) if b >= 0x20 else f"\\u{b:04x}".encode() for b in v)
+    return b"".join(bytes([b]) if b >= 0x20 else f"\\u{b:04X}".encode() for b in v)
 
 
 def _float_text(arr: pa.Array, style: Style) -> pa.Array:
-    text = arr.cast(pa.string()).cast(pa.binary())
+    text = arr.cast(pa.string())
+    exp = pc.fill_null(pc.match_substring(text, "e"), False)
+    if pc.any(exp).as_py():  # rare: re-spell exponent forms the way ClickHouse does
+        fixed = pa.array([None if v is None else clickhouse_float(v) for v in text.filter(exp).to_pylist()],
+                         pa.string())
+        text = pc.replace_with_mask(text, exp, fixed)
+    text = text.cast(pa.binary())
     if style == "json":  # ClickHouse writes non-finite floats as null in JSON
         finite = pc.is_finite(arr)
         text = pc.if_else(pc.fill_null(finite, True), text, pa.scalar(b"null", pa.binary()))
     return text
+
+
+def clickhouse_float(shortest: str) -> str:
+    """Re-spell a shortest round-trip float text as ClickHouse does (double-conversion ToShortest with
+    decimal notation for decimal exponents in [-6, 21), otherwise ``<digits>e<exp>`` without ``+``)."""
+    if "e" not in shortest:
+        return shortest
+    mantissa, _, exp_text = shortest.partition("e")
+    sign = "-" if mantissa.startswith("-") else ""
+    mantissa = mantissa.lstrip("-")
+    int_part, _, frac = mantissa.partition(".")
+    digits = (int_part + frac).lstrip("0").rstrip("0") or "0"
+    point = len(int_part) + int(exp_text) - (len(int_part) - len(int_part.lstrip("0")))
+    n = len(digits)
+    exponent = point - 1
+    if -6 <= exponent < 21:
+        if point <= 0:
+            return f"{sign}0.{'0' * -point}{digits}"
+        if point >= n:
+            return sign + digits + "0" * (point - n)
+        return f"{sign}{digits[:point]}.{digits[point:]}"
+    return f"{sign}{digits[0]}{'.' + digits[1:] if n > 1 else ''}e{exponent}"
 
 
 def _datetime_text(arr: pa.Array) -> pa.Array:

@@ -304,3 +304,20 @@ async def test_output_arrays_and_nullable() -> None:
     assert await _render(cols, table, "TSV") == b"['x','it\\'s']\t\\N\n[]\t5\n"
     assert await _render(cols, table, "CSV") == b"\"['x','it\\'s']\",\\N\n\"[]\",5\n"
     assert await _render(cols, table, "JSONEachRow") == b'{"a":["x","it\'s"],"n":null}\n{"a":[],"n":5}\n'
+
+
+@SETTINGS
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_clickhouse_float_spelling_round_trips(v: float) -> None:
+    text = column_text(pa.array([v], pa.float64()), "tsv").to_pylist()[0].decode()
+    assert float(text) == v
+    assert "+" not in text and (("e" not in text) or not (1e-6 <= abs(v) < 1e21))
+
+
+@pytest.mark.parametrize("value,text", [
+    (1e20, "100000000000000000000"), (1e21, "1e21"), (1e-5, "0.00001"), (1e-7, "1e-7"), (2.5e-10, "2.5e-10"),
+    (1e300, "1e300"), (123456.789, "123456.789"), (-3.5e25, "-3.5e25"), (1e15, "1000000000000000"),
+])
+def test_clickhouse_float_examples(value: float, text: str) -> None:
+    # as ClickHouse 18.16 prints them (SELECT 1e20, 1e21, … FORMAT TSV)
+    assert column_text(pa.array([value], pa.float64()), "tsv").to_pylist() == [text.encode()]
