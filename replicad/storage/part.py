@@ -11,6 +11,7 @@ Reading column data is :mod:`replicad.storage.reader`'s job, writing a part :mod
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -128,10 +129,29 @@ def parse_columns_text(text: str) -> list[tuple[str, str]]:
     return out
 
 
+_SIZES_SUFFIX = re.compile(r"\.size\d+")
+
+
+def nested_table_name(column: str) -> str:
+    """ClickHouse ``Nested::extractTableName``: the part before the first dot (``n`` of ``n.a``)."""
+    i = column.find(".")
+    return column if i <= 0 or i == len(column) - 1 else column[:i]
+
+
+def stream_stem(column: str, suffix: str) -> str:
+    """File stem (without ``.bin``/``.mrk``) of one substream of a column.
+
+    Array sizes of a column whose name has a dot are stored under the nested table's name and shared
+    by all its columns: ``n.a Array(T)`` and ``n.b Array(U)`` both use ``n.size0``.
+    """
+    if _SIZES_SUFFIX.fullmatch(suffix):
+        return escape_for_file_name(nested_table_name(column)) + suffix
+    return escape_for_file_name(column) + suffix
+
+
 def stream_names(column: str, dtype: DataType) -> list[str]:
-    """File stems (without ``.bin``/``.mrk``) of a column's streams, in ClickHouse's order."""
-    base = escape_for_file_name(column)
-    return [base + suffix for suffix in dtype.substreams()]
+    """File stems of a column's streams, in ClickHouse's order."""
+    return [stream_stem(column, suffix) for suffix in dtype.substreams()]
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

@@ -29,8 +29,8 @@ import pyarrow as pa
 
 from replicad.errors import CorruptedDataError, MetadataMismatchError, UnsupportedPartFormatError
 from replicad.storage.compression import BLOCK_OVERHEAD, CHECKSUM_SIZE, decompress_all, read_block
-from replicad.storage.part import DATA_EXT, PartDirectory
-from replicad.storage.types import DataType, escape_for_file_name, parse_type
+from replicad.storage.part import DATA_EXT, PartDirectory, stream_stem
+from replicad.storage.types import DataType, parse_type
 
 _FIXED_WIDTHS = {
     "Int8": 1, "UInt8": 1, "Int16": 2, "UInt16": 2, "Int32": 4, "UInt32": 4, "Int64": 8, "UInt64": 8,
@@ -104,7 +104,7 @@ def detect_layout(part: PartDirectory, columns: Mapping[str, DataType]) -> _Layo
     first = next(iter(columns.items()), None)
     if first is None:
         return _MARK_LAYOUTS[".mrk"]
-    stem = escape_for_file_name(first[0]) + first[1].substreams()[0]
+    stem = stream_stem(first[0], first[1].substreams()[0])
     for ext, layout in _MARK_LAYOUTS.items():
         if stem + ext in files:
             return layout
@@ -304,9 +304,8 @@ class PartReader:
         self._streams: dict[str, _StreamReader] = {}
         marks_count = None
         for name, dtype in opened.items():
-            base = escape_for_file_name(name)
             for suffix in dtype.substreams():
-                stem = base + suffix
+                stem = stream_stem(name, suffix)
                 if stem in self._streams:
                     continue  # Nested columns share their .size0 stream
                 s = _StreamReader(self.part, stem, self.layout)
@@ -363,11 +362,10 @@ class PartReader:
 
     def _fixed_stream(self) -> tuple[_StreamReader, int] | None:
         for name, dtype in self._opened.items():
-            base = escape_for_file_name(name)
             for suffix in dtype.substreams():
                 w = substream_width(dtype.name, suffix)
                 if w:
-                    return self._streams[base + suffix], w
+                    return self._streams[stream_stem(name, suffix)], w
         return None
 
     def _infer_granularity(self, marks_count: int) -> int | None:
@@ -415,10 +413,9 @@ class PartReader:
                 arrays.append(dtype.defaults(n) if hasattr(dtype, "defaults") else
                               pa.repeat(pa.scalar(dtype.default_value, dtype.arrow_type), n))
                 continue
-            base = escape_for_file_name(name)
             bufs: dict[str, bytes] = {}
             for suffix in dtype.substreams():
-                stream = self._streams[base + suffix]
+                stream = self._streams[stream_stem(name, suffix)]
                 # A LowCardinality dictionary stream is read from the granule's mark to its end: every
                 # mark points at the shared dictionary, which 18.16 writes once, after the last granule.
                 stop = len(stream.marks) if suffix.endswith(".dict") else end

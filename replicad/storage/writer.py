@@ -51,8 +51,9 @@ from replicad.storage.part import (
     columns_text,
     fsync_dir,
     minmax_file_name,
+    stream_stem,
 )
-from replicad.storage.types import DataType, escape_for_file_name
+from replicad.storage.types import DataType
 
 Method = Literal["zstd", "lz4", "none"]
 _MARK = struct.Struct("<QQ")
@@ -177,14 +178,24 @@ class BulkSerializer(Protocol):
 
 
 class _Column:
-    """A column's streams and how to feed them one batch at a time."""
+    """A column's streams and how to feed them one batch at a time.
 
-    def __init__(self, directory: Path, name: str, dtype: DataType, settings: WriterSettings) -> None:
+    A stream already owned by an earlier column (the shared array sizes of Nested columns, e.g.
+    ``n.size0`` of ``n.a`` and ``n.b``) is written by that column only, as ClickHouse does.
+    """
+
+    def __init__(self, directory: Path, name: str, dtype: DataType, settings: WriterSettings,
+                 taken: set[str]) -> None:
         self.name = name
         self.dtype = dtype
-        base = escape_for_file_name(name)
-        self.suffixes = dtype.substreams()
-        self.streams = [_Stream(directory, base + s, settings) for s in self.suffixes]
+        self.pairs: list[tuple[str, _Stream]] = []
+        for suffix in dtype.substreams():
+            stem = stream_stem(name, suffix)
+            if stem in taken:
+                continue
+            taken.add(stem)
+            self.pairs.append((suffix, _Stream(directory, stem, settings)))
+        self.streams = [s for _, s in self.pairs]
         make_state = getattr(dtype, "bulk_serializer", None)
         self.state: BulkSerializer | None = make_state() if make_state is not None else None
         self._serialize = self.state.serialize if self.state is not None else dtype.serialize
@@ -192,13 +203,13 @@ class _Column:
             self._append(self.state.prefix())
 
     def _append(self, parts: Mapping[str, bytes]) -> None:
-        for suffix, stream in zip(self.suffixes, self.streams, strict=True):
+        for suffix, stream in self.pairs:
             stream.append(parts.get(suffix, b""))
 
     def write(self, arr: pa.Array, segments: Sequence[tuple[int, int, bool]]) -> None:
         """Serialize ``arr`` segment by segment (a segment = the rows of one granule in this batch)."""
         serialize = self._serialize
-        pairs = list(zip(self.suffixes, self.streams, strict=True))
+        pairs = self.pairs
         for start, length, is_mark in segments:
             parts = serialize(arr.slice(start, length))
             for suffix, stream in pairs:
@@ -273,9 +284,10 @@ class PartWriter:
             shutil.rmtree(self.path)
         self.path.mkdir(parents=True)
         self._cols: list[_Column] = []
+        taken: set[str] = set()
         try:
             for name, dtype in self.columns:
-                self._cols.append(_Column(self.path, name, dtype, self.settings))
+                self._cols.append(_Column(self.path, name, dtype, self.settings, taken))
         except BaseException:
             self.abort()
             raise

@@ -36,6 +36,8 @@ ZSTD_CONFIG = (
 #: columns whose files must be byte-identical (LowCardinality's dictionary layout may legitimately differ)
 BYTE_COLUMNS = [(n, t) for n, t in ALL_TYPES if not t.startswith("LowCardinality")]
 BIG_STRINGS = [("k", "UInt64"), ("d", "Date"), ("big", "String")]
+#: Nested columns share one array-sizes stream, n.size0
+NESTED = [("k", "UInt64"), ("d", "Date"), ("n.a", "Array(UInt16)"), ("n.b", "Array(String)"), ("x", "UInt8")]
 
 
 def _server(base: Path, extra: str = "") -> ClickHouseServer:
@@ -98,6 +100,24 @@ def _zstd_like_18_16() -> bool:
     return compress_block(data, "zstd")[25:] == dst.raw[:n]
 
 
+def nested_rows(n: int) -> tuple[pa.Table, bytes]:
+    base, _ = make_rows([("k", "UInt64"), ("d", "Date"), ("x", "UInt8")], n, seed=4)
+    lens = [i % 4 for i in range(n)]
+    a = [[(i * 7 + j) % 65536 for j in range(ln)] for i, ln in enumerate(lens)]
+    b = [[b"s%d" % (i + j) for j in range(ln)] for i, ln in enumerate(lens)]
+    table = pa.table({
+        "k": base.column("k"), "d": base.column("d"), "n.a": pa.array(a, pa.list_(pa.uint16())),
+        "n.b": pa.array(b, pa.list_(pa.binary())), "x": base.column("x"),
+    })
+    lines = []
+    for k, d, xa, xb, x in zip(range(n), base.column("d").to_pylist(), a, b, base.column("x").to_pylist(),
+                               strict=True):
+        sa = "[" + ",".join(map(str, xa)) + "]"
+        sb = "[" + ",".join("'" + v.decode() + "'" for v in xb) + "]"
+        lines.append(f"{k}\t{d}\t{sa}\t{sb}\t{x}\n")
+    return table, "".join(lines).encode()
+
+
 def select_all(ch: ClickHouseServer, table: str) -> str:
     return ch.query(f"SELECT * FROM {table} ORDER BY k FORMAT TabSeparated")
 
@@ -139,7 +159,9 @@ def test_18_16_attaches_replicad_part(ch_lz4: ClickHouseServer) -> None:
 
 
 @pytest.mark.parametrize("method", ["lz4", "zstd"])
-@pytest.mark.parametrize("columns", [BYTE_COLUMNS, BIG_STRINGS], ids=["all_types", "big_strings"])
+@pytest.mark.parametrize(
+    "columns", [BYTE_COLUMNS, BIG_STRINGS, NESTED], ids=["all_types", "big_strings", "nested"]
+)
 def test_byte_identical_with_18_16(
     ch_lz4: ClickHouseServer, ch_zstd: ClickHouseServer, tmp_path: Path, method: str,
     columns: list[tuple[str, str]],
@@ -155,10 +177,13 @@ def test_byte_identical_with_18_16(
         table = table.set_column(2, "big", pa.array(big, pa.binary()))
         tsv = "".join(f"{k}\t{d}\t{b.decode()}\n" for k, d, b in zip(
             range(n), table.column("d").to_pylist(), big, strict=True)).encode()
+    if columns is NESTED:  # the arrays of one Nested structure must have equal lengths in every row
+        table, tsv = nested_rows(n)
     create_table(ch, "t_bytes", columns)
     ch.query("INSERT INTO t_bytes FORMAT TabSeparated", data=tsv)
     theirs = only_part(ch, "t_bytes")
     ours = write_part(tmp_path / theirs.name, columns, table, method)
+    assert PartReader(theirs).read().equals(table)
     their_files = sorted(p.name for p in theirs.iterdir())
     assert sorted(p.name for p in ours.iterdir()) == their_files
     different = [f for f in their_files if (theirs / f).read_bytes() != (ours / f).read_bytes()]
