@@ -283,9 +283,9 @@ def locate_failure(arr: pa.Array, fn: Any) -> int:
     return lo
 
 
-def checked(arr: pa.Array, fn: Any, dtype: DataType, reason: str) -> pa.Array:
-    """``fn(arr)``; if it fails, raise :class:`BadValue` for the first failing row."""
+def checked(arr: pa.Array, fn: Any, dtype: DataType, reason: str, shown: pa.Array | None = None) -> pa.Array:
+    """``fn(arr)``; if it fails, raise :class:`BadValue` for the first failing row (shown from ``shown``)."""
     try:
         return fn(arr)
     except (pa.ArrowException, ValueError, OverflowError):
-        raise dtype.reject(arr, locate_failure(arr, fn), reason) from None
+        raise dtype.reject(arr if shown is None else shown, locate_failure(arr, fn), reason) from None

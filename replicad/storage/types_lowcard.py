@@ -187,11 +187,11 @@ class LowCardinalitySerializer:
         if arr.type != pa.binary():
             arr = arr.cast(pa.binary())
         n = len(arr)
+        if n == 0:  # nothing written (ClickHouse opens a dictionary here, losing NeedUpdate for later rows)
+            return {}
         need_update = self.keys is None
         if self.keys is None:
             self.keys = self._new_dictionary()
-        if n == 0:
-            return {}
         keys = self.keys
         special = self.dtype.special
         valid = arr.filter(arr.is_valid()) if arr.null_count else arr

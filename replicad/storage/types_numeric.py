@@ -102,8 +102,9 @@ def convert_integers(dt: DataType, arr: pa.Array, target: pa.DataType) -> pa.Arr
         except pa.ArrowException:
             parsed = None
         if parsed is None:  # beyond 64 bits, or a minus sign for an unsigned type
-            return checked(text, lambda a: a.cast(pa.decimal128(38, 0)).cast(target), dt, "is out of range")
-        return checked(parsed, lambda a: a.cast(target), dt, "is out of range")
+            wide_cast = lambda a: a.cast(pa.decimal128(38, 0)).cast(target)  # noqa: E731
+            return checked(text, wide_cast, dt, "is out of range", arr)
+        return checked(parsed, lambda a: a.cast(target), dt, "is out of range", arr)
     raise dt.wrong_input(arr)
 
 
