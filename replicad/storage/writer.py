@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -488,20 +489,44 @@ def sort_table(table: pa.Table, key_arrays: Sequence[pa.Array | pa.ChunkedArray]
     """Rows of ``table`` in ORDER BY order; ``key_arrays`` are the evaluated sorting-key expressions.
 
     Stable, ascending, NaN and NULL last (ClickHouse sorts MergeTree inserts with nulls_direction=1).
+    Numeric keys without NULLs are sorted by numpy (radix/merge sort), others by pyarrow.
     """
     if not key_arrays or table.num_rows <= 1:
         return table
-    keys = pa.table({f"k{i}": a for i, a in enumerate(key_arrays)})
-    sort_keys = [(f"k{i}", "ascending", "at_end") for i in range(len(key_arrays))]
-    indices = pc.sort_indices(keys, sort_keys=sort_keys)
+    indices = sort_indices(key_arrays)
     if _is_identity(indices):
         return table
     return table.take(indices)
 
 
-def _is_identity(indices: pa.Array) -> bool:
-    idx = indices.to_numpy()
-    return bool(np.array_equal(idx, np.arange(len(idx), dtype=idx.dtype)))
+def sort_indices(key_arrays: Sequence[pa.Array | pa.ChunkedArray]) -> npt.NDArray[np.int64]:
+    """Stable ORDER BY permutation of the rows described by ``key_arrays``."""
+    numeric = [_numpy_key(a) for a in key_arrays]
+    if all(k is not None for k in numeric):
+        keys = [k for k in numeric if k is not None]
+        if len(keys) == 1:
+            return np.argsort(keys[0], kind="stable").astype(np.int64, copy=False)
+        return np.lexsort(keys[::-1]).astype(np.int64, copy=False)
+    table = pa.table({f"k{i}": a for i, a in enumerate(key_arrays)})
+    sort_keys = [(f"k{i}", "ascending", "at_end") for i in range(len(key_arrays))]
+    result: npt.NDArray[np.int64] = pc.sort_indices(table, sort_keys=sort_keys).to_numpy().astype(np.int64)
+    return result
+
+
+def _numpy_key(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[Any] | None:
+    t = arr.type
+    numeric = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_date32(t) or \
+        pa.types.is_timestamp(t)
+    if not numeric or arr.null_count:
+        return None
+    a = _combine(arr)
+    if pa.types.is_date32(t) or pa.types.is_timestamp(t):
+        a = a.view(pa.int32() if pa.types.is_date32(t) else pa.int64())
+    return np.asarray(a.to_numpy(zero_copy_only=False))
+
+
+def _is_identity(indices: npt.NDArray[np.int64]) -> bool:
+    return bool(np.array_equal(indices, np.arange(len(indices), dtype=indices.dtype)))
 
 
 def prepare_block(

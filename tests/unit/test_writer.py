@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,7 +21,7 @@ from replicad.storage.compression import compress_block, iter_blocks
 from replicad.storage.part import PartDirectory, back_quote, columns_text, parse_columns_text
 from replicad.storage.reader import PartReader, fixed_width, incompatibilities_with_18_16
 from replicad.storage.types import DataType, parse_type
-from replicad.storage.writer import PartWriter, WriterSettings, prepare_block, sort_table
+from replicad.storage.writer import PartWriter, WriterSettings, prepare_block, sort_indices, sort_table
 from tests.support.part_rows import ALL_TYPES, make_rows
 
 U32 = parse_type("UInt32")
@@ -551,3 +552,22 @@ def test_roundtrip_every_type(
     r = PartReader(p, index_granularity=granularity)
     assert r.read().equals(table)
     assert pa.concat_tables([table.slice(0, 0), *r.iter_batches(granules_per_batch=2)]).equals(table)
+
+
+@given(
+    a=st.lists(st.integers(-3, 3), min_size=1, max_size=60),
+    fl=st.lists(st.sampled_from([0.0, -0.0, 1.5, float("nan"), float("inf"), -2.0]),
+                min_size=60, max_size=60),
+    with_null=st.booleans(),
+)
+def test_sort_indices_numpy_matches_arrow(a: list[int], fl: list[float], with_null: bool) -> None:
+    n = len(a)
+    ints = pa.array(a, pa.int16())
+    floats = pa.array(fl[:n], pa.float64())
+    dates = pa.array([abs(x) for x in a], pa.int32()).cast(pa.date32())
+    for keys in ([ints], [floats], [ints, floats], [dates, ints]):
+        if with_null:
+            keys = [*keys, pa.array([None if x == 0 else x for x in a], pa.int8())]
+        table = pa.table({f"k{i}": k for i, k in enumerate(keys)})
+        want = pc.sort_indices(table, sort_keys=[(f"k{i}", "ascending", "at_end") for i in range(len(keys))])
+        assert sort_indices(keys).tolist() == want.to_pylist()
