@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -59,6 +59,10 @@ from replicad.storage.reader import PartReader
 from replicad.storage.types import DataType
 from replicad.storage.writer import WriterSettings
 from replicad.tasks import BackgroundTask, FunctionTask, Outcome, Supervisor
+
+if TYPE_CHECKING:
+    from replicad.config import Config
+    from replicad.service import Engine
 
 log = get_logger(__name__)
 
@@ -176,6 +180,7 @@ class TableReplica:
         self._session_id: int | None = None
         self._inserts_in_flight = 0
         self._started_at = 0.0
+        self._task_group = f"table:{spec.name}:{id(self):x}"
 
     # ------------------------------------------------------------------------------------------- protocol
 
@@ -205,7 +210,12 @@ class TableReplica:
         self.executor.on_parts_changed = self._on_parts_changed
         for task in self._tasks:
             if self.supervisor is not None:
-                self.supervisor.add(task, group=str(self.spec.name))
+                taken = {t.name for t in self.supervisor.tasks}
+                base, n = task.name, 1
+                while task.name in taken:  # a dropped and re-created table: its old tasks stay registered
+                    n += 1
+                    task.name = f"{base}#{n}"
+                self.supervisor.add(task, group=self._task_group)
             else:
                 self._own_runners.append(asyncio.get_running_loop().create_task(task.run(), name=task.name))
         self.queue_updating.wakeup()
@@ -305,7 +315,7 @@ class TableReplica:
         """Stop background work, withdraw the endpoint and ``is_active`` (the data stays)."""
         self._stopping = True
         if self.supervisor is not None:
-            await self.supervisor.stop_group(str(self.spec.name))
+            await self.supervisor.stop_group(self._task_group)
         for task in self._tasks:
             task.request_stop()
         for runner in self._own_runners:
@@ -320,6 +330,13 @@ class TableReplica:
         self.env.interserver.unregister(self.paths.me.root)
         await self.fetcher.close()
         await self.deactivate()
+
+    async def stop_inserts(self, timeout_s: float = 30.0) -> None:
+        """Refuse new inserts and wait (bounded) for the ones in flight."""
+        self._stopping = True
+        deadline = time.monotonic() + timeout_s
+        while self._inserts_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     async def deactivate(self) -> None:
         if self.keeper.session_state is not SessionState.CONNECTED:
@@ -627,3 +644,10 @@ class TableReplica:
 
     def mutations(self) -> list[dict[str, Any]]:
         return []
+
+
+def create_engine(config: Config, supervisor: Supervisor, metrics: object) -> Engine:
+    """The daemon's engine factory (``replicad.daemon.DEFAULT_ENGINE``)."""
+    from replicad.catalog import ReplicationEngine
+
+    return ReplicationEngine(config, supervisor, metrics)

@@ -29,6 +29,7 @@ from replicad.errors import (
     KeeperNoNodeError,
     MetadataMismatchError,
     ReplicadError,
+    ZnodeFormatError,
 )
 from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Check, Create, Delete, Op, Set
@@ -37,6 +38,7 @@ from replicad.logging import get_logger
 from replicad.model.address import ActiveMarker
 from replicad.model.log_entry import LogEntry
 from replicad.model.part_set import ActivePartSet
+from replicad.model.table_metadata import ColumnsDescription, TableMetadata
 
 log = get_logger(__name__)
 
@@ -104,29 +106,31 @@ async def create_table_if_not_exists(
     return True
 
 
-def _metadata_fields(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in text.split("\n"):
-        key, sep, value = line.partition(": ")
-        if not sep:
-            key, sep, value = line.partition(":")
-        if sep:
-            out[key] = value
-    return out
-
-
 def default_metadata_comparer(local: str, zk: str) -> list[str]:
-    """Field-wise comparison of two table ``metadata`` texts.  Lines only one side has (modern additions
-    such as ``granularity bytes:``) are ignored unless they carry a non-empty value."""
-    a, b = _metadata_fields(local), _metadata_fields(zk)
-    diffs: list[str] = []
-    for key in sorted(set(a) | set(b)):
-        if key == "metadata format version":
-            continue
-        va, vb = a.get(key, ""), b.get(key, "")
-        if va != vb:
-            diffs.append(f"{key}: local {va!r}, in ZooKeeper {vb!r}")
-    return diffs
+    """ClickHouse's metadata check: key expressions compared after re-formatting, the rest literally."""
+    try:
+        return [d.message() for d in TableMetadata.parse(local).differences(TableMetadata.parse(zk))]
+    except ZnodeFormatError as e:
+        return [f"cannot parse table metadata: {e}"]
+
+
+def default_columns_comparer(local: str, zk: str) -> list[str]:
+    """Columns must match one by one: name, type, default, comment (modern-only extras are ignored)."""
+    try:
+        mine, theirs = ColumnsDescription.parse(local).ordered(), ColumnsDescription.parse(zk).ordered()
+    except ZnodeFormatError as e:
+        return [f"cannot parse columns: {e}"]
+    if [c.name for c in mine] != [c.name for c in theirs]:
+        return [f"columns {[c.name for c in theirs]} in ZooKeeper, {[c.name for c in mine]} locally"]
+    out = []
+    for a, b in zip(mine, theirs, strict=True):
+        ka = (a.type, a.default_kind, a.default_expression, a.comment)
+        kb = (b.type, b.default_kind, b.default_expression, b.comment)
+        if ka != kb:
+            out.append(
+                f"column {a.name}: {b.to_line().strip()!r} in ZooKeeper, {a.to_line().strip()!r} locally"
+            )
+    return out
 
 
 async def check_table_structure(
@@ -135,16 +139,13 @@ async def check_table_structure(
     metadata_text: str,
     columns_text: str,
     compare_metadata: MetadataComparer = default_metadata_comparer,
-    compare_columns: MetadataComparer | None = None,
+    compare_columns: MetadataComparer = default_columns_comparer,
 ) -> TableStructure:
     zk_metadata_raw, metadata_stat = await keeper.get(paths.metadata)
     zk_columns_raw, columns_stat = await keeper.get(paths.columns)
     zk_metadata, zk_columns = zk_metadata_raw.decode(), zk_columns_raw.decode()
-    problems = [f"metadata: {d}" for d in compare_metadata(metadata_text, zk_metadata)]
-    if compare_columns is not None:
-        problems += [f"columns: {d}" for d in compare_columns(columns_text, zk_columns)]
-    elif columns_text != zk_columns:
-        problems.append(f"columns: local {columns_text!r}, in ZooKeeper {zk_columns!r}")
+    problems = compare_metadata(metadata_text, zk_metadata)
+    problems += [f"columns: {d}" for d in compare_columns(columns_text, zk_columns)]
     if problems:
         raise MetadataMismatchError(
             f"Table structure in ZooKeeper ({paths.zk_path}) differs from the local table definition: "

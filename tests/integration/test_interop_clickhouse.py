@@ -191,3 +191,55 @@ def _select(text: str) -> Any:
     from replicad.service import SelectQuery
 
     return SelectQuery(TableName("db", "events"), None, "id = 1205", (), None, text)
+
+
+async def test_clickhouse_joins_a_table_created_by_replicad(
+    clickhouse_factory: Callable[..., ClickHouseServer],
+    zookeeper: ZooKeeperServer,
+    zk_root: str,
+    tmp_path: Path,
+) -> None:
+    from replicad.catalog import ReplicaCatalog
+
+    keeper = Keeper(zookeeper.hosts, session_timeout_s=10.0, chroot=zk_root)
+    await keeper.start()
+    server = InterserverServer("127.0.0.1", 0)
+    await server.start()
+    env = ReplicaEnv(
+        data_path=tmp_path / "rd",
+        interserver=server,
+        interserver_host="127.0.0.1",
+        fsync=False,
+        writer=WriterSettings(fsync=False, threads=1),
+    )
+    catalog = ReplicaCatalog(tmp_path / "rd", keeper, env, replica="rd", macros={"shard": "01"})
+    try:
+        replica = await catalog.create_from_ddl(DDL.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
+        assert (tmp_path / "rd" / "metadata" / "db" / "events.sql").read_text().startswith("CREATE TABLE")
+        await replica.insert_table(arrow_rows(range(0, 50), 11))
+        await replica.insert_table(arrow_rows(range(50, 60), 12))
+        ch1 = await asyncio.to_thread(clickhouse_factory, "r1")
+        await ch(ch1, "CREATE DATABASE db")
+        await ch(ch1, DDL)  # joins: is_lost=1, clones replicad's state, fetches its parts
+        await ch(ch1, "SYSTEM SYNC REPLICA db.events")
+        assert (await ch(ch1, "SELECT count(), sum(id) FROM db.events")).split() == [
+            "60",
+            str(sum(range(60))),
+        ]
+        await ch(ch1, "INSERT INTO db.events FORMAT TSV", tsv(range(100, 130), 11))
+
+        async def rd_count() -> int:
+            return await replica.count(None)
+
+        await wait_for(_eq(rd_count, 90), what="ClickHouse's insert on replicad")
+        # a ClickHouse table with another definition at the same path is refused by replicad
+        from replicad.errors import MetadataMismatchError
+
+        other = DDL.replace("ORDER BY id", "ORDER BY (id, name)").replace("db.events", "db.events2")
+        with pytest.raises(MetadataMismatchError, match=r"sorting key|primary key"):
+            await catalog.create_from_ddl(other.replace("{replica}", "{replica}_2"))
+        assert not (tmp_path / "rd" / "metadata" / "db" / "events2.sql").exists()
+    finally:
+        await catalog.stop_all()
+        await keeper.close()
+        await server.stop(grace_s=0.1)

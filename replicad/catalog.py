@@ -1,0 +1,315 @@
+"""The tables of this replica (``Catalog``) and the replication engine's lifecycle (``Engine``).
+
+Table DDL persists in ``<data_path>/metadata/<escaped db>/<escaped table>.sql`` (the CREATE statement as
+given), like ClickHouse's ``metadata/`` directory; at start-up every persisted table is attached again, then
+the config's ``tables:`` are created if missing.  CREATE TABLE of a ReplicatedMergeTree creates or joins the
+table in ZooKeeper (``replicad.replication.init``); DROP TABLE removes this replica's ZooKeeper subtree (and
+the whole table's when it was the last replica, as 18.16 does) and the local data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from replicad.errors import BadInputError, KeeperError, KeeperNoNodeError, ReplicadError, UnknownTableError
+from replicad.keeper.client import Keeper
+from replicad.keeper.paths import TablePaths
+from replicad.logging import get_logger
+from replicad.replica import ReplicaEnv, TableReplica, TableSpec
+from replicad.replication.fetcher import FetchCredentials
+from replicad.server.interserver import InterserverServer
+from replicad.service import Statement, StatementKind, TableName, TableService
+from replicad.sql.ddl import TableDef, parse_create_table
+from replicad.storage.types import escape_for_file_name, unescape_for_file_name
+from replicad.tasks import Supervisor
+
+if TYPE_CHECKING:
+    from replicad.config import Config
+
+log = get_logger(__name__)
+
+
+class TableExistsError(ReplicadError):
+    code = 57  # TABLE_ALREADY_EXISTS
+    http_status = 400
+
+
+def spec_from_ddl(
+    table: TableDef, config_macros: dict[str, str], replica: str, default_db: str = "default"
+) -> TableSpec:
+    """The TableSpec of a ReplicatedMergeTree CREATE statement, macros expanded as 18.16 expands them."""
+    from replicad.keeper.paths import expand_macros
+
+    if not table.replicated or table.zk_path is None or table.replica_name is None:
+        raise BadInputError(
+            f"Table {table.qualified_name}: only ReplicatedMergeTree tables are supported by replicad",
+            code=48,
+        )
+    database = table.database or default_db
+    macros = dict(config_macros)
+    macros.setdefault("replica", replica)
+    zk_path = expand_macros(table.zk_path, macros, database, table.name)
+    replica_name = expand_macros(table.replica_name, macros, database, table.name)
+    columns = tuple((c.name, c.type) for c in table.columns if c.is_physical)
+    return TableSpec(
+        name=TableName(database, table.name),
+        zk_path=zk_path,
+        replica_name=replica_name,
+        columns=columns,
+        metadata_text=table.metadata_text(),
+        columns_text=table.columns_text(),
+        partition_by=table.partition_by,
+        order_by=table.order_by,
+        primary_key=table.primary_key,
+        settings=dict(table.settings),
+    )
+
+
+class ReplicaCatalog:
+    """Tables by name; implements :class:`replicad.service.Catalog`."""
+
+    def __init__(
+        self,
+        data_path: Path,
+        keeper: Keeper,
+        env: ReplicaEnv,
+        *,
+        replica: str,
+        macros: dict[str, str] | None = None,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        self.data_path = Path(data_path)
+        self.keeper = keeper
+        self.env = env
+        self.replica = replica
+        self.macros = dict(macros or {})
+        self.supervisor = supervisor
+        self._tables: dict[TableName, TableReplica] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def metadata_path(self) -> Path:
+        return self.data_path / "metadata"
+
+    def ddl_path(self, name: TableName) -> Path:
+        return (
+            self.metadata_path
+            / escape_for_file_name(name.database)
+            / f"{escape_for_file_name(name.table)}.sql"
+        )
+
+    # ------------------------------------------------------------------------------------------- protocol
+
+    def get(self, name: TableName) -> TableService:
+        return self.replica_of(name)
+
+    def replica_of(self, name: TableName) -> TableReplica:
+        table = self._tables.get(name)
+        if table is None:
+            raise UnknownTableError(f"Table {name} doesn't exist.")
+        return table
+
+    def tables(self) -> list[TableService]:
+        return [self._tables[n] for n in sorted(self._tables)]
+
+    async def create_table(self, statement: Statement) -> TableService:
+        return await self.create_from_ddl(statement.text, if_not_exists=statement.if_exists)
+
+    async def drop_table(self, statement: Statement) -> None:
+        async with self._lock:
+            table = self._tables.get(statement.table)
+            if table is None:
+                if statement.if_exists:
+                    return
+                raise UnknownTableError(f"Table {statement.table} doesn't exist.")
+            await table.stop()
+            await self._drop_zookeeper(table.paths)
+            del self._tables[statement.table]
+            await asyncio.to_thread(self._remove_local, statement.table, table)
+            log.info("table_dropped", table=str(statement.table))
+
+    def keeper_status(self) -> dict[str, Any]:
+        return {
+            "state": str(self.keeper.session_state),
+            "session_id": self.keeper.session_id,
+            "hosts": self.keeper.hosts,
+            "chroot": self.keeper.chroot,
+        }
+
+    # ------------------------------------------------------------------------------------------- creation
+
+    async def create_from_ddl(
+        self, ddl: str, *, if_not_exists: bool = False, persist: bool = True
+    ) -> TableReplica:
+        table = parse_create_table(ddl)
+        spec = spec_from_ddl(table, self.macros, self.replica)
+        async with self._lock:
+            existing = self._tables.get(spec.name)
+            if existing is not None:
+                if if_not_exists or table.if_not_exists:
+                    return existing
+                raise TableExistsError(f"Table {spec.name} already exists.")
+            replica = TableReplica(spec, self.keeper, self.env, self.supervisor)
+            path = self.ddl_path(spec.name)
+            if persist:
+                await asyncio.to_thread(_write_atomically, path, ddl)
+            try:
+                await replica.start()
+            except BaseException:
+                if persist:
+                    await asyncio.to_thread(_unlink_quietly, path)
+                await replica.stop()
+                raise
+            self._tables[spec.name] = replica
+            log.info("table_attached", table=str(spec.name), zk_path=spec.zk_path, replica=spec.replica_name)
+            return replica
+
+    async def load(self) -> list[TableName]:
+        """Attach every table whose DDL is persisted under ``metadata/``."""
+        loaded: list[TableName] = []
+        for db_dir, sql_path in await asyncio.to_thread(self._persisted):
+            ddl = await asyncio.to_thread(sql_path.read_text)
+            database = unescape_for_file_name(db_dir)
+            table = parse_create_table(ddl)
+            if table.database is None and database != "default":
+                raise ReplicadError(f"{sql_path}: the statement does not name its database {database}")
+            replica = await self.create_from_ddl(ddl, persist=False)
+            loaded.append(replica.name)
+        return loaded
+
+    def _persisted(self) -> list[tuple[str, Path]]:
+        out: list[tuple[str, Path]] = []
+        if not self.metadata_path.exists():
+            return out
+        for db in sorted(os.scandir(self.metadata_path), key=lambda e: e.name):
+            if not db.is_dir():
+                continue
+            for f in sorted(Path(db.path).glob("*.sql")):
+                out.append((db.name, f))
+        return out
+
+    # ------------------------------------------------------------------------------------------- dropping
+
+    async def _drop_zookeeper(self, paths: TablePaths) -> None:
+        try:
+            await self.keeper.delete(paths.me.root, recursive=True)
+            replicas = await self.keeper.get_children(paths.replicas)
+        except KeeperNoNodeError:
+            return
+        except KeeperError as e:
+            raise ReplicadError(
+                f"Cannot remove replica {paths.me.root} from ZooKeeper: {e}", retriable=True
+            ) from e
+        if not replicas:
+            log.info("removing_table_from_zookeeper", zk_path=paths.zk_path)
+            try:
+                await self.keeper.delete(paths.zk_path, recursive=True)
+            except KeeperError as e:
+                log.warning("table_zookeeper_removal_failed", zk_path=paths.zk_path, error=str(e))
+
+    def _remove_local(self, name: TableName, table: TableReplica) -> None:
+        shutil.rmtree(table.layout.path, ignore_errors=True)
+        _unlink_quietly(self.ddl_path(name))
+
+    # ------------------------------------------------------------------------------------------- shutdown
+
+    async def stop_all(self) -> None:
+        for table in list(self._tables.values()):
+            await table.stop()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".sql.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text.rstrip() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+class ReplicationEngine:
+    """The engine the daemon drives (``replicad.service.Engine``)."""
+
+    def __init__(self, config: Config, supervisor: Supervisor, metrics: object | None = None) -> None:
+        self.config = config
+        self.supervisor = supervisor
+        self.metrics = metrics
+        zk = config.zookeeper
+        self.keeper = Keeper(zk.hosts, session_timeout_s=zk.session_timeout_s)
+        ic = config.interserver
+        self.interserver = InterserverServer(
+            ic.listen_host,
+            ic.port,
+            user=ic.user,
+            password=ic.password,
+            max_parallel_sends=int(config.effective_settings().get("replicated_max_parallel_sends", 0)),
+        )
+        env = ReplicaEnv(
+            data_path=config.data_path,
+            interserver=self.interserver,
+            interserver_host=ic.host,
+            tz=config.timezone,
+            credentials=FetchCredentials(ic.user, ic.password),
+            activation_timeout_s=zk.session_timeout_s + 5.0,
+        )
+        self._catalog = ReplicaCatalog(
+            config.data_path,
+            self.keeper,
+            env,
+            replica=config.replica,
+            macros=dict(config.macros),
+            supervisor=supervisor,
+        )
+
+    @property
+    def catalog(self) -> ReplicaCatalog:
+        return self._catalog
+
+    async def start(self) -> None:
+        await self.keeper.start()
+        await self.interserver.start()
+        await self._catalog.load()
+        await self._create_config_tables(self.config)
+
+    async def _create_config_tables(self, config: Config) -> None:
+        for ddl in config.tables:
+            await self._catalog.create_from_ddl(ddl, if_not_exists=True)
+
+    async def reload(self, config: Config) -> None:
+        self.config = config
+        await self._create_config_tables(config)
+
+    async def stop_inserts(self) -> None:
+        for table in self._catalog.tables():
+            if isinstance(table, TableReplica):
+                await table.stop_inserts()
+
+    async def stop_fetches(self) -> None:
+        await self._catalog.stop_all()
+
+    async def deactivate(self) -> None:
+        for table in self._catalog.tables():
+            if isinstance(table, TableReplica):
+                await table.deactivate()
+
+    async def stop_interserver(self) -> None:
+        await self.interserver.stop()
+
+    async def close_keeper(self) -> None:
+        await self.keeper.close()
+
+
+def statement_for(kind: StatementKind, name: TableName, text: str, if_exists: bool = False) -> Statement:
+    return Statement(kind, name, text, if_exists=if_exists)
