@@ -174,7 +174,6 @@ _DEFS: tuple[SettingDef, ...] = (
                check=_bool01),
     SettingDef("format_csv_delimiter", ",", Q, "CSV field delimiter (one character)",
                check=lambda v: None if len(v) == 1 else "must be a single character"),
-    SettingDef("max_result_rows", 0, Q, "SELECT row limit (0 = unlimited)", check=_non_negative),
 )
 
 SETTINGS: Mapping[str, SettingDef] = {d.name: d for d in _DEFS}

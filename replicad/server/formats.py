@@ -32,8 +32,18 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from replicad.errors import BadInputError, BodyTooLargeError, ReplicadError
+from replicad.server.text_values import (
+    array_element,
+    check_array_rows,
+    json_kind,
+    text_kind,
+    tsv_unescape,
+    zero_dates,
+)
 from replicad.storage.types import DataType
 from replicad.storage.types_base import BadValue
+
+__all__ = ["INPUT_FORMATS", "BodySource", "InputSpec", "ParsedBody", "SyncBody", "parse_body", "tsv_unescape"]
 
 _ALIASES = {"TSV": "TabSeparated", "TSVWithNames": "TabSeparatedWithNames"}
 INPUT_FORMATS = frozenset({"JSONEachRow", "TabSeparated", "TSV", "TabSeparatedWithNames", "TSVWithNames",
@@ -41,10 +51,6 @@ INPUT_FORMATS = frozenset({"JSONEachRow", "TabSeparated", "TSV", "TabSeparatedWi
 UNKNOWN_FORMAT = 73
 INCORRECT_DATA = 117
 NO_SUCH_COLUMN = 16
-_LETTER_ESCAPES = (("\\t", "\t"), ("\\n", "\n"), ("\\r", "\r"), ("\\0", "\0"), ("\\b", "\b"), ("\\f", "\f"),
-                   ("\\a", "\a"), ("\\v", "\v"), ("\\e", "\x1b"))
-
-
 def canonical_format(name: str) -> str:
     if name not in INPUT_FORMATS:
         raise BadInputError(f"Unknown input format {name}", code=UNKNOWN_FORMAT)
@@ -262,8 +268,10 @@ class _Converter:
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
         default_mask = None
-        if self.text == "tsv":
-            arr = tsv_unescape(arr)
+        is_array = array_element(dt.name) is not None
+        if self.text == "tsv":  # an array field is a literal with its own (quoted-string) escapes
+            arr = pc.if_else(pc.equal(arr, b"\\N"), pa.scalar(None, arr.type), arr) if is_array \
+                else tsv_unescape(arr)
         if not dt.is_nullable and arr.null_count:
             if self.text == "json":  # omitted fields and nulls get the default (input_format_null_as_default)
                 default_mask = arr.is_null()
@@ -272,12 +280,14 @@ class _Converter:
                 raise BadInputError(f"Cannot parse input: column {name}, row {self.row + i + 1}: NULL is not "
                                     f"allowed, type {dt.name} is not Nullable")
         if self.text and _is_date(dt) and (pa.types.is_binary(arr.type) or pa.types.is_string(arr.type)):
-            arr = _zero_dates(arr, "0" if "DateTime" in dt.name else "1970-01-01")
+            arr = zero_dates(arr, "0" if "DateTime" in dt.name else "1970-01-01")
         if self.text in ("tsv", "csv") and not _is_textual(dt):
             empty = pc.fill_null(pc.equal(arr, b""), False)
             if pc.any(empty).as_py():  # an empty field means the column's default, as in ClickHouse
                 default_mask = empty
                 arr = pc.if_else(empty, pa.scalar(None, arr.type), arr)
+        if self.text in ("tsv", "csv") and is_array:
+            arr = check_array_rows(arr, dt.name, name, self.row)
         try:
             out = dt.convert(arr, self.spec.tz)
         except BadValue as e:
@@ -296,15 +306,6 @@ def _is_date(dt: DataType) -> bool:
     return n.startswith(("Date", "DateTime"))
 
 
-def _zero_dates(arr: pa.Array, epoch: str) -> pa.Array:
-    """ClickHouse 18.16 writes the zero Date/DateTime as ``0000-00-00[ 00:00:00]``: read it as the epoch."""
-    zero = pc.fill_null(pc.match_substring_regex(arr, r"^0000-00-00( 00:00:00)?$"), False)
-    if not pc.any(zero).as_py():
-        return arr
-    value = epoch if pa.types.is_string(arr.type) else epoch.encode()
-    return pc.if_else(zero, pa.scalar(value, arr.type), arr)
-
-
 def _is_textual(dt: DataType) -> bool:
     n = dt.name.removeprefix("Nullable(").removeprefix("LowCardinality(")
     return n.startswith(("String", "FixedString"))
@@ -312,44 +313,6 @@ def _is_textual(dt: DataType) -> bool:
 
 def _first(mask: pa.Array) -> int:
     return int(pc.index(pc.fill_null(mask, False), True).as_py())
-
-
-def tsv_unescape(arr: pa.Array) -> pa.Array:
-    """ClickHouse TabSeparated unescaping of a binary column; the field ``\\N`` becomes NULL."""
-    if not pa.types.is_binary(arr.type):
-        arr = arr.cast(pa.binary())
-    if not pc.any(pc.match_substring(arr, "\\")).as_py():
-        return arr
-    nulls = pc.equal(arr, b"\\N")
-    parts = pc.split_pattern(arr, "\\\\")  # left to right, like the escape parser: `\\` is one backslash
-    flat = parts.flatten()
-    for esc, ch in _LETTER_ESCAPES:
-        flat = pc.replace_substring(flat, esc, ch)
-    if pc.any(pc.match_substring(flat, "\\x")).as_py():
-        flat = pa.array([_hex_unescape(v) for v in flat.to_pylist()], pa.binary())  # rare: \xHH escapes
-    flat = pc.replace_substring_regex(flat, r"\\(.)", r"\1")  # any other escaped character stands for itself
-    rebuilt = pa.ListArray.from_arrays(parts.offsets, flat)
-    out = pc.binary_join(rebuilt, b"\\")
-    if pc.any(nulls).as_py():
-        out = pc.if_else(nulls, pa.scalar(None, pa.binary()), out)
-    return out
-
-
-def _hex_unescape(v: bytes | None) -> bytes | None:
-    if v is None or b"\\x" not in v:
-        return v
-    out, i = bytearray(), 0
-    while i < len(v):
-        if v[i:i + 2] == b"\\x" and len(v) >= i + 4:
-            try:
-                out.append(int(v[i + 2:i + 4], 16))
-                i += 4
-                continue
-            except ValueError:
-                pass
-        out.append(v[i])
-        i += 1
-    return bytes(out)
 
 
 # ---- column mapping ------------------------------------------------------------------------------------
@@ -460,28 +423,12 @@ def _csv_with_names(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
     return _csv(body, spec, with_names=True)
 
 
-def _json_kind(type_name: str) -> pa.DataType:
-    """The JSON value type expected for a column (what pyarrow is told to parse)."""
-    name = type_name
-    while name.startswith(("Nullable(", "LowCardinality(")):
-        name = name[name.index("(") + 1:-1]
-    if name.startswith("Array("):
-        return pa.list_(_json_kind(name[len("Array("):-1]))
-    if name.startswith("UInt"):
-        return pa.uint64()
-    if name.startswith("Int"):
-        return pa.int64()
-    if name.startswith("Float"):
-        return pa.float64()
-    return pa.string()  # strings, dates, date-times, UUIDs, enums, decimals: JSON strings
-
-
 def _json(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
     names = [n for n, _ in spec.columns]
     types = [t for _, t in spec.columns]
     yield names
     conv = _Converter(names, types, spec, text="json")
-    schema = pa.schema([(n, _json_kind(t.name)) for n, t in spec.columns])
+    schema = pa.schema([(n, json_kind(t.name)) for n, t in spec.columns])
     opts = pa_json.ParseOptions(explicit_schema=schema,
                                 unexpected_field_behavior="ignore" if spec.skip_unknown_fields else "error")
     for block in body.line_blocks(spec.read_block_bytes):
@@ -492,14 +439,16 @@ def _json(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
             if "unexpected field" in str(e).lower():
                 raise BadInputError(f"Unknown field found while parsing JSONEachRow format: {_short(e)}",
                                     code=INCORRECT_DATA) from None
-            cols = _json_slow(block, names, conv.row, spec.skip_unknown_fields)
+            cols = _json_slow(block, spec.columns, conv.row, spec.skip_unknown_fields)
         yield from conv.feed(cols)
     yield from conv.finish()
 
 
-def _json_slow(block: bytes, names: list[str], row0: int, skip_unknown: bool) -> list[pa.Array]:
+def _json_slow(block: bytes, columns: Sequence[tuple[str, DataType]], row0: int,
+               skip_unknown: bool) -> list[pa.Array]:
     """Fallback for blocks pyarrow refuses (numbers given both as strings and as numbers, raw non-UTF-8
     bytes inside strings as ClickHouse writes them): every value as text bytes."""
+    names = [n for n, _ in columns]
     values: dict[str, list[Any]] = {n: [] for n in names}
     known = set(names)
     row = row0
@@ -519,8 +468,14 @@ def _json_slow(block: bytes, names: list[str], row0: int, skip_unknown: bool) ->
                                 f" (row {row})", code=INCORRECT_DATA)
         for n in names:
             values[n].append(_as_text(obj.get(n)))
-    return [pa.array(values[n], pa.list_(pa.binary()) if any(isinstance(v, list) for v in values[n])
-                     else pa.binary()) for n in names]
+    out = []
+    for n, t in columns:
+        try:
+            out.append(pa.array(values[n], text_kind(t.name)))
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise BadInputError(f"Cannot parse input: column {n}, rows {row0 + 1}..{row}: JSON values do not "
+                                f"fit {t.name}: {_short(e)}") from None
+    return out
 
 
 def _as_text(v: Any) -> Any:

@@ -194,3 +194,63 @@ def test_unknown_setting_and_error_format_match(ch: ClickHouseServer, fmt: str, 
     with pytest.raises(ClickHouseError) as exc:
         ch.query_bytes(f"SELECT 1 FORMAT {fmt}", settings={"no_such_setting_xyz": 1})
     assert exc.value.code == 115
+
+
+COMPLEX = [("ns", "Nullable(String)"), ("ni", "Nullable(Int32)"), ("au", "Array(UInt8)"),
+           ("as_", "Array(String)"),
+           ("e", "Enum8('a' = 1, 'b\\'q' = -2, 'c d' = 3)"), ("dec", "Decimal(9, 2)"), ("u", "UUID"),
+           ("an", "Array(Nullable(Int8))"), ("aa", "Array(Array(String))"), ("ad", "Array(Date)")]
+
+
+def _complex_rows(n: int, seed: int) -> list[str]:
+    rnd = random.Random(seed)
+    words = [b"", b"x", b"it's", b"a,b", b"[1]", b"\\", b"\t\n", b"NULL", "ж".encode(), b'"q"']
+
+    def s() -> str:
+        return _sql_string(rnd.choice(words) + rnd.choice(words))
+
+    out = []
+    for _ in range(n):
+        out.append(", ".join([
+            rnd.choice(["NULL", s()]), rnd.choice(["NULL", str(rnd.randrange(-2**31, 2**31))]),
+            "[" + ",".join(str(rnd.randrange(256)) for _ in range(rnd.randrange(4))) + "]",
+            "[" + ",".join(s() for _ in range(rnd.randrange(4))) + "]",
+            rnd.choice(["'a'", "'b\\'q'", "'c d'"]), f"{rnd.randrange(-10**6, 10**6) / 100:.2f}",
+            f"'{uuid_text(rnd)}'",
+            "[" + ",".join(rnd.choice(["NULL", str(rnd.randrange(-128, 128))])
+                           for _ in range(rnd.randrange(4))) + "]",
+            "[" + ",".join("[" + ",".join(s() for _ in range(rnd.randrange(3))) + "]"
+                           for _ in range(rnd.randrange(3))) + "]",
+            "[" + ",".join(f"toDate({rnd.randrange(1, 40000)})" for _ in range(rnd.randrange(3))) + "]",
+        ]))
+    return out
+
+
+def uuid_text(rnd: random.Random) -> str:
+    h = f"{rnd.getrandbits(128):032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def test_complex_types_match_clickhouse(ch: ClickHouseServer) -> None:
+    types = [(n, parse_type(t)) for n, t in COMPLEX]
+    ch.query("CREATE TABLE fmt_complex (" + ", ".join(f"{n} {t}" for n, t in COMPLEX) + ") ENGINE = Log")
+    ch.query("INSERT INTO fmt_complex VALUES " + ", ".join(f"({r})" for r in _complex_rows(200, seed=7)))
+
+    async def parse(fmt: str, data: bytes) -> pa.Table:
+        spec = InputSpec(format=fmt, columns=types, explicit_columns=False, block_rows=64, tz=TZ,
+                         read_block_bytes=2048)
+        parsed = await parse_body(Body(data), spec, 1 << 30)
+        return pa.Table.from_batches([b async for b in parsed.batches])
+
+    async def rend(table: pa.Table, fmt: str) -> bytes:
+        return b"".join([c async for c in render(QueryResult.from_table(types, table), fmt, TZ)])
+
+    reference = None
+    for fmt in TEXT_FORMATS:
+        theirs = ch.query_bytes(f"SELECT * FROM fmt_complex FORMAT {fmt}", settings=ONE_THREAD)
+        table = asyncio.run(parse(fmt, theirs))
+        assert table.num_rows == 200
+        reference = reference or table
+        assert same(table, reference), fmt
+        ours = asyncio.run(rend(table, fmt))
+        assert ours == theirs, (fmt, _first_difference(ours, theirs))

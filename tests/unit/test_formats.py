@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replicad.errors import BadInputError, BodyTooLargeError, ReplicadError
-from replicad.server.formats import InputSpec, parse_body, tsv_unescape
+from replicad.server.formats import InputSpec, parse_body
 from replicad.server.output_formats import column_text, render
+from replicad.server.text_values import parse_array_text, tsv_unescape
 from replicad.service import QueryResult
 from replicad.storage.types import DataType, parse_type
 
@@ -321,3 +322,34 @@ def test_clickhouse_float_spelling_round_trips(v: float) -> None:
 def test_clickhouse_float_examples(value: float, text: str) -> None:
     # as ClickHouse 18.16 prints them (SELECT 1e20, 1e21, … FORMAT TSV)
     assert column_text(pa.array([value], pa.float64()), "tsv").to_pylist() == [text.encode()]
+
+
+@pytest.mark.parametrize("text,type_name,expected", [
+    (b"[1,2]", "Array(UInt8)", [b"1", b"2"]),
+    (b"[]", "Array(UInt8)", []),
+    (b" [ 1 , NULL ] ", "Array(Int8)", [b"1", None]),
+    (b"['2020-01-01']", "Array(Date)", [b"2020-01-01"]),
+    (b"[['a'],[],['b','c']]", "Array(Array(String))", [[b"a"], [], [b"b", b"c"]]),
+    (b"['x','it\\'s\\t','a,b','[','q''q']", "Array(String)", [b"x", b"it's\t", b"a,b", b"[", b"q'q"]),
+])
+def test_array_literals(text: bytes, type_name: str, expected: object) -> None:
+    got = parse_array_text(pa.array([text, None], pa.binary()), type_name).to_pylist()
+    assert got == [expected, None]
+
+
+@pytest.mark.parametrize("text", [b"[1,2", b"['a'] x", b"['a'", b"[,]"])
+def test_array_literal_errors(text: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_array_text(pa.array([text], pa.binary()), "Array(String)")
+
+
+async def test_arrays_in_text_formats() -> None:
+    cols = [("a", maybe_type("Array(String)")), ("n", T("UInt8"))]
+    _, batches = await parse("TSV", b"['x','it\\'s']\t1\n[]\t2\n\t3\n", cols)
+    assert rows(batches) == {"a": [[b"x", b"it's"], [], []], "n": [1, 2, 3]}
+    _, batches = await parse("CSV", b"\"['a,b']\",1\n", cols)
+    assert rows(batches)["a"] == [[b"a,b"]]
+    _, batches = await parse("JSONEachRow", b'{"a": ["x", "y"], "n": "7"}\n{"a": [], "n": 8}\n', cols)
+    assert rows(batches) == {"a": [[b"x", b"y"], []], "n": [7, 8]}
+    with pytest.raises(BadInputError, match="column a, row 2"):
+        await parse("TSV", b"[]\t1\n['x'\t2\n", cols)

@@ -1,0 +1,235 @@
+"""ClickHouse text-format values → Arrow arrays the types can convert (``DataType.convert`` reads text).
+
+* :func:`tsv_unescape` — TabSeparated escaping (``\\t``, ``\\\\``, ``\\xHH`` …; the field ``\\N`` is NULL);
+* :func:`parse_array_text` — array literals as ClickHouse writes them inside TSV/CSV (``[1,2]``,
+  ``['a','it\\'s']``, ``[1,NULL]``, ``[[1],[]]``) into (nested) ``list<binary>`` of element texts;
+* :func:`zero_dates` — 18.16's zero Date/DateTime spelling ``0000-00-00[ 00:00:00]``;
+* :func:`json_kind` / :func:`text_kind` — the Arrow shapes used to read a column's JSON / text values.
+Flat numeric arrays and escaping are vectorised; string arrays and nested arrays use a small parser.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replicad.errors import BadInputError
+
+_LETTER_ESCAPES = (("\\t", "\t"), ("\\n", "\n"), ("\\r", "\r"), ("\\0", "\0"), ("\\b", "\b"), ("\\f", "\f"),
+                   ("\\a", "\a"), ("\\v", "\v"), ("\\e", "\x1b"))
+_UNESCAPE = {"t": "\t", "n": "\n", "r": "\r", "0": "\0", "b": "\b", "f": "\f", "a": "\a", "v": "\v",
+             "e": "\x1b"}
+_PLAIN_ELEMENTS = ("Int", "UInt", "Float", "Decimal", "Date", "DateTime")
+
+
+def base_type(type_name: str) -> str:
+    """The type without ``Nullable(…)`` / ``LowCardinality(…)`` wrappers."""
+    name = type_name.strip()
+    while name.startswith(("Nullable(", "LowCardinality(")) and name.endswith(")"):
+        name = name[name.index("(") + 1:-1].strip()
+    return name
+
+
+def array_element(type_name: str) -> str | None:
+    name = base_type(type_name)
+    return name[len("Array("):-1].strip() if name.startswith("Array(") and name.endswith(")") else None
+
+
+def json_kind(type_name: str) -> pa.DataType:
+    """The JSON value type pyarrow is told to expect for a column."""
+    element = array_element(type_name)
+    if element is not None:
+        return pa.list_(json_kind(element))
+    name = base_type(type_name)
+    if name.startswith("UInt"):
+        return pa.uint64()
+    if name.startswith("Int"):
+        return pa.int64()
+    if name.startswith("Float"):
+        return pa.float64()
+    return pa.string()  # strings, dates, date-times, UUIDs, enums, decimals: JSON strings
+
+
+def text_kind(type_name: str) -> pa.DataType:
+    """Values as text: ``binary`` for scalars, nested ``list<…binary>`` for arrays."""
+    element = array_element(type_name)
+    return pa.list_(text_kind(element)) if element is not None else pa.binary()
+
+
+# ---- TabSeparated escaping -----------------------------------------------------------------------------
+
+
+def tsv_unescape(arr: pa.Array) -> pa.Array:
+    """ClickHouse TabSeparated unescaping of a binary column; the field ``\\N`` becomes NULL."""
+    if not pa.types.is_binary(arr.type):
+        arr = arr.cast(pa.binary())
+    if not pc.any(pc.match_substring(arr, "\\")).as_py():
+        return arr
+    nulls = pc.equal(arr, b"\\N")
+    parts = pc.split_pattern(arr, "\\\\")  # left to right, like the escape parser: `\\` is one backslash
+    flat = parts.flatten()
+    for esc, ch in _LETTER_ESCAPES:
+        flat = pc.replace_substring(flat, esc, ch)
+    if pc.any(pc.match_substring(flat, "\\x")).as_py():
+        flat = pa.array([_hex_unescape(v) for v in flat.to_pylist()], pa.binary())  # rare: \xHH escapes
+    flat = pc.replace_substring_regex(flat, r"\\(.)", r"\1")  # any other escaped character stands for itself
+    rebuilt = pa.ListArray.from_arrays(parts.offsets, flat)
+    out = pc.binary_join(rebuilt, b"\\")
+    if pc.any(nulls).as_py():
+        out = pc.if_else(nulls, pa.scalar(None, pa.binary()), out)
+    return out
+
+
+def _hex_unescape(v: bytes | None) -> bytes | None:
+    if v is None or b"\\x" not in v:
+        return v
+    out, i = bytearray(), 0
+    while i < len(v):
+        if v[i:i + 2] == b"\\x" and len(v) >= i + 4:
+            try:
+                out.append(int(v[i + 2:i + 4], 16))
+                i += 4
+                continue
+            except ValueError:
+                pass
+        out.append(v[i])
+        i += 1
+    return bytes(out)
+
+
+def zero_dates(arr: pa.Array, epoch: str) -> pa.Array:
+    """ClickHouse 18.16 writes the zero Date/DateTime as ``0000-00-00[ 00:00:00]``: read it as ``epoch``."""
+    zero = pc.fill_null(pc.match_substring_regex(arr, r"^0000-00-00( 00:00:00)?$"), False)
+    if not pc.any(zero).as_py():
+        return arr
+    value = epoch if pa.types.is_string(arr.type) else epoch.encode()
+    return pc.if_else(zero, pa.scalar(value, arr.type), arr)
+
+
+# ---- array literals --------------------------------------------------------------------------------------
+
+
+def parse_array_text(arr: pa.Array, type_name: str) -> pa.Array:
+    """``[…]`` texts → (nested) list arrays of element texts (``None`` for ``NULL``); nulls stay null.
+
+    Raises ``ValueError(row, message)`` for a malformed literal (row relative to ``arr``).
+    """
+    element = array_element(type_name)
+    if element is None:
+        raise ValueError(0, f"{type_name} is not an array type")
+    if not pa.types.is_binary(arr.type):
+        arr = arr.cast(pa.binary())
+    if base_type(element).startswith(_PLAIN_ELEMENTS) and array_element(element) is None:
+        fast = _flat_plain(arr)
+        if fast is not None:
+            return fast
+    values: list[Any] = []
+    for row, v in enumerate(arr.to_pylist()):
+        if v is None:
+            values.append(None)
+            continue
+        try:
+            parsed, end = _literal(v, _skip_ws(v, 0))
+            if _skip_ws(v, end) != len(v) or not isinstance(parsed, list):
+                raise ValueError("unexpected text after the array")
+        except (ValueError, IndexError) as e:
+            raise ValueError(row, f"cannot parse array {v[:80]!r}: {e}") from None
+        values.append(parsed)
+    try:
+        return pa.array(values, text_kind(type_name))
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise ValueError(0, f"array nesting does not match {type_name}: {e}") from None
+
+
+def _flat_plain(arr: pa.Array) -> pa.Array | None:
+    """Vectorised path for one-level arrays of unquoted (or simply quoted) plain values."""
+    valid = pc.fill_null(pc.match_substring_regex(arr, r"^\s*\[[^\[\]\\]*\]\s*$"), True)
+    if not pc.all(valid).as_py():
+        return None  # something unusual (nested brackets, escapes): let the parser decide
+    inner = pc.replace_substring_regex(arr, r"^\s*\[(.*)\]\s*$", r"\1")
+    empty = pc.fill_null(pc.match_substring_regex(inner, r"^\s*$"), False)
+    parts = pc.split_pattern(pc.if_else(empty, pa.scalar(None, pa.binary()), inner), ",")
+    flat = pc.replace_substring_regex(parts.flatten(), r"^\s*'?(.*?)'?\s*$", r"\1")
+    flat = pc.if_else(pc.equal(flat, b"NULL"), pa.scalar(None, pa.binary()), flat)
+    offsets = parts.offsets
+    lists = pa.ListArray.from_arrays(offsets, flat)
+    # rows that were `[]` became null lists above: make them empty, keep real nulls null
+    out = pc.if_else(empty, pa.scalar([], pa.list_(pa.binary())), lists)
+    if arr.null_count:
+        out = pc.if_else(arr.is_null(), pa.scalar(None, pa.list_(pa.binary())), out)
+    return out
+
+
+def _skip_ws(s: bytes, i: int) -> int:
+    while i < len(s) and s[i] in b" \t\r\n":
+        i += 1
+    return i
+
+
+def _literal(s: bytes, i: int) -> tuple[Any, int]:
+    c = s[i:i + 1]
+    if c == b"[":
+        items: list[Any] = []
+        i = _skip_ws(s, i + 1)
+        if s[i:i + 1] == b"]":
+            return items, i + 1
+        while True:
+            item, i = _literal(s, _skip_ws(s, i))
+            items.append(item)
+            i = _skip_ws(s, i)
+            sep = s[i:i + 1]
+            if sep == b"]":
+                return items, i + 1
+            if sep != b",":
+                raise ValueError(f"expected ',' or ']' at position {i}")
+            i += 1
+    if c in (b"'", b'"'):
+        return _quoted(s, i)
+    j = i
+    while j < len(s) and s[j:j + 1] not in (b",", b"]", b"[") and s[j] not in b" \t\r\n":
+        j += 1
+    word = s[i:j]
+    if not word:
+        raise ValueError(f"expected a value at position {i}")
+    return (None if word == b"NULL" else word), j
+
+
+def _quoted(s: bytes, i: int) -> tuple[bytes, int]:
+    quote = s[i]
+    out = bytearray()
+    j = i + 1
+    while j < len(s):
+        ch = s[j]
+        if ch == 0x5C and j + 1 < len(s):  # backslash
+            nxt = chr(s[j + 1])
+            if nxt == "x" and j + 3 < len(s):
+                try:
+                    out.append(int(s[j + 2:j + 4], 16))
+                    j += 4
+                    continue
+                except ValueError:
+                    pass
+            out += _UNESCAPE.get(nxt, nxt).encode("latin-1") if nxt in _UNESCAPE else bytes([s[j + 1]])
+            j += 2
+        elif ch == quote:
+            if j + 1 < len(s) and s[j + 1] == quote:  # doubled quote
+                out.append(quote)
+                j += 2
+                continue
+            return bytes(out), j + 1
+        else:
+            out.append(ch)
+            j += 1
+    raise ValueError("unterminated quoted string")
+
+
+def check_array_rows(arr: pa.Array, type_name: str, column: str, row0: int) -> pa.Array:
+    """:func:`parse_array_text` with errors as BadInputError naming the column and the 1-based row."""
+    try:
+        return parse_array_text(arr, type_name)
+    except ValueError as e:
+        row, message = e.args if len(e.args) == 2 else (0, str(e))
+        raise BadInputError(f"Cannot parse input: column {column}, row {row0 + int(row) + 1}: {message}") \
+            from None
