@@ -96,11 +96,13 @@ class TableMetadata:
     def to_text(self) -> str:
         """The znode text; with only 18.16 fields set this is byte-identical to 18.16's."""
         out = [f"metadata format version: 1\ndate column: {self.date_column}\n"
-               f"sampling expression: {self.sampling_expression}\nindex granularity: {self.index_granularity}\n"
+               f"sampling expression: {self.sampling_expression}\n"
+               f"index granularity: {self.index_granularity}\n"
                f"mode: {self.merging_params_mode}\nsign column: {self.sign_column}\n"
                f"primary key: {self.primary_key}\n"]
         if self.data_format_version >= 1:
-            out.append(f"data format version: {self.data_format_version}\npartition key: {self.partition_key}\n")
+            out.append(f"data format version: {self.data_format_version}\n"
+                       f"partition key: {self.partition_key}\n")
         for prefix, name in _OPTIONAL:
             value = getattr(self, name)
             if name in ("version_column", "is_deleted_column", "columns_to_sum", "graphite_params_hash") and (

@@ -21,7 +21,12 @@ from functools import cached_property
 
 from replicad.errors import ReplicadError, SyntaxError_
 from replicad.model.partition import PartitionKey
-from replicad.model.table_metadata import ColumnDescription, ColumnsDescription, NamesAndTypesList, TableMetadata
+from replicad.model.table_metadata import (
+    ColumnDescription,
+    ColumnsDescription,
+    NamesAndTypesList,
+    TableMetadata,
+)
 from replicad.sql.expressions import Expr, empty_table
 from replicad.sql.expressions_ast import (
     Function,
@@ -70,7 +75,8 @@ class ColumnDef:
         return self.default_kind != "ALIAS"
 
     def description(self) -> ColumnDescription:
-        return ColumnDescription(self.name, self.type.name, self.default_kind, self.default_expression, self.comment)
+        return ColumnDescription(self.name, self.type.name, self.default_kind, self.default_expression,
+                                 self.comment)
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,8 @@ class TableDef:
     @cached_property
     def primary_key_expressions(self) -> list[Expr]:
         """PRIMARY KEY (default: ORDER BY) as an expression list (what primary.idx stores)."""
-        return [Expr(n) for n in _key_nodes(self.primary_key if self.primary_key is not None else self.order_by)]
+        key = self.primary_key if self.primary_key is not None else self.order_by
+        return [Expr(n) for n in _key_nodes(key)]
 
     def metadata(self) -> TableMetadata:
         sorting = format_list(_key_nodes(self.order_by))
@@ -319,14 +326,16 @@ def _engine(engine: str, args: tuple[Node, ...]) -> tuple[str | None, str | None
         if engine.endswith("MergeTree") and family in _OTHER_FAMILIES:
             raise ddl_error(f"Engine {engine} is not supported: only MergeTree and ReplicatedMergeTree",
                             UNKNOWN_STORAGE)
-        raise ddl_error(f"Unknown or unsupported table engine {engine}: only MergeTree and ReplicatedMergeTree",
+        raise ddl_error(f"Unknown or unsupported table engine {engine}: "
+                        "only MergeTree and ReplicatedMergeTree",
                         UNKNOWN_STORAGE)
     replicated = engine == "ReplicatedMergeTree"
     wanted = 2 if replicated else 0
     if len(args) > wanted:
         usage = "'zk_path', 'replica'" if replicated else ""
         raise ddl_error(
-            f"{engine}({format_list(args)}) is the old engine-argument syntax, which replicad does not support; "
+            f"{engine}({format_list(args)}) is the old engine-argument syntax, "
+            "which replicad does not support; "
             f"write {engine}({usage}) PARTITION BY ... ORDER BY ..."
         )
     if len(args) < wanted:
@@ -386,7 +395,8 @@ def _validate_keys(table: TableDef, clauses: dict[str, Node]) -> None:
     for key, node in clauses.items():
         for col in referenced_columns(node):
             if col not in types:
-                raise ddl_error(f"Missing column {col!r} used in {key.replace('_', ' ').upper()}", UNKNOWN_IDENTIFIER)
+                clause = key.replace("_", " ").upper()
+                raise ddl_error(f"Missing column {col!r} used in {clause}", UNKNOWN_IDENTIFIER)
     checks = [("Sorting", table.sorting_key), ("Primary", table.primary_key_expressions),
               ("Partition", table.partition_key.expressions)]
     for what, exprs in checks:

@@ -92,7 +92,8 @@ class Context:
         lo, hi = (count, count) if isinstance(count, int) else (count or (0, 1 << 30))
         if not lo <= len(node.args) <= hi:
             want = str(lo) if lo == hi else f"{lo}..{hi}"
-            raise BadInputError(f"Function {node.name} takes {want} arguments, {len(node.args)} given", code=42)
+            raise BadInputError(f"Function {node.name} takes {want} arguments, {len(node.args)} given",
+                                code=42)
         return [self.evaluate(a) for a in node.args]
 
     def column(self, name: str) -> Val:
@@ -184,7 +185,8 @@ class Expr:
         """Referenced column names, in order of first appearance."""
         return referenced_columns(self.node)
 
-    def evaluate(self, table: pa.Table, types: dict[str, DataType], tz: str = "UTC") -> tuple[pa.Array, DataType]:
+    def evaluate(self, table: pa.Table, types: dict[str, DataType], tz: str = "UTC"
+                 ) -> tuple[pa.Array, DataType]:
         ctx = Context(table.num_rows, tz, table, types)
         v = ctx.evaluate(self.node)
         return v.arr, v.dtype

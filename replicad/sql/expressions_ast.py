@@ -16,7 +16,6 @@ from __future__ import annotations
 import decimal
 import math
 from dataclasses import dataclass
-from typing import Union
 
 from replicad.errors import SyntaxError_
 from replicad.sql.expressions_lexer import T, Token, back_quote_if_needed, quote_string, tokenize, unquote
@@ -53,7 +52,7 @@ class Asterisk:
     alias: str | None = None
 
 
-Node = Union[Literal, Identifier, Function, Asterisk]
+Node = Literal | Identifier | Function | Asterisk
 
 _BINARY_OPERATORS = {
     "multiply": " * ", "divide": " / ", "modulo": " % ", "plus": " + ", "minus": " - ",
@@ -151,9 +150,9 @@ def _format_function(f: Function, need_parens: bool) -> str:
             space = " " if f.name == "negate" and isinstance(args[0], Literal) else ""
             return op + space + format_ast(args[0], True)
         if len(args) == 2:
-            op = _BINARY_OPERATORS.get(f.name)
-            if op is not None:
-                text = format_ast(args[0], True) + op + format_ast(args[1], True)
+            infix = _BINARY_OPERATORS.get(f.name)
+            if infix is not None:
+                text = format_ast(args[0], True) + infix + format_ast(args[1], True)
                 return f"({text})" if need_parens else text
             if f.name == "arrayElement":
                 return f"{format_ast(args[0], True)}[{format_ast(args[1], True)}]"
@@ -395,16 +394,15 @@ class Parser:
 
     def _comparison(self) -> Node:
         node = self._between()
-        while True:
-            for op, fname in _COMPARISONS:
-                if op[0].isalpha():
-                    if self.accept_words(*op.split()):
-                        break
-                elif self.accept_punct(op):
-                    break
-            else:
-                return node
+        while (fname := self._comparison_operator()) is not None:
             node = Function(fname, (node, self._between()))
+        return node
+
+    def _comparison_operator(self) -> str | None:
+        for op, fname in _COMPARISONS:
+            if self.accept_words(*op.split()) if op[0].isalpha() else self.accept_punct(op):
+                return fname
+        return None
 
     def _between(self) -> Node:
         subject = self._concat()
@@ -488,10 +486,14 @@ class Parser:
         t = self.tok
         if t.is_punct("("):
             self.pos += 1
-            if self.tok.is_word("SELECT", "WITH") and not (self.peek().is_punct(",") or self.peek().is_punct(")")):
-                raise SyntaxError_("subqueries are not supported")
-            items = self.expression_list(allow_empty=False)
-            self.expect_punct(")")
+            maybe_subquery = self.tok.is_word("SELECT", "WITH")
+            try:
+                items = self.expression_list(allow_empty=False)
+                self.expect_punct(")")
+            except SyntaxError_:
+                if maybe_subquery:
+                    raise SyntaxError_("subqueries are not supported") from None
+                raise
             return items[0] if len(items) == 1 else Function("tuple", items)
         if t.is_punct("["):
             self.pos += 1

@@ -140,7 +140,13 @@ _date_part("toQuarter", "UInt8", lambda d, s: (_ymd(d)[1] - 1) // 3 + 1)
 _date_part("toMonth", "UInt8", lambda d, s: _ymd(d)[1])
 _date_part("toDayOfMonth", "UInt8", lambda d, s: _ymd(d)[2])
 _date_part("toDayOfWeek", "UInt8", lambda d, s: np.mod(d + 3, 7) + 1)
-_date_part("toDayOfYear", "UInt16", lambda d, s: d - days_from_civil(_ymd(d)[0], np.ones_like(d), np.ones_like(d)) + 1)
+
+
+def _start_of_year(days: NDArray, _secs: NDArray) -> NDArray:
+    return days_from_civil(civil_from_days(days)[0], np.ones_like(days), np.ones_like(days))
+
+
+_date_part("toDayOfYear", "UInt16", lambda d, s: d - _start_of_year(d, s) + 1)
 _date_part("toHour", "UInt8", lambda d, s: s // 3600)
 _date_part("toMinute", "UInt8", lambda d, s: (s // 60) % 60)
 _date_part("toSecond", "UInt8", lambda d, s: s % 60)
@@ -149,7 +155,7 @@ _date_part("toStartOfMonth", "Date",
            lambda d, s: days_from_civil(_ymd(d)[0], _ymd(d)[1], np.ones_like(d)))
 _date_part("toStartOfQuarter", "Date",
            lambda d, s: days_from_civil(_ymd(d)[0], ((_ymd(d)[1] - 1) // 3) * 3 + 1, np.ones_like(d)))
-_date_part("toStartOfYear", "Date", lambda d, s: days_from_civil(_ymd(d)[0], np.ones_like(d), np.ones_like(d)))
+_date_part("toStartOfYear", "Date", _start_of_year)
 _date_part("toRelativeDayNum", "UInt32", lambda d, s: d)
 
 

@@ -113,7 +113,7 @@ def binary_arithmetic(op: str, a: Val, b: Val) -> Val:
             x, y = av.astype(common), bv.astype(common)
             _check_divisor(y, vb)
             y = np.where(y == 0, 1, y).astype(common)
-            if common.kind == "i" and ((x == np.iinfo(common).min) & (y == -1)).any():
+            if common.kind == "i" and ((x == np.iinfo(common.name).min) & (y == -1)).any():
                 raise BadInputError("Division of minimal signed number by minus one", code=ILLEGAL_DIVISION)
             out = _trunc_div(x, y) if op == "intDiv" else np.fmod(x, y)
     return make_val(out, result, valid, any_nullable(a, b))
@@ -128,7 +128,8 @@ def _date_arithmetic(ctx: Context, op: str, node: Function) -> Val | None:
         ):
             if op == "minus" and interval_side is left_node:
                 raise type_error("Cannot subtract a date from an interval")
-            return dates.add_interval(ctx, ctx.evaluate(other_side), interval_side, -1 if op == "minus" else 1)
+            sign = -1 if op == "minus" else 1
+            return dates.add_interval(ctx, ctx.evaluate(other_side), interval_side, sign)
     a, b = ctx.evaluate(left_node), ctx.evaluate(right_node)
     ka, kb = a.info.kind, b.info.kind
     if ka not in ("date", "datetime") and kb not in ("date", "datetime"):
@@ -259,7 +260,8 @@ def to_string(ctx: Context, v: Val) -> Val:
     if kind == "int":
         return arrow_val(v.arr.cast(pa.string()).cast(pa.binary()), "String", v.info.nullable)
     if kind == "float":
-        return arrow_val(v.arr.cast(pa.float64()).cast(pa.string()).cast(pa.binary()), "String", v.info.nullable)
+        text = v.arr.cast(pa.float64()).cast(pa.string()).cast(pa.binary())
+        return arrow_val(text, "String", v.info.nullable)
     if kind == "date":
         return arrow_val(v.arr.cast(pa.string()).cast(pa.binary()), "String", v.info.nullable)
     if kind == "datetime":
@@ -284,9 +286,9 @@ def to_string(ctx: Context, v: Val) -> Val:
         dashed = np.full((len(raw), 36), ord("-"), dtype=np.uint8)
         for src, dst, width in ((0, 0, 8), (8, 9, 4), (12, 14, 4), (16, 19, 4), (20, 24, 12)):
             dashed[:, dst : dst + width] = chars[:, src : src + width]
-        arr = pa.Array.from_buffers(pa.binary(36), len(raw), [v.arr.buffers()[0], pa.py_buffer(dashed.tobytes())],
-                                    offset=0) if not v.arr.null_count else pa.array(
-            [bytes(r) for r in dashed], pa.binary(36), mask=~np.asarray(v.arr.is_valid()))
+        arr = pa.Array.from_buffers(pa.binary(36), len(raw), [None, pa.py_buffer(dashed.tobytes())])
+        if v.arr.null_count:
+            arr = pc.if_else(v.arr.is_valid(), arr, pa.scalar(None, pa.binary(36)))
         return arrow_val(arr.cast(pa.binary()), "String", v.info.nullable)
     raise type_error(f"toString of {v.dtype.name} is not supported")
 
@@ -319,7 +321,7 @@ def _map_ascii(arr: pa.Array, lo: int, hi: int, delta: int) -> pa.Array:
         return arr
     data = np.frombuffer(bufs[2], dtype=np.uint8).copy()
     sel = (data >= lo) & (data <= hi)
-    data[sel] = data[sel] + delta
+    data[sel] = (data[sel].astype(np.int16) + delta).astype(np.uint8)
     return pa.Array.from_buffers(arr.type, len(arr), [bufs[0], bufs[1], pa.py_buffer(data.tobytes())],
                                  null_count=arr.null_count)
 
@@ -410,6 +412,7 @@ def _int_hash64(ctx: Context, node: Function) -> Val:
     (a,) = ctx.args(node, 1)
     x, valid = _as_uint64(a, node.name)
     with np.errstate(over="ignore"):
+        x = x ^ np.uint64(0x4CF2D2BAAE6DA887)  # IntHash64Impl's salt
         x = x ^ (x >> np.uint64(33))
         x = x * np.uint64(0xFF51AFD7ED558CCD)
         x = x ^ (x >> np.uint64(33))
@@ -424,6 +427,7 @@ def _int_hash32(ctx: Context, node: Function) -> Val:
     key, valid = _as_uint64(a, node.name)
     u = np.uint64
     with np.errstate(over="ignore"):
+        key = key ^ u(0x75D9543DE018BF45)  # IntHash32Impl's salt
         key = (~key) + (key << u(18))
         key = key ^ ((key >> u(31)) | (key << u(33)))
         key = key * u(21)

@@ -171,7 +171,7 @@ _ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "0": "\0", "a
 
 
 def unquote(token_text: str) -> str:
-    """Value of a quoted token (``'it''s'``, ``'a\\tb'``, `` `x` ``): ClickHouse's readQuotedStringWithSQLStyle."""
+    """Value of a quoted token (``'it''s'``, ``'a\\tb'``, `` `x` ``), like readQuotedStringWithSQLStyle."""
     quote = token_text[0]
     body = token_text[1:-1]
     out: list[str] = []

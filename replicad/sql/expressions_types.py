@@ -73,8 +73,8 @@ def info_of_name(name: str) -> TypeInfo:
         name = name[len("Nullable(") : -1]
     if name.startswith("LowCardinality(") and name.endswith(")"):
         inner = info_of_name(name[len("LowCardinality(") : -1])
-        return TypeInfo(inner.kind, inner.name, nullable or inner.nullable, inner.bits, inner.signed, inner.tz,
-                        inner.size, inner.precision, inner.scale, inner.enum_values)
+        return TypeInfo(inner.kind, inner.name, nullable or inner.nullable, inner.bits, inner.signed,
+                        inner.tz, inner.size, inner.precision, inner.scale, inner.enum_values)
     m = re.fullmatch(r"(U?)Int(8|16|32|64)", name)
     if m:
         return TypeInfo("int", name, nullable, int(m.group(2)), signed=not m.group(1))
@@ -94,7 +94,8 @@ def info_of_name(name: str) -> TypeInfo:
         return TypeInfo("uuid", name, nullable)
     m = re.fullmatch(r"Enum(8|16)\((.*)\)", name, re.S)
     if m:
-        return TypeInfo("enum", name, nullable, int(m.group(1)), signed=True, enum_values=_enum_values(m.group(2)))
+        return TypeInfo("enum", name, nullable, int(m.group(1)), signed=True,
+                        enum_values=_enum_values(m.group(2)))
     m = re.fullmatch(r"Decimal(?:32|64|128)?\((\d+),\s*(\d+)\)", name)
     if m:
         return TypeInfo("decimal", name, nullable, precision=int(m.group(1)), scale=int(m.group(2)))
@@ -180,7 +181,9 @@ def if_result(a: TypeInfo, b: TypeInfo) -> str | None:
     max_int = max(0 if fa else za, 0 if fb else zb)
     max_float = max(za if fa else 0, zb if fb else 0)
     size = max(za, zb)
-    if (has_float and has_int and max_int >= max_float) or (has_signed and has_unsigned and max_unsigned >= max_signed):
+    if (has_float and has_int and max_int >= max_float) or (
+        has_signed and has_unsigned and max_unsigned >= max_signed
+    ):
         size *= 2
     if size > 8:
         return None
@@ -223,7 +226,8 @@ def from_numpy(values: NDArray, dt: DataType, valid: NDArray | None = None) -> p
     t = info(dt)
     mask = None if valid is None else ~valid
     if t.kind == "date":
-        return pa.array(values.astype(np.int64).astype(np.int32), type=pa.int32(), mask=mask).cast(pa.date32())
+        days = values.astype(np.int64).astype(np.int32)
+        return pa.array(days, type=pa.int32(), mask=mask).cast(pa.date32())
     if t.kind == "datetime":
         return pa.array(values.astype(np.int64), type=pa.int64(), mask=mask).cast(pa.timestamp("s"))
     target = t.np_dtype
