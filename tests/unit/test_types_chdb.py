@@ -1,0 +1,208 @@
+"""Cross-check the type codecs against ClickHouse 26 (chdb, in process).
+
+ClickHouse's ``Native`` format writes each column with the same bulk serialization as a part's ``.bin``
+streams, concatenated in stream order (Nullable: null map, then values; LowCardinality: keys version, then
+per-block index headers with additional keys), except that Array sizes are cumulative offsets there.  So:
+
+* ClickHouse -> us: ClickHouse casts SQL literals and writes Native; we decode the column bytes and compare
+  with ``to_storage`` of the same values, and re-encode to the same bytes.
+* us -> ClickHouse: we serialize, wrap the bytes in a Native block, and let ClickHouse read the file and
+  print it as TSV.
+
+Canonical type names are compared with ClickHouse's ``toTypeName``.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from replicad.storage.types import DataType, parse_type
+from replicad.storage.types_string import encode_varuint
+
+chdb = pytest.importorskip("chdb")
+
+# (type, SQL array literal of the values, the same values as user input for to_storage, expected TSV)
+CASES: list[tuple[str, str, list[Any]]] = [
+    ("Int8", "[-128, 0, 127]", [-128, 0, 127]),
+    ("Int16", "[-32768, 1, 32767]", [-32768, 1, 32767]),
+    ("Int32", "[-2147483648, 2147483647]", [-(2**31), 2**31 - 1]),
+    ("Int64", "[-9223372036854775808, 9223372036854775807]", [-(2**63), 2**63 - 1]),
+    ("UInt8", "[0, 255]", [0, 255]),
+    ("UInt16", "[0, 65535]", [0, 65535]),
+    ("UInt32", "[0, 4294967295]", [0, 2**32 - 1]),
+    ("UInt64", "[0, 18446744073709551615]", [0, 2**64 - 1]),
+    ("Float32", "[-1.5, 0, 3.25]", [-1.5, 0.0, 3.25]),
+    ("Float64", "[-1.5e300, 0.1, 1e-300]", [-1.5e300, 0.1, 1e-300]),
+    ("Date", "['1970-01-01', '2026-11-22', '2149-06-06']", ["1970-01-01", "2026-11-22", "2149-06-06"]),
+    (
+        "DateTime",
+        "['1970-01-01 00:00:00', '2026-11-22 10:00:00', '2106-02-07 06:28:15']",
+        ["1970-01-01 00:00:00", "2026-11-22 10:00:00", "2106-02-07 06:28:15"],
+    ),
+    ("DateTime('Asia/Tokyo')", "['2026-11-22 10:00:00']", ["2026-11-22 10:00:00"]),
+    (
+        "String",
+        "['', 'hello', 'é€😀', repeat('x', 200), '\\0\\t\\n']",
+        ["", "hello", "é€😀", "x" * 200, "\0\t\n"],
+    ),
+    ("FixedString(3)", "['', 'ab', 'abc']", ["", "ab", "abc"]),
+    (
+        "UUID",
+        "['00000000-0000-0000-0000-000000000001', '01234567-89ab-cdef-0123-456789abcdef']",
+        ["00000000-0000-0000-0000-000000000001", "01234567-89ab-cdef-0123-456789abcdef"],
+    ),
+    ("Enum8('b' = -2, 'a' = 1, 'c\\'' = 127)", "['a', 'b', 'c\\'']", ["a", "b", "c'"]),
+    ("Enum16('x' = -32768, 'y' = 32767)", "['y', 'x']", ["y", "x"]),
+    ("Decimal(9, 2)", "['123.45', '-0.01', '9999999.99']", ["123.45", "-0.01", "9999999.99"]),
+    ("Decimal(18, 4)", "['-12345678901234.5678', '0']", ["-12345678901234.5678", "0"]),
+    (
+        "Decimal(38, 10)",
+        "['-9999999999999999999999999999.9999999999', '1.5']",
+        ["-9999999999999999999999999999.9999999999", "1.5"],
+    ),
+    ("Nullable(Int32)", "[7, NULL, -1]", [7, None, -1]),
+    ("Nullable(String)", "[NULL, 'a', '']", [None, "a", ""]),
+    ("Array(String)", "[['a', 'bc'], [], ['']]", [["a", "bc"], [], [""]]),
+    ("Array(Array(Nullable(Int8)))", "[[[1, NULL], []], [], [[NULL]]]", [[[1, None], []], [], [[None]]]),
+    ("LowCardinality(String)", "['a', 'b', 'a', '']", ["a", "b", "a", ""]),
+    ("LowCardinality(Nullable(String))", "['a', NULL, '', 'a']", ["a", None, "", "a"]),
+]
+
+
+def _user_input(values: list[Any]) -> pa.Array:
+    try:
+        return pa.array(values)
+    except OverflowError:  # UInt64 beyond Int64
+        return pa.array(values, pa.uint64())
+
+
+def _query(sql: str, fmt: str) -> bytes:
+    return bytes(chdb.query(sql, fmt).bytes())
+
+
+def _read_varuint(data: bytes, pos: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, pos
+
+
+def _native_column(data: bytes) -> tuple[str, int, bytes]:
+    """(type name, rows, column bytes) of a one-column, one-block Native stream."""
+    ncols, pos = _read_varuint(data, 0)
+    nrows, pos = _read_varuint(data, pos)
+    assert ncols == 1
+    name_len, pos = _read_varuint(data, pos)
+    pos += name_len
+    type_len, pos = _read_varuint(data, pos)
+    type_name = data[pos : pos + type_len].decode()
+    return type_name, nrows, data[pos + type_len :]
+
+
+def _native_block(t: DataType, rows: int, column: bytes) -> bytes:
+    name = t.name.encode()
+    return encode_varuint(1) + encode_varuint(rows) + b"\x01c" + encode_varuint(len(name)) + name + column
+
+
+def _sizes_to_offsets(t: DataType, bufs: dict[str, bytes]) -> dict[str, bytes]:
+    out = dict(bufs)
+    for s in t.substreams():
+        if s.startswith(".size"):
+            out[s] = np.cumsum(np.frombuffer(bufs[s], "<u8"), dtype="<u8").tobytes()
+    return out
+
+
+def _split_native(t: DataType, native: bytes, rows: int) -> dict[str, bytes]:
+    """A Native column's bytes per our substream (Array sizes still as cumulative offsets)."""
+    out: dict[str, bytes] = {}
+    pos = 0
+    count = rows
+    for s in t.substreams():
+        if s.startswith(".size"):
+            out[s] = native[pos : pos + 8 * count]
+            count = int(np.frombuffer(native, "<u8", count=count, offset=pos)[-1]) if count else 0
+            pos += len(out[s])
+        elif s == ".null":
+            out[s] = native[pos : pos + count]
+            pos += count
+        elif s == ".dict":
+            assert native[pos : pos + 8] == struct.pack("<Q", 1)  # keys serialization version
+            out[s] = b""
+            pos += 8
+        else:
+            out[s] = native[pos:]
+    return out
+
+
+def _offsets_to_sizes(t: DataType, bufs: dict[str, bytes]) -> dict[str, bytes]:
+    out = dict(bufs)
+    for s in t.substreams():
+        if s.startswith(".size"):
+            offsets = np.frombuffer(bufs[s], "<u8")
+            out[s] = np.diff(offsets, prepend=np.uint64(0)).astype("<u8").tobytes()
+    return out
+
+
+@pytest.mark.parametrize(("type_text", "sql_values", "values"), CASES, ids=[c[0] for c in CASES])
+def test_clickhouse_native_bytes_decode(type_text: str, sql_values: str, values: list[Any]) -> None:
+    t = parse_type(type_text)
+    data = _query(f"SELECT CAST(x AS {type_text}) AS c FROM (SELECT arrayJoin({sql_values}) AS x)", "Native")
+    type_name, rows, column = _native_column(data)
+    assert (
+        type_name == t.name.split("(")[0] if type_text.startswith("DateTime(") else t.name
+    )  # Native drops tz
+    assert rows == len(values)
+    theirs = _split_native(t, column, rows)
+    expected = t.to_storage(_user_input(values), "c", tz="UTC")
+    got = t.deserialize(_offsets_to_sizes(t, theirs), rows)
+    assert got.equals(expected), (got, expected)
+    if "LowCardinality" not in type_text:  # Native LowCardinality uses per-block keys, parts use dictionaries
+        assert _sizes_to_offsets(t, t.serialize(expected)) == theirs
+
+
+def _native_from_ours(t: DataType, arr: pa.Array) -> bytes:
+    if "LowCardinality" in t.name:
+        # a Native LowCardinality column: keys version, then one block with additional keys only
+        ser = t.serialize(arr)
+        keys = ser[".dict"]  # our stand-alone dictionary: UInt64 n + keys
+        header = ser[""][:8]
+        flags = struct.unpack("<Q", header)[0] & 0xFF | 0x200  # HasAdditionalKeys, no global dictionary
+        return struct.pack("<QQ", 1, flags) + keys + ser[""][8:]
+    bufs = _sizes_to_offsets(t, t.serialize(arr))
+    return b"".join(bufs.get(s, b"") for s in t.substreams())
+
+
+@pytest.mark.parametrize(("type_text", "sql_values", "values"), CASES, ids=[c[0] for c in CASES])
+def test_clickhouse_reads_our_bytes(
+    tmp_path: Path, type_text: str, sql_values: str, values: list[Any]
+) -> None:
+    t = parse_type(type_text)
+    arr = t.to_storage(_user_input(values), "c", tz="UTC")
+    path = tmp_path / "ours.native"
+    path.write_bytes(_native_block(t, len(arr), _native_from_ours(t, arr)))
+    ours = _query(f"SELECT c FROM file('{path}', 'Native')", "TSV")
+    theirs = _query(f"SELECT CAST(x AS {type_text}) AS c FROM (SELECT arrayJoin({sql_values}) AS x)", "TSV")
+    assert ours == theirs
+
+
+@pytest.mark.parametrize(
+    "type_text", ["Decimal32(3)", "Decimal(5)", "Enum8('z' = 3, 'y' = -1)", "INT", "TEXT"]
+)
+def test_alias_names_match_clickhouse(type_text: str) -> None:
+    data = _query(
+        f"SELECT CAST(x AS {type_text}) AS c FROM (SELECT arrayJoin([1]) AS x)"
+        if "Enum" not in type_text
+        else f"SELECT CAST('z' AS {type_text}) AS c",
+        "Native",
+    )
+    assert _native_column(data)[0] == parse_type(type_text).name
