@@ -43,7 +43,14 @@ from replicad.server.formats import InputSpec, parse_body
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from replicad.server.metrics import Metrics
 from replicad.server.output_formats import content_type, render
-from replicad.server.routing import InsertRoute, SelectRoute, StatementRoute, parse_full, route
+from replicad.server.routing import (
+    InsertRoute,
+    SelectRoute,
+    StatementRoute,
+    parse_full,
+    route,
+    select_from_parsed,
+)
 from replicad.service import (
     Catalog,
     InsertSettings,
@@ -239,6 +246,8 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
             prefix = (r.inline_data + "\n").encode() + prefix
         return await _insert(request, state, r, given, query_id, prefix, headers)
     if isinstance(r, SelectRoute):
+        if r.constant is None:
+            r = select_from_parsed(parse_full(text), r, params.get("database") or "default")
         return await _select(request, state, r, params, headers)
     return await _statement(state, r, text, given, headers)
 
@@ -324,6 +333,8 @@ async def _select(request: web.Request, state: ApiState, r: SelectRoute, params:
             result = QueryResult.from_table([("count()", parse_type("UInt64"))], counted)
         else:
             result = await table.select(r.query)
+            if r.offset:
+                result = QueryResult(result.columns, _skip_rows(result.batches, r.offset))
     chunks = render(result, fmt, state.config.timezone)
     first = await anext(chunks, None)  # errors before any output still get a proper status code
     resp = web.StreamResponse(headers={**headers, "X-ClickHouse-Format": fmt, "Content-Type": ctype})
@@ -338,6 +349,16 @@ async def _select(request: web.Request, state: ApiState, r: SelectRoute, params:
         await resp.write(error_text(e).encode())
     await resp.write_eof()
     return resp
+
+
+async def _skip_rows(batches: AsyncIterator[pa.RecordBatch], n: int) -> AsyncIterator[pa.RecordBatch]:
+    """LIMIT … OFFSET n: drop the first ``n`` rows."""
+    async for b in batches:
+        if n >= b.num_rows:
+            n -= b.num_rows
+            continue
+        yield b.slice(n)
+        n = 0
 
 
 async def _statement(state: ApiState, r: StatementRoute, text: str, given: Mapping[str, Any],

@@ -13,11 +13,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from replicad.errors import SyntaxError_
+from replicad.errors import ReplicadError, SyntaxError_
+from replicad.logging import get_logger
 from replicad.service import OrderKey, SelectQuery, StatementKind, TableName
 
 _IDENT = r"(?:`(?:[^`\\]|\\.)+`|[A-Za-z_][A-Za-z0-9_$]*)"
 _TABLE = rf"{_IDENT}(?:\s*\.\s*{_IDENT})?"
+log = get_logger(__name__)
 _KEYWORDS = ("FROM", "WHERE", "ORDER BY", "LIMIT", "FORMAT", "SETTINGS", "GROUP BY", "HAVING", "PREWHERE")
 
 
@@ -35,6 +37,7 @@ class SelectRoute:
     is_count: bool
     format: str | None
     constant: str | None = None  # ``SELECT 1`` style queries without FROM
+    offset: int = 0  # LIMIT … OFFSET: the API skips these rows; ``query.limit`` counts them too
 
 
 @dataclass(frozen=True)
@@ -59,18 +62,41 @@ def route(text: str, default_database: str = "default") -> Route:
 
 
 def parse_full(text: str) -> Any:
-    """``replicad.sql.statements.parse_statement(text)`` when that module exists and accepts the text."""
+    """``replicad.sql.statements.parse_statement(text)``: the full parse, whose syntax errors (SyntaxError_,
+    HTTP 400 with the position) are the user's answer.  None when that parser is unavailable or broke."""
     try:
-        mod = importlib.import_module("replicad.sql.statements")
-    except ImportError:
-        return None
-    fn = getattr(mod, "parse_statement", None)
-    if fn is None:
+        fn = importlib.import_module("replicad.sql.statements").parse_statement
+    except (ImportError, AttributeError):
         return None
     try:
         return fn(text)
-    except Exception:  # the API's own routing parse decides what is an error
+    except ReplicadError:
+        raise
+    except Exception as e:  # a bug in the full parser must not take down statements we can route
+        log.warning("statement_parser_failed", error=f"{type(e).__name__}: {e}", sql=text[:200])
         return None
+
+
+def select_from_parsed(parsed: Any, route_: SelectRoute, default_database: str) -> SelectRoute:
+    """The route of a SELECT rebuilt from its full parse (expressions in ClickHouse's formatting).
+
+    OFFSET is applied by the API, so ``SelectQuery.limit`` counts OFFSET + LIMIT rows."""
+    if parsed is None or not hasattr(parsed, "items"):
+        return route_
+    db = parsed.table.database or default_database
+    star = any(item.expr is None for item in parsed.items)
+    columns = None if star else tuple(item.expr.text for item in parsed.items)
+    offset = int(getattr(parsed, "offset", 0) or 0)
+    limit = parsed.limit if parsed.limit is None else parsed.limit + offset
+    q = SelectQuery(
+        table=TableName(db, parsed.table.name),
+        columns=columns,
+        where=parsed.where.text if parsed.where is not None else None,
+        order_by=tuple(OrderKey(o.expr.text, bool(o.descending)) for o in parsed.order_by),
+        limit=limit,
+        text=route_.query.text,
+    )
+    return SelectRoute(q, bool(parsed.is_count), parsed.format or route_.format, offset=offset)
 
 
 def _syntax(msg: str, text: str) -> SyntaxError_:
@@ -129,19 +155,23 @@ def _select(sql: str, db: str) -> SelectRoute:
         if unsupported in clauses:
             raise SyntaxError_(f"{unsupported} is not supported by replicad", code=48)
     table = _table(clauses["FROM"].strip(), db)
-    limit = None
+    limit, offset = None, 0
     if "LIMIT" in clauses:
-        lm = re.fullmatch(r"\s*(\d+)\s*", clauses["LIMIT"])
+        lm = re.fullmatch(r"\s*(\d+)\s*(?:,\s*(\d+)\s*|OFFSET\s+(\d+)\s*)?", clauses["LIMIT"], re.IGNORECASE)
         if not lm:
             raise _syntax("LIMIT expects a number", sql)
-        limit = int(lm.group(1))
+        if lm.group(2) is not None:
+            offset, limit = int(lm.group(1)), int(lm.group(2))
+        else:
+            limit, offset = int(lm.group(1)), int(lm.group(3) or 0)
+        limit += offset
     order = tuple(_order_key(k) for k in _split_top(clauses.get("ORDER BY", ""), ",") if k)
     cols_text = [c.strip() for c in _split_top(body, ",")]
     is_count = len(cols_text) == 1 and re.fullmatch(r"count\s*\(\s*\*?\s*\)", cols_text[0], re.IGNORECASE)
     columns = None if cols_text == ["*"] else tuple(_unquote_ident(c) for c in cols_text)
     where = clauses.get("WHERE", "").strip() or None
     q = SelectQuery(table=table, columns=columns, where=where, order_by=order, limit=limit, text=sql)
-    return SelectRoute(q, bool(is_count), fmt)
+    return SelectRoute(q, bool(is_count), fmt, offset=offset)
 
 
 def _order_key(text: str) -> OrderKey:

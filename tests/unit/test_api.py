@@ -16,6 +16,7 @@ from replicad.config import build_config
 from replicad.errors import QuorumError, TooManyPartsError
 from replicad.server.api import ApiServer, ApiState, create_app
 from replicad.server.metrics import Metrics
+from replicad.server.routing import InsertRoute, SelectRoute, StatementRoute, route
 from replicad.service import StatementKind
 from replicad.tasks import FunctionTask, Supervisor
 from tests.support.fake_engine import FakeCatalog, FakeTable
@@ -307,3 +308,40 @@ async def test_starting_replica_answers_503_but_pings(tmp_path: Path) -> None:
         assert (await client.get("/replicas_status")).status == 503
         data = await (await client.get("/status")).json()
         assert data["state"] == "starting" and data["tables"] == {}
+
+
+async def test_select_through_the_full_parser(api: Api) -> None:
+    await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    more = ROWS.replace(b"\t5\t", b"\t7\t").replace(b"\t6\t", b"\t8\t")
+    await api.post("INSERT INTO db.events FORMAT TSV", more)
+    _, _, body = await api.get("/", query="SELECT user_id FROM db.events ORDER BY user_id LIMIT 1, 2")
+    assert body == b"6\n7\n"
+    _, _, body = await api.get("/", query="SELECT user_id FROM events ORDER BY user_id DESC LIMIT 2 OFFSET 3",
+                               database="db")
+    assert body == b"5\n"
+    status, _, body = await api.get("/", query="SELECT user_id FROM db.events WHERE (user_id = ")
+    assert status == 400 and error(body)[0] == 62
+    status, _, body = await api.post("ALTER TABLE db.events DELETE WHERE user_id = ")
+    assert status == 400 and error(body)[0] == 62
+    assert api.table.statements == []
+    assert (await api.post("ALTER TABLE db.events DELETE WHERE user_id = 5"))[0] == 200
+    parsed = api.table.statements[-1].parsed
+    assert parsed is not None and parsed.mutation_commands_text() == "DELETE WHERE user_id = 5 "
+
+
+@pytest.mark.parametrize("sql,limit,offset", [
+    ("SELECT a FROM t LIMIT 3", 3, 0), ("SELECT a FROM t LIMIT 2, 3", 5, 2),
+    ("SELECT a FROM t LIMIT 3 OFFSET 2", 5, 2), ("SELECT a FROM t", None, 0),
+])
+def test_routing_limit_offset(sql: str, limit: int | None, offset: int) -> None:
+    r = route(sql)
+    assert isinstance(r, SelectRoute) and r.query.limit == limit and r.offset == offset
+
+
+def test_routing_insert_keeps_inline_data_untouched() -> None:
+    r = route("INSERT INTO db.t (a, `b c`) FORMAT TSV -- not a comment\t1;\n")
+    assert isinstance(r, InsertRoute)
+    assert r.columns == ("a", "b c") and r.format == "TSV" and r.inline_data == "-- not a comment\t1;\n"
+    s = route("/* c */ SELECT x FROM t WHERE s = 'FROM ORDER BY' -- trailing\n")
+    assert isinstance(s, SelectRoute) and s.query.where == "s = 'FROM ORDER BY'"
+    assert isinstance(route("system sync replica db.t"), StatementRoute)
