@@ -89,6 +89,7 @@ def configure(level: str = "info", stream: TextIO | None = None) -> None:
     handler._replicad = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(max(_state["level"], logging.INFO))  # keep chatty libraries at info unless asked
+    logging.captureWarnings(True)  # Python warnings become JSON lines too (logger "py.warnings")
 
 
 def set_level(level: str) -> None:
