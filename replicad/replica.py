@@ -164,6 +164,8 @@ class TableReplica:
             self.store,
             self.fetcher,
             max_parallel_fetches=env.max_parallel_fetches,
+            merge_schema=self.schema,
+            writer_settings=self.writer_settings,
         )
         self.cleanup = FunctionTask(f"{spec.name}:cleanup", self._cleanup_once, period_s=5.0)
         self.restarting = FunctionTask(f"{spec.name}:restarting", self._restart_once, period_s=1.0)

@@ -24,6 +24,7 @@ import random
 import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
@@ -217,22 +218,31 @@ class PartFetcher:
             port=address.replication_port,
         )
         received = await self._download(address, src.root, part_name, tmp_dir, expected)
+        part, replaced = await self.commit_new_part(tmp_dir, info, received)
+        self.fetches_total += 1
+        log.info("fetched_part", part=part_name, source=source_replica, replaced=[p.name for p in replaced])
+        return part, replaced
+
+    async def commit_new_part(
+        self, tmp_dir: Path, info: PartInfo, checksums: Checksums
+    ) -> tuple[LocalPart, list[LocalPart]]:
+        """checkPartChecksumsAndCommit for a part made here (fetched, merged): compare with the replicas that
+        have it (CorruptedDataError on a mismatch), rename it into place, register it in ZooKeeper and make
+        it active.  ``tmp_dir`` is removed when anything fails."""
+        part_name = info.name
         try:
             columns_text = (await asyncio.to_thread((tmp_dir / "columns.txt").read_bytes)).decode()
-            await self._check_with_replicas(part_name, columns_text, received)
+            await self._check_with_replicas(part_name, columns_text, checksums)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, tmp_dir, True)
             raise
         part = await self.store.precommit(tmp_dir, info)
         try:
-            await self._commit_to_zookeeper(part_name, columns_text, received)
+            await self._commit_to_zookeeper(part_name, columns_text, checksums)
         except BaseException:
             await self.store.rollback(part_name)
             raise
-        replaced = self.store.activate(part_name)
-        self.fetches_total += 1
-        log.info("fetched_part", part=part_name, source=source_replica, replaced=[p.name for p in replaced])
-        return part, replaced
+        return part, self.store.activate(part_name)
 
     async def _zk_checksums(self, replica: str, part_name: str) -> MinimalisticChecksums | None:
         """The source's checksums for the part as recorded in ZooKeeper (old child node or new header)."""
@@ -255,7 +265,7 @@ class PartFetcher:
         address: ReplicaAddress,
         source_replica_path: str,
         part_name: str,
-        tmp_dir: object,
+        tmp_dir: Path,
         expected: MinimalisticChecksums | None,
     ) -> Checksums:
         params = {
@@ -277,7 +287,7 @@ class PartFetcher:
                     raise FetchError(f"Fetching part {part_name} failed: HTTP {resp.status}: {text.strip()}")
                 cookie = resp.cookies.get("server_protocol_version")
                 version = int(cookie.value) if cookie is not None and cookie.value.isdigit() else 0
-                received = await receive_part(resp.content, tmp_dir, version, expected, fsync=self.fsync)  # type: ignore[arg-type]
+                received = await receive_part(resp.content, tmp_dir, version, expected, fsync=self.fsync)
         except aiohttp.ClientError as e:
             raise FetchError(
                 f"Fetching part {part_name} from {address.host}:{address.replication_port}: {e}"

@@ -168,6 +168,24 @@ async def test_mixed_replica_set(
             data, _ = await keeper.get(paths.log_entry(name))
             assert LogEntry.parse(data).readable_by_18_16
 
+        # a merge assigned by ClickHouse's leader is executed by replicad itself, byte-identical
+        await ch(ch1, "OPTIMIZE TABLE db.events PARTITION 202611 FINAL")
+        await ch(ch1, "SYSTEM SYNC REPLICA db.events")
+        (merged,) = (
+            await ch(ch1, "SELECT name FROM system.parts WHERE active AND partition_id = '202611'")
+        ).split()
+
+        def have_merged() -> bool:
+            return [p.name for p in replica.store.active() if p.info.partition_id == "202611"] == [merged]
+
+        await wait_for(have_merged, what=f"replicad to merge into {merged}")
+        assert replica.executor.merged_total >= 1
+        mine = replica.store.get(merged)
+        assert mine is not None
+        theirs = ch1.table_dir("db", "events") / merged / "checksums.txt"
+        assert theirs.read_bytes() == (mine.path / "checksums.txt").read_bytes()
+        assert await replica.count(None) == 370
+
         # ClickHouse's copy of a part written by replicad is byte-identical to ours
         for p in replica.store.active():
             if p.info.partition_id == "202609":
