@@ -207,8 +207,13 @@ class _Column:
         for suffix, stream in self.pairs:
             stream.append(parts.get(suffix, b""))
 
-    def write(self, arr: pa.Array, segments: Sequence[tuple[int, int, bool]]) -> None:
-        """Serialize ``arr`` segment by segment (a segment = the rows of one granule in this batch)."""
+    def write(
+        self, arr: pa.Array, segments: Sequence[tuple[int, int, bool]], order: pa.Array | None = None
+    ) -> None:
+        """Serialize ``arr`` (permuted by ``order`` first, if given) segment by segment (a segment = the
+        rows of one granule in this batch)."""
+        if order is not None:
+            arr = arr.take(order)
         serialize = self._serialize
         pairs = self.pairs
         for start, length, is_mark in segments:
@@ -314,19 +319,37 @@ class PartWriter:
         return out
 
     def write(
-        self, batch: pa.RecordBatch | pa.Table, key_arrays: Mapping[str, pa.Array] | None = None
+        self,
+        batch: pa.RecordBatch | pa.Table,
+        key_arrays: Mapping[str, pa.Array | pa.ChunkedArray] | None = None,
+        *,
+        order: npt.NDArray[np.int64] | pa.Array | None = None,
     ) -> None:
-        """Append rows (storage Arrow, sorted).  Extra primary-key arrays go in ``key_arrays``."""
+        """Append rows (storage Arrow).  Extra primary-key arrays go in ``key_arrays``.
+
+        The rows must be in ORDER BY order — or ``order`` holds the indices of the rows to write, in
+        ORDER BY order (e.g. :func:`sort_indices`, or a slice of it to stream a big sorted block in
+        pieces); ``batch`` and ``key_arrays`` are then in input order.  Each column is permuted inside
+        its own task, so the sorted table is never materialised (ClickHouse's ``writeWithPermutation``).
+        """
         if self._finished or self._closed:
             raise RuntimeError("PartWriter is finished")
         try:
-            self._write(batch, key_arrays or {})
+            self._write(batch, key_arrays or {}, order)
         except BaseException:
             self.abort()
             raise
 
-    def _write(self, batch: pa.RecordBatch | pa.Table, key_arrays: Mapping[str, pa.Array]) -> None:
-        n = batch.num_rows
+    def _write(
+        self,
+        batch: pa.RecordBatch | pa.Table,
+        key_arrays: Mapping[str, pa.Array | pa.ChunkedArray],
+        order: npt.NDArray[np.int64] | pa.Array | None,
+    ) -> None:
+        perm: pa.Array | None = None
+        if order is not None:
+            perm = order if isinstance(order, pa.Array) else pa.array(order, pa.int64())
+        n = batch.num_rows if perm is None else len(perm)
         if n == 0:
             return
         arrays: dict[str, pa.Array] = {}
@@ -344,19 +367,19 @@ class PartWriter:
 
         if self._pool is None:
             for col in self._cols:
-                col.write(arrays[col.name], segments)
+                col.write(arrays[col.name], segments, perm)
         else:
             futures: list[Future[None]] = [
-                self._pool.submit(col.write, arrays[col.name], segments) for col in self._cols
+                self._pool.submit(col.write, arrays[col.name], segments, perm) for col in self._cols
             ]
-            self._index_and_minmax(arrays, key_arrays, segments, n)
+            self._index_and_minmax(arrays, key_arrays, segments, n, perm)
             errors = [f.exception() for f in futures]
             for e in errors:
                 if e is not None:
                     raise e
             self._advance(n)
             return
-        self._index_and_minmax(arrays, key_arrays, segments, n)
+        self._index_and_minmax(arrays, key_arrays, segments, n, perm)
         self._advance(n)
 
     def _advance(self, n: int) -> None:
@@ -368,9 +391,10 @@ class PartWriter:
     def _index_and_minmax(
         self,
         arrays: Mapping[str, pa.Array],
-        key_arrays: Mapping[str, pa.Array],
+        key_arrays: Mapping[str, pa.Array | pa.ChunkedArray],
         segments: Sequence[tuple[int, int, bool]],
         n: int,
+        perm: pa.Array | None,
     ) -> None:
         starts = [s for s, _, is_mark in segments if is_mark]
         self.marks_count += len(starts)
@@ -383,17 +407,22 @@ class PartWriter:
                     if given is None:
                         raise ValueError(f"primary key expression {k!r}: no key array given")
                     arr = _combine(given)
-                    if len(arr) != n:
-                        raise ValueError(f"primary key array {k!r} has {len(arr)} rows, batch has {n}")
+                    if len(arr) != len(arrays[self.columns[0][0]]):
+                        raise ValueError(f"primary key array {k!r} has {len(arr)} rows, the batch does not")
                 keys.append((self._key_types[k], arr))
             # The first row of each granule, for every key column (rows interleaved column by column).
             idx = pa.array(starts, pa.int64())
+            if perm is not None:
+                idx = perm.take(idx)
             firsts = [(t, a.take(idx)) for t, a in keys]
             for i in range(len(starts)):
                 for t, a in firsts:
                     self._primary += t.serialize_value(a, i)
         for c in self.minmax_columns:
-            mm = pc.min_max(arrays[c])
+            values = arrays[c]
+            if perm is not None and len(perm) != len(values):
+                values = values.take(perm)
+            mm = pc.min_max(values)
             lo, hi = mm["min"].as_py(), mm["max"].as_py()
             if lo is None:
                 continue

@@ -571,3 +571,32 @@ def test_sort_indices_numpy_matches_arrow(a: list[int], fl: list[float], with_nu
         table = pa.table({f"k{i}": k for i, k in enumerate(keys)})
         want = pc.sort_indices(table, sort_keys=[(f"k{i}", "ascending", "at_end") for i in range(len(keys))])
         assert sort_indices(keys).tolist() == want.to_pylist()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_write_with_permutation(tmp_path: Path, threads: int) -> None:
+    """write(batch, order=...) == write(sorted batch); also streamed as slices of the permutation."""
+    n = 5000
+    rng = np.random.default_rng(5)
+    t = pa.table({"k": pa.array(rng.integers(0, 100, n).astype(np.uint32)),
+                  "d": pa.array(rng.integers(19000, 19020, n).astype(np.int32), pa.date32()),
+                  "s": pa.array([b"v%d" % i for i in range(n)])})
+    key = pa.array(rng.integers(0, 7, n).astype(np.uint32), pa.uint32())
+    cols = [("k", T("UInt32")), ("d", T("Date")), ("s", T("String"))]
+    kw: dict[str, Any] = dict(primary_key=["k", "e"], key_types={"e": U32}, minmax_columns=["d"],
+                              partition_value=[(U32, 202201)])
+    s = WriterSettings(index_granularity=64, min_compress_block_size=1000, fsync=False, threads=threads)
+    order = sort_indices([t.column("k"), t.column("s")])
+    with PartWriter(tmp_path / "a", cols, s, **kw) as w:
+        w.write(t.take(order), {"e": key.take(order)})
+        w.finish()
+    with PartWriter(tmp_path / "b", cols, s, **kw) as w:
+        w.write(t, {"e": key}, order=order)
+        w.finish()
+    with PartWriter(tmp_path / "c", cols, s, **kw) as w:
+        for i in range(0, n, 777):
+            w.write(t, {"e": key}, order=order[i:i + 777])
+        w.finish()
+    for f in sorted(x.name for x in (tmp_path / "a").iterdir()):
+        a = (tmp_path / "a" / f).read_bytes()
+        assert a == (tmp_path / "b" / f).read_bytes() == (tmp_path / "c" / f).read_bytes(), f
