@@ -31,6 +31,22 @@ def _check_range(dt: DataType, orig: pa.Array, values: pa.Array, hi: int) -> Non
         raise dt.reject(orig, bad, "is out of range")
 
 
+def localize(local: pa.Array, tz: str) -> pa.Array:
+    """Naive local ``timestamp('s')`` wall-clock times in ``tz`` -> int64 unix seconds, as ClickHouse does:
+    an ambiguous time (clocks going back) takes its first occurrence; a time inside a gap (clocks going
+    forward) is read with the UTC offset in force after the gap (02:30 in a 02:00->03:00 gap = 03:30)."""
+    if tz == "UTC":
+        return local.cast(pa.int64())
+    first = pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="earliest")
+    after = pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="latest")
+    in_gap = pc.not_equal(first, after)
+    if not pc.any(in_gap).as_py():
+        return first.cast(pa.int64())
+    offset_after = pc.subtract(pc.local_timestamp(after).cast(pa.int64()), after.cast(pa.int64()))
+    shifted = pc.subtract(local.cast(pa.int64()), offset_after)
+    return pc.if_else(in_gap, shifted, first.cast(pa.int64()))
+
+
 def _text_to_unix(dt: DataType, arr: pa.Array, tz: str) -> pa.Array:
     """DateTime text (``YYYY-MM-DD hh:mm:ss`` in ``tz``, ISO ``T``/offsets, a bare date, unix seconds)."""
     text = checked(arr, strip_text, dt, "is not valid UTF-8 text")
@@ -39,7 +55,7 @@ def _text_to_unix(dt: DataType, arr: pa.Array, tz: str) -> pa.Array:
         pc.strptime(norm, format="%Y-%m-%d %H:%M:%S", unit="s", error_is_null=True),
         pc.strptime(norm, format="%Y-%m-%d", unit="s", error_is_null=True),
     )
-    local_utc = pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="earliest")
+    local_utc = localize(local, tz)
     with_offset = pc.strptime(norm, format="%Y-%m-%d %H:%M:%S%z", unit="s", error_is_null=True)
     digits = pc.match_substring_regex(text, r"^[0-9]{1,10}$")
     unix = pc.if_else(digits, text, None).cast(pa.int64())
@@ -57,7 +73,7 @@ def _to_unix_seconds(dt: DataType, arr: pa.Array, tz: str) -> pa.Array:
         return arr.cast(pa.timestamp("s", t.tz), safe=False).cast(pa.int64())
     if pa.types.is_date(t):
         local = arr.cast(pa.date32()).cast(pa.timestamp("s"))
-        return pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="earliest").cast(pa.int64())
+        return localize(local, tz)
     if pa.types.is_dictionary(t):
         return _to_unix_seconds(dt, arr.dictionary_decode(), tz)
     if is_stringlike(t):

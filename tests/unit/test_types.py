@@ -292,6 +292,9 @@ def test_datetime_input() -> None:
     bad("DateTime", [0, 2**32], "value 4294967296 at row 1 is out of range for DateTime")
     bad("DateTime", ["2026-11-22 10:00", "x"], "value '2026-11-22 10:00' at row 0 cannot be parsed")
     bad("DateTime", ["1969-12-31 23:59:59"], "out of range")
+    # DST: a gap time uses the offset after the gap, an ambiguous time its first occurrence (as ClickHouse)
+    berlin = t.to_storage(pa.array(["2026-03-29 02:30:00", "2026-10-25 02:30:00"]), "t", tz="Europe/Berlin")
+    assert secs(berlin) == [1774744200, 1792888200]
 
 
 def test_enum_input() -> None:

@@ -46,6 +46,12 @@ CASES: list[tuple[str, str, list[Any]]] = [
         ["1970-01-01 00:00:00", "2026-11-22 10:00:00", "2106-02-07 06:28:15"],
     ),
     ("DateTime('Asia/Tokyo')", "['2026-11-22 10:00:00']", ["2026-11-22 10:00:00"]),
+    # a time in the spring-forward gap and an ambiguous autumn time, read as ClickHouse reads them
+    (
+        "DateTime('Europe/Berlin')",
+        "['2026-03-29 02:30:00', '2026-10-25 02:30:00', '2026-01-01 00:00:00']",
+        ["2026-03-29 02:30:00", "2026-10-25 02:30:00", "2026-01-01 00:00:00"],
+    ),
     (
         "String",
         "['', 'hello', 'é€😀', repeat('x', 200), '\\0\\t\\n']",
