@@ -122,7 +122,11 @@ def _next_header_table(buf: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
     nxt = np.empty(size + 2, dtype=idx)
     np.bitwise_and(buf, 0x7F, out=nxt[:size], casting="unsafe")
     np.add(nxt[:size], np.arange(1, size + 1, dtype=idx), out=nxt[:size])
-    multi = np.flatnonzero(buf >= 0x80)
+    continued = buf >= 0x80
+    if size >= 64 and np.count_nonzero(continued) > size // 16:  # e.g. non-ASCII text: whole-array passes
+        _add_multibyte_dense(buf, continued, nxt, sentinel)
+        return nxt
+    multi = np.flatnonzero(continued)
     if multi.size:
         value, k = decode_varuints_at(buf, multi)
         value = np.where(value < 0, sentinel, np.minimum(value, sentinel))
@@ -130,6 +134,36 @@ def _next_header_table(buf: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
     np.minimum(nxt, sentinel, out=nxt)
     nxt[size:] = sentinel
     return nxt
+
+
+def _add_multibyte_dense(
+    buf: npt.NDArray[np.uint8], live: npt.NDArray[np.bool_], nxt: npt.NDArray[Any], sentinel: int
+) -> None:
+    """Finish :func:`_next_header_table` when many bytes have the continuation bit (shifted whole arrays).
+
+    Only VarUInts of at most as many bytes as ``sentinel`` needs can point inside the buffer; longer ones
+    (and ones running off the end) become the sentinel.
+    """
+    size = len(buf)
+    live = live.copy()
+    extra = np.zeros(size, dtype=np.int64)  # bytes 1.. of each VarUInt: their value bits, plus 1 per byte
+    nbytes = max(1, -(-sentinel.bit_length() // 7))
+    shifted = np.empty(size, dtype=np.uint8)
+    for j in range(1, nbytes):
+        if not live.any():
+            break
+        shifted[: size - j] = buf[j:]
+        shifted[size - j:] = 0x80  # past the end: the VarUInt stays unfinished
+        part = (shifted & 0x7F).astype(np.int64) << (7 * j)
+        part += 1
+        part *= live
+        extra += part
+        live &= shifted >= 0x80
+    total = nxt[:size].astype(np.int64) + extra
+    total[live] = sentinel  # longer than any VarUInt that can point inside the buffer
+    np.minimum(total, sentinel, out=total)
+    nxt[:size] = total
+    nxt[size:] = sentinel
 
 
 def _follow_chain(nxt: npt.NDArray[Any], n: int, size: int) -> I64:

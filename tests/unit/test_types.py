@@ -415,6 +415,10 @@ def test_corrupt_streams() -> None:
         parse_type("String").deserialize({"": b"\x01a"}, 2)
     with pytest.raises(CorruptedDataError):
         parse_type("String").deserialize({"": b"\xff\xff"}, 1)
+    with pytest.raises(CorruptedDataError):  # many continuation bytes: the dense VarUInt path
+        parse_type("String").deserialize({"": b"\xff" * 100}, 1)
+    with pytest.raises(CorruptedDataError):
+        parse_type("String").deserialize({"": b"\x80" * 99 + b"\x01"}, 1)
     with pytest.raises(CorruptedDataError):
         parse_type("Array(UInt8)").deserialize({".size0": b"\2" + b"\0" * 7, "": b"\1"}, 1)
     with pytest.raises(CorruptedDataError):
