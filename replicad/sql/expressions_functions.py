@@ -255,20 +255,25 @@ def to_string(ctx: Context, v: Val) -> Val:
     kind = v.info.kind
     if kind == "string":
         return v
-    if kind == "fixedstring":
-        return arrow_val(v.arr.cast(pa.binary()), "String", v.info.nullable)
+    if kind == "fixedstring":  # toString drops the trailing zero bytes
+        return arrow_val(strip_trailing_zeros(v.arr, v.info.size), "String", v.info.nullable)
     if kind == "int":
         return arrow_val(v.arr.cast(pa.string()).cast(pa.binary()), "String", v.info.nullable)
     if kind == "float":
         text = v.arr.cast(pa.float64()).cast(pa.string()).cast(pa.binary())
         return arrow_val(text, "String", v.info.nullable)
-    if kind == "date":
+    if kind == "decimal":
         return arrow_val(v.arr.cast(pa.string()).cast(pa.binary()), "String", v.info.nullable)
+    if kind == "date":  # day 0 prints as 0000-00-00 in 18.16
+        zero = pc.equal(v.arr.cast(pa.int32()), 0)
+        text = pc.if_else(zero, pa.scalar("0000-00-00"), v.arr.cast(pa.string()))
+        return arrow_val(text.cast(pa.binary()), "String", v.info.nullable)
     if kind == "datetime":
         values, valid = v.numpy()
         local = dates.to_local_seconds(values.astype(np.int64), ctx.tz_of(v))
         ts = pa.array(local, pa.int64(), mask=None if valid is None else ~valid).cast(pa.timestamp("s"))
         text = pc.strftime(ts, format="%Y-%m-%d %H:%M:%S")
+        text = pc.if_else(pa.array(values == 0), pa.scalar("0000-00-00 00:00:00"), text)
         return arrow_val(text.cast(pa.binary()), "String", v.info.nullable)
     if kind == "enum":
         names = dict((code, name) for name, code in v.info.enum_values)
@@ -291,6 +296,23 @@ def to_string(ctx: Context, v: Val) -> Val:
             arr = pc.if_else(v.arr.is_valid(), arr, pa.scalar(None, pa.binary(36)))
         return arrow_val(arr.cast(pa.binary()), "String", v.info.nullable)
     raise type_error(f"toString of {v.dtype.name} is not supported")
+
+
+def strip_trailing_zeros(arr: pa.Array, size: int) -> pa.Array:
+    """FixedString(size) values without their trailing zero bytes, as a binary array."""
+    n = len(arr)
+    fixed = arr if arr.offset == 0 else pa.concat_arrays([arr])
+    data = np.frombuffer(fixed.buffers()[1], dtype=np.uint8, count=n * size).reshape(n, size) if n else (
+        np.zeros((0, size), dtype=np.uint8))
+    nonzero = data != 0
+    lengths = np.where(nonzero.any(axis=1), size - np.argmax(nonzero[:, ::-1], axis=1), 0).astype(np.int32)
+    keep = np.arange(size)[None, :] < lengths[:, None]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    out = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.tobytes()),
+                                                 pa.py_buffer(data[keep].tobytes())])
+    if arr.null_count:
+        out = pc.if_else(arr.is_valid(), out, pa.scalar(None, pa.binary()))
+    return out
 
 
 @register("toString")

@@ -225,11 +225,12 @@ def from_numpy(values: NDArray, dt: DataType, valid: NDArray | None = None) -> p
     """Numeric numpy values -> storage Arrow of ``dt`` (ints wrap like C++ casts)."""
     t = info(dt)
     mask = None if valid is None else ~valid
-    if t.kind == "date":
-        days = values.astype(np.int64).astype(np.int32)
+    if t.kind == "date":  # Date is UInt16 in ClickHouse: results wrap (toMonday('1970-01-02') = 65533)
+        days = np.mod(values.astype(np.int64), 1 << 16).astype(np.int32)
         return pa.array(days, type=pa.int32(), mask=mask).cast(pa.date32())
-    if t.kind == "datetime":
-        return pa.array(values.astype(np.int64), type=pa.int64(), mask=mask).cast(pa.timestamp("s"))
+    if t.kind == "datetime":  # DateTime is UInt32
+        secs = np.mod(values.astype(np.int64), 1 << 32)
+        return pa.array(secs, type=pa.int64(), mask=mask).cast(pa.timestamp("s"))
     target = t.np_dtype
     if t.kind in ("int", "enum") and values.dtype.kind == "f":
         with np.errstate(invalid="ignore"):
