@@ -39,8 +39,10 @@ from replicad.replication import init as zk_init
 from replicad.replication.commit import PartCommitter
 from replicad.replication.executor import QueueExecutor, part_remove_ops, remove_parts_from_zookeeper
 from replicad.replication.fetcher import FetchCredentials, PartFetcher
+from replicad.replication.leader import LeaderElection
 from replicad.replication.log_puller import LogPuller, QueueUpdatingTask, load_queue
 from replicad.replication.part_store import PartState, PartStore
+from replicad.replication.quorum import check_quorum_precondition, update_quorum_if_we_have_part
 from replicad.replication.sink import InsertContext, TableSchema, write_block
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
 from replicad.service import (
@@ -168,6 +170,8 @@ class TableReplica:
             writer_settings=self.writer_settings,
         )
         self.cleanup = FunctionTask(f"{spec.name}:cleanup", self._cleanup_once, period_s=5.0)
+        self.leader = LeaderElection(keeper, self.paths)
+        self.leader.wake = self.cleanup.wakeup
         self.restarting = FunctionTask(f"{spec.name}:restarting", self._restart_once, period_s=1.0)
         self._tasks: list[BackgroundTask] = [
             self.queue_updating,
@@ -239,9 +243,15 @@ class TableReplica:
             await zk_init.create_replica(keeper, paths, spec.columns_text)
         await zk_init.create_new_nodes(keeper, paths, self.structure.metadata_text)
         await self._activate()
+        await self.leader.join()
         await zk_init.clone_replica_if_needed(keeper, paths, self.env.tz)
         await self._check_parts()
         await self._load_queue()
+        await update_quorum_if_we_have_part(
+            self.keeper,
+            self.paths,
+            lambda name: self.store.active_containing(PartInfo.parse(name)) is not None,
+        )
         self._session_id = keeper.session_id
         self._readonly = False
 
@@ -331,6 +341,8 @@ class TableReplica:
         await self.executor.cancel_running()
         self.env.interserver.unregister(self.paths.me.root)
         await self.fetcher.close()
+        if self.keeper.session_state is SessionState.CONNECTED:
+            await self.leader.leave()
         await self.deactivate()
 
     async def stop_inserts(self, timeout_s: float = 30.0) -> None:
@@ -374,6 +386,7 @@ class TableReplica:
     async def _cleanup_once(self) -> Outcome | None:
         if self.is_readonly:
             return Outcome("readonly")
+        await self.leader.check()
         removed = await self.store.clear_old_parts()
         if removed:
             await remove_parts_from_zookeeper(self.keeper, self.paths, removed)
@@ -431,8 +444,7 @@ class TableReplica:
         ctx = InsertContext(
             deduplicate=settings.insert_deduplicate, token=settings.insert_deduplication_token
         )
-        if settings.insert_quorum > 1:
-            raise ReplicadError("insert_quorum > 1 is not supported by replicad yet", code=48)
+        quorum_timeout_s = settings.insert_quorum_timeout_ms / 1000.0
         rows = parts = dedup = nbytes = 0
         self._inserts_in_flight += 1
         try:
@@ -440,13 +452,16 @@ class TableReplica:
                 if self.is_readonly:
                     raise ReadOnlyError(f"Table {self.spec.name} is in readonly mode")
                 self._check_too_many_parts()
+                quorum = None
+                if settings.insert_quorum > 1:  # as 18.16: checked once per block, before writing it
+                    quorum = await check_quorum_precondition(self.keeper, self.paths, settings.insert_quorum)
                 table = pa.Table.from_batches([batch])
                 if columns is not None and list(table.column_names) != list(columns):
                     table = table.rename_columns(list(columns))
                 nbytes += table.nbytes
                 temp_parts = await write_block(table, self.schema, self.layout, self.writer_settings, ctx)
                 for tp in temp_parts:
-                    result = await self.committer.commit(tp)
+                    result = await self.committer.commit(tp, quorum, quorum_timeout_s)
                     if result.deduplicated:
                         dedup += 1
                     else:

@@ -9,6 +9,9 @@ Sequence (FACTS §4.2), for one ``tmp_insert_`` part of partition ``P`` with ded
 4. one multi: ``create blocks/B = <part>``; ``check columns v``; ``create replicas/<me>/parts/<part>`` and its
    ``columns`` / ``checksums`` children; ``create log/log- <GET_PART>``; ``remove`` the lock's two nodes.
 
+With ``insert_quorum`` the multi also creates ``quorum/status`` and checks our ``is_active``/``host`` versions
+(:mod:`replicad.replication.quorum`); the insert returns once the quorum is reached.
+
 Outcome: OK → the part becomes active.  ZNODEEXISTS on ``blocks/B`` → another insert of the same block won
 the race: the part is deleted and the block counts as deduplicated.  Connection loss / operation timeout →
 we cannot know: the part is kept active, a part check is scheduled, UnknownInsertStatusError is raised.
@@ -31,6 +34,7 @@ from replicad.errors import (
     KeeperNodeExistsError,
     KeeperOperationTimeoutError,
     KeeperSessionExpiredError,
+    QuorumError,
     ReplicadError,
     UnknownInsertStatusError,
 )
@@ -43,6 +47,7 @@ from replicad.model.checksums import Checksums
 from replicad.model.log_entry import LogEntry
 from replicad.model.part_info import PartInfo
 from replicad.replication.part_store import PartStore
+from replicad.replication.quorum import QuorumPrecondition, quorum_commit_ops, wait_for_quorum
 
 log = get_logger(__name__)
 
@@ -102,7 +107,11 @@ class PartCommitter:
         self._enqueue_part_check = enqueue_part_check
         self._on_committed = on_committed
 
-    async def commit(self, part: TempPart) -> CommitResult:
+    async def commit(
+        self, part: TempPart, quorum: QuorumPrecondition | None = None, quorum_timeout_s: float = 600.0
+    ) -> CommitResult:
+        """Commit one part.  With ``quorum`` the multi also creates ``quorum/status`` and the call returns
+        once the quorum is reached (UnknownInsertStatusError on timeout)."""
         block_id = part.block_id
         lock = await self.allocator.allocate(self.keeper, part.partition_id, block_id or None)
         if lock is None:
@@ -113,7 +122,11 @@ class PartCommitter:
         info = PartInfo.for_insert(part.partition_id, lock.number)
         name = info.name
         entry = LogEntry.get_part(
-            name, source_replica=self.paths.replica_name, block_id=block_id, create_time=int(time.time())
+            name,
+            source_replica=self.paths.replica_name,
+            block_id=block_id,
+            create_time=int(time.time()),
+            quorum=quorum.quorum if quorum is not None else 0,
         )
         ops: list[Op] = []
         if block_id:
@@ -121,6 +134,8 @@ class PartCommitter:
         ops += part_commit_ops(self.paths, name, part.columns_text, part.checksums, self._columns_version())
         ops.append(Create(self.paths.log_prefix, entry.to_bytes(self.tz), sequence=True))
         ops += lock.unlock_ops()
+        if quorum is not None:
+            ops += quorum_commit_ops(self.paths, name, quorum)
 
         try:
             await self.store.precommit(part.path, info)
@@ -142,23 +157,19 @@ class PartCommitter:
             ):
                 log.info("block_deduplicated", block_id=block_id, part=name, stage="commit")
                 return CommitResult("", True, lock.number)
+            if isinstance(e.cause, KeeperNodeExistsError) and failed_path == self.paths.quorum_status:
+                raise QuorumError("Another quorum insert has been already started", code=286) from e
             raise ReplicadError(
                 f"Unexpected logical error while adding block {lock.number} with ID '{block_id}': "
                 f"{e.cause}, path {failed_path}",
                 code=244,
             ) from e
-        except (KeeperConnectionLossError, KeeperOperationTimeoutError) as e:
+        except (KeeperConnectionLossError, KeeperOperationTimeoutError, KeeperSessionExpiredError) as e:
             # The transaction may or may not have been applied: keep the part, let the part check decide.
             self.store.activate(name)
             if self._enqueue_part_check is not None:
                 self._enqueue_part_check(name)
             raise UnknownInsertStatusError(f"Unknown status, client must retry. Reason: {e}") from e
-        except KeeperSessionExpiredError as e:
-            # An expired session never applies a request it did not answer.
-            await self.store.rollback(name)
-            raise ReplicadError(
-                f"ZooKeeper session expired while adding block {lock.number}: {e}", code=999, retriable=True
-            ) from e
         except BaseException:
             await self.store.rollback(name)
             raise
@@ -167,6 +178,8 @@ class PartCommitter:
         log.info("part_committed", part=name, rows=part.rows, block_id=block_id)
         if self._on_committed is not None:
             self._on_committed(name)
+        if quorum is not None:
+            await wait_for_quorum(self.keeper, self.paths, name, quorum, quorum_timeout_s)
         return CommitResult(name, False, lock.number)
 
 

@@ -33,6 +33,7 @@ from replicad.model.part_info import PartInfo
 from replicad.model.queue_state import QueueState, Selected
 from replicad.replication.fetcher import NoReplicaHasPartError, PartFetcher
 from replicad.replication.part_store import PartState, PartStore
+from replicad.replication.quorum import try_mark_quorum_failed, update_quorum
 from replicad.storage.layout import TMP_MERGE
 from replicad.storage.merge import TableSchemaLike, merge_parts
 from replicad.storage.writer import WriterSettings
@@ -255,6 +256,10 @@ class QueueExecutor(BackgroundTask):
             return
         source = await self.fetcher.find_source(entry.new_part_name)
         if source is None:
+            if entry.quorum and entry.type is T.GET_PART:
+                if await try_mark_quorum_failed(self.keeper, self.paths, entry, self._active_holder):
+                    self.state.virtual_parts.remove(entry.new_part_name)
+                    return
             raise NoReplicaHasPartError(f"No active replica has part {entry.new_part_name} or covering part")
         if source.part_name != entry.new_part_name:
             reason = self.state.add_future_part_if_not_covered(qe.znode_name, source.part_name)
@@ -267,6 +272,12 @@ class QueueExecutor(BackgroundTask):
         result = await self.fetcher.fetch_part(source.part_name, source.replica)
         if result is None:
             raise EntryNotReadyError(f"Part {source.part_name} is already being fetched")
+        if entry.quorum:
+            await update_quorum(self.keeper, self.paths, source.part_name)
+
+    async def _active_holder(self, part_name: str) -> str | None:
+        source = await self.fetcher.find_source(part_name)
+        return source.replica if source is not None and source.part_name == part_name else None
 
     async def _try_merge(self, selected: Selected) -> bool:
         """18.16's tryExecuteMerge for an Ordinary table: merge locally when every source part is here;

@@ -23,7 +23,7 @@ from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.server.interserver import InterserverServer
-from replicad.service import TableName
+from replicad.service import InsertSettings, TableName
 from replicad.storage.types import parse_type
 from replicad.storage.writer import WriterSettings
 from tests.support.clickhouse import ClickHouseServer
@@ -168,6 +168,18 @@ async def test_mixed_replica_set(
             data, _ = await keeper.get(paths.log_entry(name))
             assert LogEntry.parse(data).readable_by_18_16
 
+        # quorum inserts in both directions need replicad's participation (quorum = all 3 replicas)
+        await ch(ch1, "INSERT INTO db.events FORMAT TSV", tsv(range(2000, 2010), 8))
+        await asyncio.to_thread(
+            ch1.query, "INSERT INTO db.events FORMAT TSV", tsv(range(3000, 3010), 8), {"insert_quorum": 3}
+        )
+        s3 = await replica.insert_table(arrow_rows(range(4000, 4010), 8), InsertSettings(insert_quorum=3))
+        assert s3.written_parts == 1
+        assert await keeper.exists(f"{ZK_PATH}/quorum/status") is None
+        for s in (ch1, ch2):
+            assert (await ch(s, "SELECT count() FROM db.events WHERE id >= 2000")).strip() == "30"
+        await wait_for(_eq(rd_count, 400), what="400 rows on replicad")
+
         # a merge assigned by ClickHouse's leader is executed by replicad itself, byte-identical
         await ch(ch1, "OPTIMIZE TABLE db.events PARTITION 202611 FINAL")
         await ch(ch1, "SYSTEM SYNC REPLICA db.events")
@@ -184,7 +196,7 @@ async def test_mixed_replica_set(
         assert mine is not None
         theirs = ch1.table_dir("db", "events") / merged / "checksums.txt"
         assert theirs.read_bytes() == (mine.path / "checksums.txt").read_bytes()
-        assert await replica.count(None) == 370
+        assert await replica.count(None) == 400
 
         # ClickHouse's copy of a part written by replicad is byte-identical to ours
         for p in replica.store.active():

@@ -394,3 +394,23 @@ async def test_bad_transfer_is_refused_and_fetched_from_another_replica(
         assert (r2.store.active()[0].path / "id.bin").read_bytes() == (part.path / "id.bin").read_bytes()
     finally:
         await fake.stop()
+
+
+async def test_quorum_insert(cluster: Cluster, keeper: Keeper) -> None:
+    from replicad.errors import QuorumError
+    from replicad.model.quorum import QuorumLastPart
+
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    r3 = await cluster.start("r3")
+    summary = await r1.insert_table(rows([1, 2]), InsertSettings(insert_quorum=3))
+    assert summary.written_parts == 1
+    # returned only once every replica had the part: the status node is gone, last_part names it
+    assert await keeper.exists(f"{ZK_PATH}/quorum/status") is None
+    last = QuorumLastPart.parse((await keeper.get(f"{ZK_PATH}/quorum/last_part"))[0])
+    assert last.parts == {"202611": "202611_0_0_0"}
+    assert all("202611_0_0_0" in r.store.active_names() for r in (r2, r3))
+    log_text = (await keeper.get(f"{ZK_PATH}/log/log-0000000000"))[0].decode()
+    assert log_text.endswith("get\n202611_0_0_0\nquorum: 3\n")
+    with pytest.raises(QuorumError, match="less than requested quorum"):
+        await r1.insert_table(rows([3]), InsertSettings(insert_quorum=4))

@@ -1,0 +1,220 @@
+"""Quorum inserts (``insert_quorum`` ≥ 2), as ClickHouse 18.16 runs them through ``<zk>/quorum/status``.
+
+Inserting replica: before writing, ``quorum/status`` must not exist (the previous quorum insert is done), our
+``is_active`` and ``host`` must exist, and enough replicas must be alive; the commit multi additionally
+creates ``quorum/status`` (``QuorumEntry`` naming the part, us as the first replica) and checks the versions
+of our ``is_active`` and ``host`` (so a re-activated replica cannot complete an old insert).  After the commit
+we wait until ``quorum/status`` disappears or names another part (``insert_quorum_timeout``), then check that
+``is_active`` is still ours.
+
+Fetching replica (``update_quorum``): after committing a part that ``quorum/status`` names, add ourselves; the
+replica that completes the quorum removes the node and records the part in ``quorum/last_part`` in one multi.
+Failing quorum (``try_mark_quorum_failed``): when no active replica has the part of a quorum GET_PART, the
+entry is settled by removing ``quorum/status``, creating ``quorum/failed_parts/<part>`` and removing the block
+id (guarded by the versions of every replica's ``host``), so the insert can be retried.
+
+Live replicas are counted as replicas with ``is_active`` (as modern ClickHouse does); 18.16 counted
+``leader_election`` children, in which replicad does not take part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from replicad.errors import (
+    KeeperBadVersionError,
+    KeeperError,
+    KeeperMultiError,
+    KeeperNodeExistsError,
+    KeeperNoNodeError,
+    QuorumError,
+    ReadOnlyError,
+    UnknownInsertStatusError,
+)
+from replicad.keeper.client import Keeper, WatchEvent
+from replicad.keeper.ops import Check, Create, Delete, Op, Set
+from replicad.keeper.paths import TablePaths
+from replicad.logging import get_logger
+from replicad.model.log_entry import LogEntry
+from replicad.model.part_info import PartInfo
+from replicad.model.quorum import QuorumEntry, QuorumLastPart
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class QuorumPrecondition:
+    """What the commit multi checks (taken before the part is written)."""
+
+    quorum: int
+    is_active_value: bytes
+    is_active_version: int
+    host_version: int
+
+
+async def count_live_replicas(keeper: Keeper, paths: TablePaths) -> int:
+    names = await keeper.get_children(paths.replicas)
+    stats = await asyncio.gather(*(keeper.exists(paths.replica(n).is_active) for n in names))
+    return sum(1 for s in stats if s is not None)
+
+
+async def check_quorum_precondition(keeper: Keeper, paths: TablePaths, quorum: int) -> QuorumPrecondition:
+    live = await count_live_replicas(keeper, paths)
+    if live < quorum:
+        raise QuorumError(
+            f"Number of alive replicas ({live}) is less than requested quorum ({quorum}).", code=285
+        )
+    status = await keeper.exists(paths.quorum_status)
+    if status is not None:
+        try:
+            data, _ = await keeper.get(paths.quorum_status)
+        except KeeperNoNodeError:
+            data = b""
+        raise QuorumError(
+            f"Quorum for previous write has not been satisfied yet. Status: {data.decode(errors='replace')}",
+            code=286,
+        )
+    try:
+        is_active, active_stat = await keeper.get(paths.me.is_active)
+        host_stat = await keeper.exists(paths.me.host)
+    except KeeperNoNodeError:
+        raise ReadOnlyError("Replica is not active right now") from None
+    if host_stat is None:
+        raise ReadOnlyError("Replica is not active right now")
+    return QuorumPrecondition(quorum, is_active, active_stat.version, host_stat.version)
+
+
+def quorum_commit_ops(paths: TablePaths, part_name: str, pre: QuorumPrecondition) -> list[Op]:
+    entry = QuorumEntry(part_name, pre.quorum, (paths.replica_name,))
+    return [
+        Create(paths.quorum_status, entry.to_bytes()),
+        Check(paths.me.is_active, pre.is_active_version),
+        Check(paths.me.host, pre.host_version),
+    ]
+
+
+async def wait_for_quorum(
+    keeper: Keeper, paths: TablePaths, part_name: str, pre: QuorumPrecondition, timeout_s: float
+) -> None:
+    """Return when the quorum for ``part_name`` is reached (``quorum/status`` gone or about another part)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        changed = asyncio.Event()
+
+        def on_change(_event: WatchEvent, ev: asyncio.Event = changed) -> None:
+            ev.set()
+
+        try:
+            data, _ = await keeper.get(paths.quorum_status, watch=on_change)
+        except KeeperNoNodeError:
+            break
+        if QuorumEntry.parse(data).part_name != part_name:
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise UnknownInsertStatusError("Timeout while waiting for quorum", code=159)
+        try:
+            await asyncio.wait_for(changed.wait(), timeout=min(remaining, 1.0))
+        except TimeoutError:
+            pass
+    try:
+        value, _ = await keeper.get(paths.me.is_active)
+    except KeeperNoNodeError:
+        value = b""
+    if value != pre.is_active_value:
+        raise UnknownInsertStatusError("Replica become inactive while waiting for quorum", code=254)
+
+
+async def update_quorum(keeper: Keeper, paths: TablePaths, part_name: str) -> None:
+    """We now have ``part_name``: count ourselves in ``quorum/status`` (18.16's updateQuorum)."""
+    while True:
+        try:
+            data, stat = await keeper.get(paths.quorum_status)
+        except KeeperNoNodeError:
+            return  # every quorum insert has reached its quorum
+        entry = QuorumEntry.parse(data)
+        if entry.part_name != part_name:
+            return  # reached already, and another quorum insert has started
+        entry = entry.with_replica(paths.replica_name)
+        try:
+            if entry.is_reached:
+                raw_last, last_stat = await keeper.get(paths.quorum_last_part)
+                last = QuorumLastPart.parse(raw_last)
+                last = last.with_part(PartInfo.parse(part_name).partition_id, part_name)
+                await keeper.multi(
+                    [
+                        Delete(paths.quorum_status, stat.version),
+                        Set(paths.quorum_last_part, last.to_bytes(), last_stat.version),
+                    ]
+                )
+                log.info("quorum_reached", part=part_name)
+            else:
+                await keeper.set(paths.quorum_status, entry.to_bytes(), stat.version)
+            return
+        except KeeperMultiError as e:
+            if isinstance(e.cause, KeeperNoNodeError):
+                return
+            if isinstance(e.cause, KeeperBadVersionError):
+                continue
+            raise
+        except KeeperNoNodeError:
+            return
+        except KeeperBadVersionError:
+            continue
+
+
+async def update_quorum_if_we_have_part(
+    keeper: Keeper, paths: TablePaths, has_part: Callable[[str], bool]
+) -> None:
+    """At start-up: a quorum insert we fetched before a restart may still be waiting for us."""
+    try:
+        data, _ = await keeper.get(paths.quorum_status)
+    except KeeperNoNodeError:
+        return
+    entry = QuorumEntry.parse(data)
+    if paths.replica_name not in entry.replicas and has_part(entry.part_name):
+        log.warning("updating_quorum_after_restart", part=entry.part_name)
+        await update_quorum(keeper, paths, entry.part_name)
+
+
+async def try_mark_quorum_failed(
+    keeper: Keeper,
+    paths: TablePaths,
+    entry: LogEntry,
+    find_active_holder: Callable[[str], Awaitable[str | None]],
+) -> bool:
+    """No active replica has the part of a quorum GET_PART: settle the insert as failed.  True if done."""
+    replicas = await keeper.get_children(paths.replicas)
+    ops: list[Op] = []
+    for r in replicas:
+        stat = await keeper.exists(paths.replica(r).host)
+        if stat is not None:
+            ops.append(Check(paths.replica(r).host, stat.version))
+    if await find_active_holder(entry.new_part_name):
+        return False  # it came alive meanwhile: fetch it
+    try:
+        data, stat = await keeper.get(paths.quorum_status)
+    except KeeperNoNodeError:
+        return False
+    status = QuorumEntry.parse(data)
+    if status.part_name != entry.new_part_name:
+        log.warning("quorum_status_about_other_part", part=entry.new_part_name, status_part=status.part_name)
+        return False
+    ops.append(Delete(paths.quorum_status, stat.version))
+    ops.append(Create(f"{paths.quorum_failed_parts}/{entry.new_part_name}", b""))
+    if entry.block_id and await keeper.exists(paths.block(entry.block_id)) is not None:
+        ops.append(Delete(paths.block(entry.block_id)))
+    try:
+        await keeper.multi(ops)
+    except KeeperMultiError as e:
+        if isinstance(e.cause, KeeperBadVersionError | KeeperNoNodeError | KeeperNodeExistsError):
+            log.info("quorum_state_changed_retry", part=entry.new_part_name, error=str(e))
+            return False
+        raise
+    except KeeperError:
+        raise
+    log.info("quorum_marked_failed", part=entry.new_part_name)
+    return True
