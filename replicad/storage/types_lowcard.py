@@ -193,6 +193,7 @@ class LowCardinalitySerializer:
         if self.keys is None:
             self.keys = self._new_dictionary()
         keys = self.keys
+        size_before = len(keys)
         special = self.dtype.special
         valid = arr.filter(arr.is_valid()) if arr.null_count else arr
         uniq = pc.unique(valid)
@@ -211,7 +212,8 @@ class LowCardinalitySerializer:
         if arr.null_count:
             idx = np.where(arr.is_null().to_numpy(zero_copy_only=False), -(special - 1), idx)
         idx = np.asarray(idx, dtype=np.int64) + (special - 1)
-        width = _index_width(int(idx.max()) if n else 0)
+        # like ClickHouse's ColumnUnique: the index width follows the dictionary size, not the indexes used
+        width = _index_width(max(size_before, len(keys) + len(extra) - 1))
         flags = width | NEED_GLOBAL_DICTIONARY
         if need_update:
             flags |= NEED_UPDATE_DICTIONARY
