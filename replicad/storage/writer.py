@@ -14,7 +14,9 @@ the part: granules carry across :meth:`PartWriter.write` calls exactly like Clic
 ``index_offset``, and every stream cuts blocks with ClickHouse's rule — before each granule, flush the
 buffered data if it holds at least ``min_compress_block_size`` bytes; and cut whenever
 ``max_compress_block_size`` bytes have accumulated (even mid-granule).  The result is byte-identical to
-what 18.16 writes for the same rows and compression method.
+what 18.16 writes for the same rows and compression method.  Batch boundaries do not change the bytes,
+except for stateful serializations (LowCardinality): there, as in ClickHouse's ``writeData``, every
+piece of a granule delivered by one call gets its own index header — feed the blocks ClickHouse would.
 
 Columns are processed in a thread pool (one task per column per batch); hashing, compression and the
 numpy/pyarrow serialization release the GIL.
