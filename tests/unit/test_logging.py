@@ -74,8 +74,8 @@ def test_shell_modules_use_snake_case_event_names() -> None:
     from pathlib import Path
 
     root = Path(rlog.__file__).parent
-    files = ["daemon.py", "tasks.py", "sd_notify.py", "server/api.py", "server/metrics.py", "server/status.py",
-             "server/routing.py"]
+    files = ["daemon.py", "tasks.py", "sd_notify.py", "server/api.py", "server/metrics.py",
+             "server/status.py", "server/routing.py"]
     pattern = re.compile(r"\blog\.(?:debug|info|warning|error|exception)\(\s*\"([^\"]+)\"")
     names = [m.group(1) for f in files for m in pattern.finditer((root / f).read_text())]
     assert len(names) > 20
