@@ -245,7 +245,8 @@ class TableReplica:
         await self._activate()
         await self.leader.join()
         await zk_init.clone_replica_if_needed(keeper, paths, self.env.tz)
-        await self._check_parts()
+        if first:  # as 18.16: only when the table is loaded (later, parts may be in flight)
+            await self._check_parts()
         await self._load_queue()
         await update_quorum_if_we_have_part(
             self.keeper,

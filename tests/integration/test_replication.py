@@ -414,3 +414,24 @@ async def test_quorum_insert(cluster: Cluster, keeper: Keeper) -> None:
     assert log_text.endswith("get\n202611_0_0_0\nquorum: 3\n")
     with pytest.raises(QuorumError, match="less than requested quorum"):
         await r1.insert_table(rows([3]), InsertSettings(insert_quorum=4))
+
+
+async def test_session_expiry_reactivates_and_catches_up(cluster: Cluster, keeper: Keeper) -> None:
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    await r1.insert_table(rows([1]))
+    await wait_for(lambda: converged([r1, r2], 1), what="first part on both")
+    old_session = cluster.keepers["r2"].session_id
+    creds = cluster.keepers["r2"].session_id_and_password
+    assert creds is not None
+    sid, password = creds
+    await asyncio.to_thread(cluster.zookeeper.expire_session, sid, password)
+    await r1.insert_table(rows([2], month=10))
+    await r1.insert_table(rows([3], month=9))
+    # r2 gets a new session, declares itself active again and fetches what it missed
+    await wait_for(lambda: cluster.keepers["r2"].session_id not in (None, old_session), what="a new session")
+    await wait_for(lambda: converged([r1, r2], 3), timeout=40, what="r2 to catch up after the expiry")
+    data, stat = await keeper.get(f"{ZK_PATH}/replicas/r2/is_active")
+    assert stat.ephemeral_owner == cluster.keepers["r2"].session_id
+    assert not r2.is_readonly
+    assert await r2.count(None) == 3
