@@ -431,7 +431,7 @@ async def test_session_expiry_reactivates_and_catches_up(cluster: Cluster, keepe
     # r2 gets a new session, declares itself active again and fetches what it missed
     await wait_for(lambda: cluster.keepers["r2"].session_id not in (None, old_session), what="a new session")
     await wait_for(lambda: converged([r1, r2], 3), timeout=40, what="r2 to catch up after the expiry")
-    data, stat = await keeper.get(f"{ZK_PATH}/replicas/r2/is_active")
+    _data, stat = await keeper.get(f"{ZK_PATH}/replicas/r2/is_active")
     assert stat.ephemeral_owner == cluster.keepers["r2"].session_id
     assert not r2.is_readonly
     assert await r2.count(None) == 3
