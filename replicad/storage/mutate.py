@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Literal as TypingLiteral
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -61,11 +62,14 @@ Kind = TypingLiteral["DELETE", "UPDATE"]
 
 @dataclass(frozen=True)
 class MutationCommand:
-    """One mutation command: ``DELETE WHERE predicate`` or ``UPDATE col = expr, … WHERE predicate``."""
+    """One mutation command: ``DELETE WHERE predicate`` or ``UPDATE col = expr, … WHERE predicate``.
+
+    Expressions are ClickHouse expression text or already compiled :class:`Expr` s.
+    """
 
     kind: Kind
-    predicate: str
-    assignments: tuple[tuple[str, str], ...] = ()
+    predicate: str | Expr
+    assignments: tuple[tuple[str, str | Expr], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ("DELETE", "UPDATE"):
@@ -76,17 +80,18 @@ class MutationCommand:
             raise BadInputError("DELETE takes no assignments")
 
     @classmethod
-    def delete(cls, predicate: str) -> MutationCommand:
+    def delete(cls, predicate: str | Expr) -> MutationCommand:
         return cls("DELETE", predicate)
 
     @classmethod
-    def update(cls, assignments: Iterable[tuple[str, str]], predicate: str) -> MutationCommand:
-        return cls("UPDATE", predicate, tuple((str(c), str(e)) for c, e in assignments))
+    def update(cls, assignments: Iterable[tuple[str, str | Expr]], predicate: str | Expr) -> MutationCommand:
+        return cls("UPDATE", predicate, tuple((str(c), e) for c, e in assignments))
 
     @classmethod
     def coerce(cls, command: object) -> MutationCommand:
         """A MutationCommand from itself, a ``(kind, where, assignments)`` tuple, or a record with
-        ``kind``/``predicate``/``assignments`` attributes (assignments: pairs or a mapping)."""
+        ``kind``/``predicate``/``assignments`` attributes such as ``replicad.sql.statements.MutationCommand``
+        (assignments: pairs or a mapping; expressions: text or Expr)."""
         if isinstance(command, MutationCommand):
             return command
         if isinstance(command, tuple) and len(command) in (2, 3):
@@ -98,9 +103,10 @@ class MutationCommand:
             assignments = getattr(command, "assignments", ())
         if isinstance(assignments, dict):
             assignments = list(assignments.items())
-        if not isinstance(kind, str) or not isinstance(predicate, str):
+        if not isinstance(kind, str) or not isinstance(predicate, str | Expr):
             raise BadInputError(f"not a mutation command: {command!r}")
-        return cls(kind.upper(), predicate, tuple((str(c), str(e)) for c, e in assignments))  # type: ignore[arg-type]
+        pairs = tuple((str(c), e if isinstance(e, Expr) else str(e)) for c, e in assignments)
+        return cls(kind.upper(), predicate, pairs)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -118,13 +124,23 @@ class _Compiled:
         return out
 
 
-def compile_commands(keys: TableKeys, commands: Iterable[object]) -> list[_Compiled]:
-    """Parse and validate commands against the table (unknown columns, key columns)."""
+def _compiled(e: str | Expr) -> Expr:
+    return e if isinstance(e, Expr) else compile_expression(e)
+
+
+def compile_commands(keys: TableKeys, commands: str | Iterable[object]) -> list[_Compiled]:
+    """Parse and validate commands against the table (unknown columns, key columns).
+
+    A string is a mutation entry's command list (``DELETE WHERE x = 2, UPDATE …``)."""
+    if isinstance(commands, str):
+        from replicad.sql.statements import parse_mutation_commands
+
+        commands = parse_mutation_commands(commands)
     key_columns = keys.sorting_columns | set(keys.partition.columns)
     out: list[_Compiled] = []
     for raw in commands:
         cmd = MutationCommand.coerce(raw)
-        predicate = compile_expression(cmd.predicate)
+        predicate = _compiled(cmd.predicate)
         assignments: list[tuple[str, Expr]] = []
         for col, text in cmd.assignments:
             dtype = keys.types.get(col)
@@ -132,7 +148,7 @@ def compile_commands(keys: TableKeys, commands: Iterable[object]) -> list[_Compi
                 raise BadInputError(f"There is no column `{col}` in table", code=NO_SUCH_COLUMN_IN_TABLE)
             if col in key_columns:
                 raise BadInputError(f"Cannot UPDATE key column `{col}`", code=CANNOT_UPDATE_COLUMN)
-            cast = Function("CAST", (compile_expression(text).node, Literal(dtype.name, "string")))
+            cast = Function("CAST", (_compiled(text).node, Literal(dtype.name, "string")))
             assignments.append((col, Expr(cast)))
         compiled = _Compiled(cmd.kind, predicate, tuple(assignments))
         for c in compiled.columns:
@@ -169,12 +185,32 @@ def apply_commands(batch: pa.Table, commands: Sequence[_Compiled], keys: TableKe
                 value = value.combine_chunks()
             if value.type != target.arrow_type or (not target.is_nullable and value.null_count):
                 value = target.to_storage(value, col, keys.tz)
-            old = batch.column(col)
-            new_columns[col] = pc.if_else(mask, value, old.combine_chunks() if isinstance(
-                old, pa.ChunkedArray) else old)
+            old_col = batch.column(col)
+            old = old_col.combine_chunks() if isinstance(old_col, pa.ChunkedArray) else old_col
+            if target.is_nullable and value.null_count == len(value):
+                new_columns[col] = _null_where(old, hit)
+            else:
+                new_columns[col] = pc.if_else(mask, value, old)
         for col, value in new_columns.items():
             batch = batch.set_column(batch.schema.get_field_index(col), col, value)
     return batch
+
+
+def _null_where(old: pa.Array, hit: npt.NDArray[np.bool_]) -> pa.Array:
+    """``old`` with the ``hit`` rows set to NULL, their values kept underneath.
+
+    18.16 computes ``if(p, CAST(NULL), c)`` as ``c`` with a new null map, so the nested values of the
+    nulled rows stay in ``<c>.bin``; keeping them in the Arrow values buffer lets a writer that writes
+    the values under NULL as they are reproduce those bytes.
+    """
+    valid = ~hit
+    if old.null_count:
+        valid &= np.asarray(old.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if old.type.num_fields:  # nested values of lists: rebuilt by if_else
+        return pc.if_else(pa.array(hit, pa.bool_()), pa.nulls(len(old), old.type), old)
+    bits = np.concatenate([np.zeros(old.offset, dtype=bool), valid])
+    validity = pa.py_buffer(np.packbits(bits, bitorder="little").tobytes())
+    return pa.Array.from_buffers(old.type, len(old), [validity, *old.buffers()[1:]], offset=old.offset)
 
 
 def _touched(reader: PartReader, commands: Sequence[_Compiled], keys: TableKeys, granules: int) -> bool:
@@ -308,15 +344,16 @@ def mutate_part(
     source_dir: str | os.PathLike[str],
     tmp_dir: str | os.PathLike[str],
     schema: TableSchemaLike,
-    commands: Iterable[object],
+    commands: str | Iterable[object],
     settings: WriterSettings | None = None,
     *,
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
 ) -> WrittenPart:
     """Apply ``commands`` (in order) to the part in ``source_dir``; the result goes to ``tmp_dir``.
 
-    ``commands``: :class:`MutationCommand` s, ``(kind, where, assignments)`` tuples or records with
-    ``kind``/``predicate``/``assignments``.  Blocking: run it in a worker thread.
+    ``commands``: :class:`MutationCommand` s, ``(kind, where, assignments)`` tuples, records with
+    ``kind``/``predicate``/``assignments`` (the sql layer's), or a mutation entry's command text.
+    Blocking: run it in a worker thread.
     """
     settings = settings or WriterSettings()
     keys = TableKeys(schema)
@@ -335,7 +372,7 @@ def mutate_part(
 def iter_mutated(
     source_dir: str | os.PathLike[str],
     schema: TableSchemaLike,
-    commands: Iterable[object],
+    commands: str | Iterable[object],
     *,
     index_granularity: int = 8192,
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,

@@ -278,3 +278,40 @@ def test_command_records() -> None:
     for bad in [("DELETE", "p", [("a", "1")]), ("UPDATE", "p"), ("DROP", "p"), 42]:
         with pytest.raises(BadInputError):
             MutationCommand.coerce(bad)
+
+
+def test_commands_as_mutation_entry_text_and_sql_records(tmp_path: Path) -> None:
+    statements = pytest.importorskip("replicad.sql.statements")
+    table = make_table(200, 8)
+    source = write_source(tmp_path / "src", table)
+    text = "UPDATE u = u + 1, s = concat(s, 'x') WHERE (k % 3) = 0, DELETE WHERE u < 50 "
+    ours = [
+        MutationCommand.update([("u", "u + 1"), ("s", "concat(s, 'x')")], "(k % 3) = 0"),
+        MutationCommand.delete("u < 50"),
+    ]
+    expected = mutate_part(source, tmp_path / "a", SCHEMA, ours, SETTINGS).checksums
+    assert mutate_part(source, tmp_path / "b", SCHEMA, text, SETTINGS).checksums == expected
+    records = statements.parse_mutation_commands(text)
+    assert mutate_part(source, tmp_path / "c", SCHEMA, records, SETTINGS).checksums == expected
+
+
+def test_update_to_null_keeps_the_values_underneath(tmp_path: Path) -> None:
+    cols = (*COLUMNS, ("n", parse_type("Nullable(Int32)")))
+    sch = PartSchema(cols, "toYYYYMM(d)", "k")
+    table = make_table(40, 9).append_column("n", pa.array(range(40), pa.int32()))
+    keys = TableKeys(sch)
+    with keys.writer(tmp_path / "src", SETTINGS, [(U32, 202402)]) as w:
+        w.write(table)
+        w.finish()
+    batches = list(
+        iter_mutated(
+            tmp_path / "src",
+            sch,
+            [MutationCommand.update([("n", "NULL")], "e % 2 = 0")],
+            index_granularity=16,
+        )
+    )
+    n = pa.concat_arrays([b.column("n").combine_chunks() for b in batches])
+    assert n.to_pylist() == [None if i % 2 == 0 else i for i in range(40)]
+    values = np.frombuffer(n.buffers()[1], np.int32, count=len(n) + n.offset)[n.offset :]
+    assert values.tolist() == list(range(40))  # 18.16 leaves the old values in n.bin under the NULLs
