@@ -271,6 +271,31 @@ class ColumnsDescription:
     def get(self, name: str) -> ColumnDescription | None:
         return next((c for c in self.columns if c.name == name), None)
 
+    def differences(self, from_zk: ColumnsDescription) -> list[str]:
+        """Human-readable differences between these (local) columns and ``from_zk``'s: missing or extra
+        columns, order, types, defaults (expressions compared after re-formatting) and comments."""
+        mine, theirs = self.ordered(), from_zk.ordered()
+        out = []
+        names, zk_names = [c.name for c in mine], [c.name for c in theirs]
+        out += [f"column {n!r} is missing locally" for n in zk_names if n not in names]
+        out += [f"column {n!r} is not in ZooKeeper" for n in names if n not in zk_names]
+        if not out and names != zk_names:
+            out.append(f"column order differs: local {names}, ZooKeeper {zk_names}")
+        for c in mine:
+            z = from_zk.get(c.name)
+            if z is None:
+                continue
+            if c.type != z.type:
+                out.append(f"column {c.name!r}: type {c.type} locally, {z.type} in ZooKeeper")
+            if c.default_kind != z.default_kind or normalize_expression_list(c.default_expression) != (
+                normalize_expression_list(z.default_expression)
+            ):
+                out.append(f"column {c.name!r}: default {c.default_kind} {c.default_expression!r} locally, "
+                           f"{z.default_kind} {z.default_expression!r} in ZooKeeper")
+            if c.comment != z.comment or c.extras != z.extras:
+                out.append(f"column {c.name!r}: comment/codec/TTL differ")
+        return out
+
 
 def _column_lines(text: str | bytes) -> list[str]:
     if isinstance(text, bytes):

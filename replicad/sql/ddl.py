@@ -298,7 +298,7 @@ def parse_create_table_body(p: Parser, sql: str) -> TableDef:
                 while True:
                     setting = p.identifier()
                     p.expect_punct("=")
-                    settings[setting] = _literal_text(p.element())
+                    settings[setting] = _literal_text(p.expression())
                     if not p.accept_punct(","):
                         break
                 break

@@ -267,7 +267,7 @@ def _settings(p: Parser) -> dict[str, str]:
     while True:
         name = p.identifier()
         p.expect_punct("=")
-        value = p.element()
+        value = p.expression()
         is_string = isinstance(value, Literal) and value.kind == "string"
         out[name] = str(value.value) if is_string and isinstance(value, Literal) else format_ast(value)
         if not p.accept_punct(","):

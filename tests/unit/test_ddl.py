@@ -286,6 +286,22 @@ def test_columns_modern_format() -> None:
     assert "`e` Enum8(\\'x\\' = 1)\t\t\\'c\\'\n" in cols.to_text()
 
 
+def test_columns_differences() -> None:
+    zk = ColumnsDescription.parse(BY_NAME["col_default"]["columns"])
+    ours = parse_create_table(BY_NAME["col_default"]["ddl"]).columns_description()
+    assert ours.differences(zk) == []
+    other = parse_create_table(
+        "CREATE TABLE t (a UInt64, b UInt32 DEFAULT a + 2, c UInt8) ENGINE = MergeTree ORDER BY a"
+    ).columns_description()
+    assert other.differences(zk) == [
+        "column 'f' is missing locally",
+        "column 'c' is not in ZooKeeper",
+        "column 'a': type UInt64 locally, UInt32 in ZooKeeper",
+        "column 'b': default DEFAULT \"CAST(a + 2, 'UInt32')\" locally, "
+        "DEFAULT \"CAST(a + 1, 'UInt32')\" in ZooKeeper",
+    ]
+
+
 @pytest.mark.parametrize(
     "text",
     [
