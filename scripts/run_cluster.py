@@ -195,6 +195,7 @@ def wait_in_sync(daemons: Sequence[Daemon], table: str, expected: int | None = N
 
 def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is no conflict
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
