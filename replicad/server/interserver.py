@@ -286,7 +286,7 @@ class InterserverServer:
         return None
 
     def _route(self, request: Request) -> Reply | tuple[Endpoint, str, PartToSend, int]:
-        if request.path == "/ping" and request.method in ("GET", "HEAD"):
+        if request.path == "/ping":
             return Reply(200, "Ok.\n")
         if request.path != "/":
             return Reply(404, f"There is no handle {request.path}\n")
