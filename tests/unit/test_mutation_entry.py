@@ -46,11 +46,12 @@ def test_golden_fields() -> None:
 
 
 def test_create_matches_18_16_layout() -> None:
+    golden = MutationEntry.parse(GOLDEN[0][1].encode(), znode_name="0000000001")
     e = MutationEntry.create(
         source_replica="r1",
         block_numbers={"202611": 1, "202610": 1},
         commands=["DELETE WHERE id = 2"],
-        create_time=1795314041,  # 2026-11-22 02:20:41 UTC
+        create_time=golden.create_time,  # the fixture is regenerated from time to time
     )
     assert e.to_text() == GOLDEN[0][1]
     assert (
