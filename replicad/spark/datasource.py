@@ -13,7 +13,9 @@ Every Spark task re-cuts its partition's Arrow batches into request bodies of ex
 task — same partition, same rows in the same order — re-sends byte-identical batches under identical
 tokens and the server's block deduplication drops what had already been written.  This relies on the
 partition's rows being reproducible, as for any idempotent Spark sink (``spark.range``-derived data, files,
-or a checkpointed/cached DataFrame; not an unordered shuffle of non-deterministic data).
+or a checkpointed/cached DataFrame; not an unordered shuffle of non-deterministic data), and on the retry
+coming before the table has taken ``replicated_deduplication_window`` (default 100) newer blocks — one block
+per batch and partition of the table — so very large jobs should raise that setting or the batch size.
 
 Options: ``url`` (default ``http://127.0.0.1:8123``), ``table`` (required, ``db.t``), ``batch_size`` (rows per
 request, default 100000), ``insert_quorum``, ``insert_quorum_timeout`` (ms), ``timeout`` (seconds per
@@ -34,6 +36,7 @@ import json
 import logging
 import os
 import random
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -321,10 +324,11 @@ class ReplicadWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, ReplicadCommitMessage)]
-        log.info("replicad write job %s into %s committed: %d rows in %d batches from %d tasks "
-                 "(%d blocks deduplicated on retries)", self.job_id, self.options.table,
-                 sum(m.rows for m in done), sum(m.batches for m in done), len(done),
-                 sum(m.deduplicated_blocks for m in done))
+        # commit() runs in a Python worker beside the driver: its stderr is the driver's console
+        print(f"replicad: write job {self.job_id} into {self.options.table} committed: "
+              f"{sum(m.rows for m in done)} rows in {sum(m.batches for m in done)} batches from {len(done)} "
+              f"tasks ({sum(m.deduplicated_blocks for m in done)} blocks deduplicated on retries)",
+              file=sys.stderr, flush=True)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, ReplicadCommitMessage)]
