@@ -187,6 +187,8 @@ class TableReplica:
         self._inserts_in_flight = 0
         self._started_at = 0.0
         self._task_group = f"table:{spec.name}:{id(self):x}"
+        #: total_replicas / active_replicas / log_max_index, refreshed by the cleanup task
+        self._zk_summary: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------------------- protocol
 
@@ -388,6 +390,7 @@ class TableReplica:
         if self.is_readonly:
             return Outcome("readonly")
         await self.leader.check()
+        self._zk_summary = await self.replicas_summary()
         removed = await self.store.clear_old_parts()
         if removed:
             await remove_parts_from_zookeeper(self.keeper, self.paths, removed)
@@ -587,7 +590,7 @@ class TableReplica:
             "database": self.spec.name.database,
             "table": self.spec.name.table,
             "engine": "ReplicatedMergeTree",
-            "is_leader": False,
+            "is_leader": bool(getattr(self.leader, "is_leader", False)),
             "is_readonly": self.is_readonly,
             "is_session_expired": self.keeper.session_state is SessionState.LOST,
             "future_parts": qs.future_parts,
@@ -605,6 +608,9 @@ class TableReplica:
             "merges_oldest_time": qs.merges_oldest_time,
             "oldest_part_to_get": qs.oldest_part_to_get,
             "log_pointer": self.puller.log_pointer,
+            "log_max_index": self._zk_summary.get("log_max_index", 0),
+            "total_replicas": self._zk_summary.get("total_replicas", 0),
+            "active_replicas": self._zk_summary.get("active_replicas", 0),
             "last_queue_update": qs.last_queue_update,
             "absolute_delay": int(now - min_unprocessed) if min_unprocessed else 0,
             "active_parts": len(self.store.active()),
