@@ -435,3 +435,96 @@ async def test_session_expiry_reactivates_and_catches_up(cluster: Cluster, keepe
     assert stat.ephemeral_owner == cluster.keepers["r2"].session_id
     assert not r2.is_readonly
     assert await r2.count(None) == 3
+
+
+@pytest.mark.parametrize("applied", [True, False])
+async def test_lost_commit_answer_is_settled_by_the_part_check(cluster: Cluster, applied: bool) -> None:
+    from replicad.errors import KeeperConnectionLossError, UnknownInsertStatusError
+
+    r1 = await cluster.start("r1")
+    keeper = cluster.keepers["r1"]
+    real_multi = keeper.multi
+
+    async def flaky_multi(ops: Any) -> Any:
+        ops = list(ops)
+        if any(getattr(op, "path", "").endswith("/log/log-") for op in ops):
+            keeper.multi = real_multi  # type: ignore[method-assign]
+            if applied:
+                await real_multi(ops)
+            raise KeeperConnectionLossError("multi: connection loss (injected)")
+        return await real_multi(ops)
+
+    keeper.multi = flaky_multi  # type: ignore[method-assign]
+    with pytest.raises(UnknownInsertStatusError):
+        await r1.insert_table(rows([1, 2]))
+    # the part stays visible until the part check has looked at ZooKeeper
+    await wait_for(lambda: not r1._parts_to_check, what="the part check")
+    if applied:
+        assert r1.store.active_names() == ["202611_0_0_0"]
+        retry = await r1.insert_table(rows([1, 2]))  # the client's retry is deduplicated
+        assert retry.deduplicated_blocks == 1
+    else:
+        assert r1.store.active_names() == []
+        assert [p.name for p in r1.layout.detached_path.iterdir()] == ["unexpected_202611_0_0_0"]
+        retry = await r1.insert_table(rows([1, 2]))
+        assert retry.written_parts == 1
+    assert await r1.count(None) == 2
+
+
+async def test_catalog_persists_and_drops_tables(
+    zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path
+) -> None:
+    from replicad.catalog import ReplicaCatalog
+    from replicad.errors import UnknownTableError
+    from replicad.service import Statement, StatementKind
+
+    ddl = (
+        "CREATE TABLE db.t (k UInt64, s String) "
+        "ENGINE = ReplicatedMergeTree('/tables/{shard}/t', '{replica}') ORDER BY k"
+    )
+
+    async def open_catalog(name: str) -> tuple[ReplicaCatalog, Keeper, InterserverServer]:
+        keeper = Keeper(zookeeper.hosts, session_timeout_s=6.0, chroot=zk_root)
+        await keeper.start()
+        server = InterserverServer("127.0.0.1", 0)
+        await server.start()
+        env = ReplicaEnv(
+            data_path=tmp_path / name, interserver=server, interserver_host="127.0.0.1", fsync=False
+        )
+        return (
+            ReplicaCatalog(tmp_path / name, keeper, env, replica=name, macros={"shard": "7"}),
+            keeper,
+            server,
+        )
+
+    async def close(cat: ReplicaCatalog, keeper: Keeper, server: InterserverServer) -> None:
+        await cat.stop_all()
+        await keeper.close()
+        await server.stop(grace_s=0.1)
+
+    a, ka, sa = await open_catalog("a")
+    b, kb, sb = await open_catalog("b")
+    try:
+        ta = await a.create_from_ddl(ddl)
+        tb = await b.create_from_ddl(ddl)
+        assert ta.paths.me.root == "/tables/7/t/replicas/a"
+        await ta.insert_table(pa.table({"k": pa.array([1, 2], pa.uint64()), "s": pa.array([b"x", b"y"])}))
+        await wait_for(lambda: len(tb.store.active()) == 1, what="b to fetch")
+        # a restarted catalog attaches its tables from metadata/ again, with their data
+        await close(b, kb, sb)
+        b, kb, sb = await open_catalog("b")
+        assert [str(n) for n in await b.load()] == ["db.t"]
+        assert await b.get(TableName("db", "t")).count(None) == 2
+        # DROP TABLE removes this replica (and, for the last one, the table) from ZooKeeper and disk
+        await a.drop_table(Statement(StatementKind.DROP_TABLE, TableName("db", "t"), "DROP TABLE db.t"))
+        assert await ka.exists("/tables/7/t/replicas/a") is None
+        assert await ka.exists("/tables/7/t") is not None
+        assert not (tmp_path / "a" / "metadata" / "db" / "t.sql").exists()
+        assert not (tmp_path / "a" / "data" / "db" / "t").exists()
+        with pytest.raises(UnknownTableError):
+            a.get(TableName("db", "t"))
+        await b.drop_table(Statement(StatementKind.DROP_TABLE, TableName("db", "t"), "DROP TABLE db.t"))
+        assert await ka.exists("/tables/7/t") is None
+    finally:
+        await close(a, ka, sa)
+        await close(b, kb, sb)
