@@ -166,6 +166,9 @@ class PartCommitter:
             ) from e
         except (KeeperConnectionLossError, KeeperOperationTimeoutError, KeeperSessionExpiredError) as e:
             # The transaction may or may not have been applied: keep the part, let the part check decide.
+            # Releasing the lock is harmless either way (already gone if the multi was applied; if not, the
+            # block number is abandoned instead of looking "committing" until our session ends).
+            await _release_quietly(self.keeper, lock.unlock_ops())
             self.store.activate(name)
             if self._enqueue_part_check is not None:
                 self._enqueue_part_check(name)

@@ -468,6 +468,9 @@ async def test_lost_commit_answer_is_settled_by_the_part_check(cluster: Cluster,
         assert [p.name for p in r1.layout.detached_path.iterdir()] == ["unexpected_202611_0_0_0"]
         retry = await r1.insert_table(rows([1, 2]))
         assert retry.written_parts == 1
+        assert r1.store.active_names() == ["202611_1_1_0"]  # block 0 was abandoned, its lock released
+    assert await keeper.get_children(f"{ZK_PATH}/block_numbers/202611") == []
+    assert await keeper.get_children(f"{ZK_PATH}/temp") == []
     assert await r1.count(None) == 2
 
 
