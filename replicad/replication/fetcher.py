@@ -128,34 +128,43 @@ class PartFetcher:
     # ------------------------------------------------------------------------------------- source choice
 
     async def find_source(self, part_name: str, *, active: bool = True) -> FetchSource | None:
-        """The best replica holding ``part_name`` or a part covering it (None: nobody)."""
+        """The best replica holding ``part_name`` or a part covering it (None: nobody).
+
+        Replicas holding the exact part are found with one ``exists`` each; only when none has it are the
+        replicas' part lists read to look for a covering part."""
         target = PartInfo.parse(part_name)
         replicas = [
             r for r in await self.keeper.get_children(self.paths.replicas) if r != self.paths.replica_name
         ]
         random.shuffle(replicas)
-        candidates: list[FetchSource] = []
-        for replica in replicas:
-            rp = self.paths.replica(replica)
-            if active and await self.keeper.exists(rp.is_active) is None:
-                continue
-            try:
-                parts = await self.keeper.get_children(rp.parts)
-            except KeeperNoNodeError:
-                continue
-            best: PartInfo | None = None
-            for name in parts:
-                info = PartInfo.try_parse(name)
-                if info is None or not (info == target or info.contains(target)):
+        if active:
+            alive = await asyncio.gather(
+                *(self.keeper.exists(self.paths.replica(r).is_active) for r in replicas)
+            )
+            replicas = [r for r, st in zip(replicas, alive, strict=True) if st is not None]
+        exact = await asyncio.gather(
+            *(self.keeper.exists(self.paths.replica(r).part(part_name)) for r in replicas)
+        )
+        found = [(r, part_name) for r, st in zip(replicas, exact, strict=True) if st is not None]
+        if not found:
+            for replica in replicas:
+                try:
+                    parts = await self.keeper.get_children(self.paths.replica(replica).parts)
+                except KeeperNoNodeError:
                     continue
-                if best is None or info.contains(best):
-                    best = info
-            if best is None:
-                continue
-            pointer, queue_size = await self._replica_progress(replica)
-            candidates.append(FetchSource(replica, best.name, pointer, queue_size))
-        if not candidates:
+                best: PartInfo | None = None
+                for name in parts:
+                    info = PartInfo.try_parse(name)
+                    if info is None or not info.contains(target):
+                        continue
+                    if best is None or info.contains(best):
+                        best = info
+                if best is not None:
+                    found.append((replica, best.name))
+        if not found:
             return None
+        progress = await asyncio.gather(*(self._replica_progress(r) for r, _ in found))
+        candidates = [FetchSource(r, p, ptr, q) for (r, p), (ptr, q) in zip(found, progress, strict=True)]
 
         now = time.monotonic()
 
