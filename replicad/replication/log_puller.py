@@ -12,6 +12,7 @@ Only after the multi succeeded are the entries handed to the in-memory queue.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -76,12 +77,18 @@ class LogPuller:
         self.log_pointer = 0
         self.last_pull_time = 0.0
         self.wake: Callable[[], None] = lambda: None
+        #: pull_logs_to_queue_mutex: the merge predicate, SYNC REPLICA and the task pull concurrently
+        self._pull_lock = asyncio.Lock()
 
     def _on_watch(self, _event: WatchEvent) -> None:
         self.wake()
 
     async def pull(self) -> int:
         """One pullLogsToQueue pass; returns the number of entries copied."""
+        async with self._pull_lock:
+            return await self._pull()
+
+    async def _pull(self) -> int:
         me = self.paths.me
         raw_pointer, _ = await self.keeper.get(me.log_pointer)
         children = await self.keeper.get_children(self.paths.log, watch=self._on_watch)
