@@ -92,6 +92,16 @@ def configure(level: str = "info", stream: TextIO | None = None) -> None:
     logging.captureWarnings(True)  # Python warnings become JSON lines too (logger "py.warnings")
 
 
+def reset() -> None:
+    """Undo :func:`configure` (tests): structlog defaults, our stdlib handler removed, warnings uncaptured."""
+    structlog.reset_defaults()
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_replicad", False):
+            root.removeHandler(h)
+    logging.captureWarnings(False)
+
+
 def set_level(level: str) -> None:
     """Change the level at run time (SIGHUP reload)."""
     _state["level"] = LEVELS[level]

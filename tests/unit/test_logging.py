@@ -18,8 +18,8 @@ def stream() -> Iterator[io.StringIO]:
     out = io.StringIO()
     rlog.configure("info", stream=out)
     yield out
-    rlog.configure("info")  # back to stdout for the other tests
-    logging.captureWarnings(False)
+    rlog.reset()
+    rlog.set_level("info")
 
 
 def lines(out: io.StringIO) -> list[dict[str, object]]:
