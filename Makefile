@@ -10,12 +10,15 @@ STAMP := $(VENV)/.installed
 deps: apt venv
 
 apt:
-	@if ! command -v zkServer.sh >/dev/null 2>&1 && [ ! -x /usr/share/zookeeper/bin/zkServer.sh ] || \
-	    ! command -v clickhouse-server >/dev/null 2>&1 && [ ! -x /usr/bin/clickhouse ] || \
-	    ! command -v java >/dev/null 2>&1; then \
-	  echo "installing Debian packages: zookeeper clickhouse-server default-jre-headless"; \
+	@need=""; \
+	[ -d /usr/share/zookeeper ] || need="$$need zookeeper"; \
+	command -v clickhouse-server >/dev/null 2>&1 || [ -x /usr/sbin/clickhouse-server ] || [ -x /usr/bin/clickhouse ] \
+	  || need="$$need clickhouse-server clickhouse-client"; \
+	command -v java >/dev/null 2>&1 || need="$$need default-jre-headless"; \
+	if [ -n "$$need" ]; then \
+	  echo "installing Debian packages:$$need"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper clickhouse-server clickhouse-client >/dev/null; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need >/dev/null; \
 	fi
 
 venv: $(STAMP)
