@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -187,6 +187,8 @@ class TableReplica:
         self._inserts_in_flight = 0
         self._started_at = 0.0
         self._task_group = f"table:{spec.name}:{id(self):x}"
+        #: statements other modules implement (OPTIMIZE, ALTER … DELETE/UPDATE, DROP PARTITION …)
+        self.statement_handlers: dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]] = {}
         #: total_replicas / active_replicas / log_max_index, refreshed by the cleanup task
         self._zk_summary: dict[str, int] = {}
 
@@ -498,26 +500,45 @@ class TableReplica:
 
     # ------------------------------------------------------------------------------------------- select
 
-    async def read_all(self, columns: Sequence[str] | None = None) -> pa.Table:
-        """Every row of the active parts (storage Arrow, table column order unless ``columns`` given)."""
-        names = list(columns) if columns is not None else [n for n, _ in self.spec.columns]
+    def _empty(self, names: Sequence[str]) -> pa.Table:
+        types = dict(self.spec.columns)
+        return pa.Table.from_arrays(
+            [pa.array([], types[n].arrow_type) for n in names],
+            schema=pa.schema([pa.field(n, types[n].arrow_type) for n in names]),
+        )
+
+    async def iter_rows(
+        self, names: Sequence[str], where: str | None = None, granules_per_batch: int = 16
+    ) -> AsyncIterator[pa.Table]:
+        """The active parts' rows, part by part and a few granules at a time, filtered by ``where``.
+
+        Reading and filtering run in a worker thread; the active set is the one at the first batch."""
         types = dict(self.spec.columns)
         wanted = {n: types[n] for n in names}
-        parts = self.store.active()
+        expr = compile_expression(where) if where else None
+        tz = self.env.tz
+        for p in self.store.active():
+            reader = await asyncio.to_thread(PartReader, p.directory, wanted)
+            try:
+                batches = reader.iter_batches(list(names), granules_per_batch)
 
-        def read() -> pa.Table:
-            tables = []
-            for p in parts:
-                with PartReader(p.directory, wanted) as r:
-                    tables.append(r.read(names))
-            if not tables:
-                return pa.Table.from_arrays(
-                    [pa.array([], types[n].arrow_type) for n in names],
-                    schema=pa.schema([pa.field(n, types[n].arrow_type) for n in names]),
-                )
-            return pa.concat_tables(tables)
+                def step(it: Iterator[pa.Table] = batches) -> pa.Table | None:
+                    batch = next(it, None)
+                    if batch is None or expr is None:
+                        return batch
+                    return batch.filter(pa.array(expr.mask(batch, types, tz)))
 
-        return await asyncio.to_thread(read)
+                while (batch := await asyncio.to_thread(step)) is not None:
+                    if batch.num_rows:
+                        yield batch
+            finally:
+                reader.close()
+
+    async def read_all(self, columns: Sequence[str] | None = None, where: str | None = None) -> pa.Table:
+        """Every (matching) row of the active parts, in storage Arrow."""
+        names = list(columns) if columns is not None else [n for n, _ in self.spec.columns]
+        tables = [t async for t in self.iter_rows(names, where)]
+        return pa.concat_tables(tables) if tables else self._empty(names)
 
     def _needed_columns(self, query: SelectQuery) -> list[str]:
         types = dict(self.spec.columns)
@@ -535,35 +556,52 @@ class TableReplica:
     async def select(self, query: SelectQuery) -> QueryResult:
         types = dict(self.spec.columns)
         names = self._needed_columns(query)
-        table = await self.read_all(names)
-        if query.where:
-            mask = compile_expression(query.where).mask(table, types, self.env.tz)
-            table = table.filter(pa.array(mask))
-        if query.order_by:
-            keys = []
-            sort_keys = []
-            for i, k in enumerate(query.order_by):
-                arr, _dt = compile_expression(k.expression).evaluate(table, types, self.env.tz)
-                keys.append(arr)
-                sort_keys.append((f"k{i}", "descending" if k.descending else "ascending"))
-            key_table = pa.table({f"k{i}": a for i, a in enumerate(keys)})
-            idx = pc.sort_indices(key_table, sort_keys=sort_keys, null_placement="at_end")
-            table = table.take(idx)
-        if query.limit is not None:
-            table = table.slice(0, query.limit)
         out_names = list(query.columns) if query.columns is not None else [n for n, _ in self.spec.columns]
-        table = table.select(out_names)
-        return QueryResult.from_table([(n, types[n]) for n in out_names], table)
+        columns = [(n, types[n]) for n in out_names]
+        if not query.order_by:
+            return QueryResult(columns, self._stream(names, out_names, query.where, query.limit))
+        table = await self.read_all(names, query.where)
+        keys = []
+        sort_keys = []
+        for i, k in enumerate(query.order_by):
+            arr, _dt = compile_expression(k.expression).evaluate(table, types, self.env.tz)
+            keys.append(arr)
+            sort_keys.append((f"k{i}", "descending" if k.descending else "ascending", "at_end"))
+        key_table = pa.table({f"k{i}": a for i, a in enumerate(keys)})
+        idx = pc.sort_indices(key_table, sort_keys=sort_keys)
+        if query.limit is not None:
+            idx = idx.slice(0, query.limit)
+        return QueryResult.from_table(columns, table.take(idx).select(out_names))
+
+    async def _stream(
+        self, names: list[str], out_names: list[str], where: str | None, limit: int | None
+    ) -> AsyncIterator[pa.RecordBatch]:
+        left = limit
+        if left is not None and left <= 0:
+            return
+        async for table in self.iter_rows(names, where):
+            if left is not None:
+                table = table.slice(0, left)
+                left -= table.num_rows
+            for b in table.select(out_names).to_batches():
+                yield b
+            if left is not None and left <= 0:
+                return
 
     async def count(self, where: str | None) -> int:
         if not where:
             return sum(p.directory.rows for p in self.store.active())
-        types = dict(self.spec.columns)
         expr = compile_expression(where)
-        table = await self.read_all(list(dict.fromkeys(expr.columns)) or [self.spec.columns[0][0]])
-        return int(expr.mask(table, types, self.env.tz).sum())
+        names = list(dict.fromkeys(expr.columns)) or [self.spec.columns[0][0]]
+        total = 0
+        async for t in self.iter_rows(names, where):
+            total += t.num_rows
+        return total
 
     async def execute(self, statement: Statement) -> ExecuteResult:
+        handler = self.statement_handlers.get(statement.kind)
+        if handler is not None:
+            return await handler(statement)
         if statement.kind is StatementKind.SYNC_REPLICA:
             await self.sync_replica()
             return ExecuteResult()

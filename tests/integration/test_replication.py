@@ -531,3 +531,23 @@ async def test_catalog_persists_and_drops_tables(
     finally:
         await close(a, ka, sa)
         await close(b, kb, sb)
+
+
+async def test_select(cluster: Cluster) -> None:
+    from replicad.service import OrderKey, SelectQuery
+
+    r1 = await cluster.start("r1")
+    await r1.insert_table(rows([5, 1, 9, 3], month=11))
+    await r1.insert_table(rows([7, 2], month=10))
+
+    async def run(**kw: Any) -> list[dict[str, Any]]:
+        res = await r1.select(SelectQuery(TableName("db", "events"), **kw))
+        return pa.Table.from_batches([b async for b in res.batches]).to_pylist()
+
+    got = await run(columns=("id",), where="id > 2", order_by=(OrderKey("id", descending=True),), limit=3)
+    assert got == [{"id": 9}, {"id": 7}, {"id": 5}]
+    unordered = await run(columns=("id", "name"), where="id != 1")
+    assert sorted(r["id"] for r in unordered) == [2, 3, 5, 7, 9]
+    assert len(await run(limit=4)) == 4
+    assert await run(columns=("name",), where="id = 3") == [{"name": b"x3"}]
+    assert await r1.count("toYYYYMM(ctime) = 202610") == 2
