@@ -31,6 +31,7 @@ import queue
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -41,7 +42,8 @@ import pyarrow.compute as pc
 
 from replicad.errors import CorruptedDataError
 from replicad.model.partition import PartitionKey
-from replicad.sql.expressions import Expr, compile_key
+from replicad.sql.expressions import Expr, compile_expression, compile_key
+from replicad.sql.expressions_ast import Function, Literal
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader
 from replicad.storage.types import DataType
@@ -72,13 +74,21 @@ class TableSchemaLike(Protocol):
 
 @dataclass(frozen=True)
 class PartSchema:
-    """A plain :class:`TableSchemaLike`: columns in table order and the key clauses' expression text."""
+    """A plain :class:`TableSchemaLike`: the physical columns in ClickHouse's order (ordinary columns,
+    then MATERIALIZED ones, as ``getAllPhysical``), the key clauses' expression text, and the
+    ``defaults``: ``(column, kind, expression)`` for DEFAULT / MATERIALIZED columns.
+
+    ``defaults`` is optional for other schema objects too (read with ``getattr``): merges and mutations
+    compute a column that a source part lacks (added by ALTER) from its expression, and an UPDATE of a
+    column some MATERIALIZED expression reads recomputes every MATERIALIZED column, as 18.16 does.
+    """
 
     columns: tuple[tuple[str, DataType], ...]
     partition_by: str | None = None
     order_by: str | None = None
     primary_key: str | None = None
     tz: str = "UTC"
+    defaults: tuple[tuple[str, str, str], ...] = ()
 
 
 class TableKeys:
@@ -106,6 +116,45 @@ class TableKeys:
     def sorting_columns(self) -> set[str]:
         """Columns the sorting key reads (ClickHouse refuses to UPDATE them)."""
         return {c for e in self.sorting for c in e.columns}
+
+    @cached_property
+    def defaults(self) -> dict[str, tuple[str, Expr]]:
+        """column -> (DEFAULT or MATERIALIZED, ``CAST(expression AS type)``)."""
+        out: dict[str, tuple[str, Expr]] = {}
+        for column, kind, text in getattr(self.schema, "defaults", ()) or ():
+            dtype = self.types.get(column)
+            if dtype is None or kind.upper() not in ("DEFAULT", "MATERIALIZED") or not text:
+                continue  # ALIAS columns are not stored
+            node = Function("CAST", (compile_expression(text).node, Literal(dtype.name, "string")))
+            out[column] = (kind.upper(), Expr(node))
+        return out
+
+    @cached_property
+    def materialized(self) -> list[tuple[str, Expr]]:
+        return [(c, e) for c, (kind, e) in self.defaults.items() if kind == "MATERIALIZED"]
+
+    def computed(self, column: str, table: pa.Table) -> pa.Array:
+        """A DEFAULT/MATERIALIZED column computed from the other columns of ``table``."""
+        arr, _t = self.defaults[column][1].evaluate(table, self.types, self.tz)
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        dtype = self.types[column]
+        if arr.type != dtype.arrow_type or (not dtype.is_nullable and arr.null_count):
+            arr = dtype.to_storage(arr, column, self.tz)
+        if len(arr) != table.num_rows:  # a constant expression over zero referenced columns
+            arr = pa.repeat(arr[0], table.num_rows) if len(arr) else dtype.defaults(table.num_rows)
+        return arr
+
+    def missing_with_defaults(self, reader: PartReader) -> list[str]:
+        """Table columns the part lacks that have a DEFAULT/MATERIALIZED expression (table order)."""
+        return [c for c, _t in self.columns if c not in reader.part_columns and c in self.defaults]
+
+    def fill_defaults(self, table: pa.Table, missing: Sequence[str]) -> pa.Table:
+        """``table`` with the ``missing`` columns computed from their expressions, in order."""
+        for c in missing:
+            if c in table.column_names:
+                table = table.set_column(table.schema.get_field_index(c), c, self.computed(c, table))
+        return table
 
     @cached_property
     def partition_types(self) -> list[DataType]:
@@ -207,15 +256,37 @@ class _KeyView:
 
 
 class _Source:
-    """One source part: its batches, and the pending (not yet merged) rows of the current batch."""
+    """One source part: its batches, and the pending (not yet merged) rows of the current batch.
 
-    def __init__(self, index: int, batches: Iterator[pa.Table], keys: TableKeys) -> None:
+    With a ``pool`` the next batch is read (and its keys evaluated) ahead, in the pool.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        batches: Iterator[pa.Table],
+        keys: TableKeys,
+        pool: ThreadPoolExecutor | None,
+        missing: Sequence[str] = (),
+    ) -> None:
         self.index = index
         self._batches = batches
         self._keys = keys
+        self._missing = list(missing)
+        self._pool = pool
         self.table: pa.Table | None = None
         self.sort_keys: list[pa.Array] = []
         self.exhausted = False
+        self._ahead: Future[tuple[pa.Table, list[pa.Array]] | None] | None = (
+            pool.submit(self._read) if pool is not None else None
+        )
+
+    def _read(self) -> tuple[pa.Table, list[pa.Array]] | None:
+        for batch in self._batches:
+            if batch.num_rows:
+                batch = self._keys.fill_defaults(batch, self._missing)
+                return batch, self._keys.evaluate(self._keys.sorting, batch)
+        return None
 
     @property
     def pending(self) -> int:
@@ -223,15 +294,18 @@ class _Source:
 
     def fill(self) -> bool:
         """Make sure rows are pending unless the source is exhausted; True if rows are pending."""
-        while self.pending == 0 and not self.exhausted:
-            batch = next(self._batches, None)
-            if batch is None:
+        if self.pending == 0 and not self.exhausted:
+            if self._ahead is not None:
+                item = self._ahead.result()
+                self._ahead = self._pool.submit(self._read) if item is not None and self._pool else None
+            else:
+                item = self._read()
+            if item is None:
                 self.exhausted = True
                 self.table = None
                 self.sort_keys = []
-            elif batch.num_rows:
-                self.table = batch
-                self.sort_keys = self._keys.evaluate(self._keys.sorting, batch)
+            else:
+                self.table, self.sort_keys = item
         return self.pending > 0
 
     def last_key(self) -> _Key:
@@ -254,15 +328,29 @@ def merged_batches(
     readers: Sequence[PartReader],
     keys: TableKeys,
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
+    read_threads: int = 0,
 ) -> Iterator[tuple[pa.Table, list[pa.Array]]]:
     """The rows of ``readers`` (each sorted) merged by the sorting key, as (batch, sorting-key arrays).
 
     Ties keep source order, then row order (ClickHouse's stable merge).  Without a sorting key the
-    sources are concatenated.
+    sources are concatenated.  With ``read_threads`` > 0 every source reads its next batch ahead in a
+    pool of that many threads (one more batch per source in memory).
     """
+    pool = ThreadPoolExecutor(read_threads, thread_name_prefix="merge-read") if read_threads > 0 else None
+    try:
+        yield from _merge(readers, keys, granules_per_batch, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _merge(
+    readers: Sequence[PartReader], keys: TableKeys, granules_per_batch: int, pool: ThreadPoolExecutor | None
+) -> Iterator[tuple[pa.Table, list[pa.Array]]]:
     names = [n for n, _ in keys.columns]
     sources = [
-        _Source(i, r.iter_batches(names, granules_per_batch), keys) for i, r in enumerate(readers)
+        _Source(i, r.iter_batches(names, granules_per_batch), keys, pool, keys.missing_with_defaults(r))
+        for i, r in enumerate(readers)
     ]
     if not keys.sorting:
         for s in sources:
@@ -303,13 +391,15 @@ def merge_parts(
     *,
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
     prefetch: int = 1,
+    read_threads: int = 2,
 ) -> WrittenPart:
     """Merge the parts in ``source_dirs`` (in part order: by block number) into a new part in ``tmp_dir``.
 
     All sources must belong to one partition (their ``partition.dat`` is taken from the first).  Columns
     are the table's (``schema.columns``); a source lacking one reads as the type's defaults.  With
     ``prefetch`` > 0 reading and merging run in a helper thread, up to that many batches ahead of the
-    writer.  Blocking: run it in a worker thread.
+    writer; with ``read_threads`` > 0 the sources also read ahead in parallel (see
+    :func:`merged_batches`).  Blocking: run it in a worker thread.
     """
     if not source_dirs:
         raise ValueError("merge_parts needs at least one source part")
@@ -323,7 +413,7 @@ def merge_parts(
             readers.append(PartReader(part, keys.types, index_granularity=settings.index_granularity))
 
         def produce() -> Iterator[tuple[pa.Table, dict[str, pa.Array]]]:
-            for batch, sort_keys in merged_batches(readers, keys, granules_per_batch):
+            for batch, sort_keys in merged_batches(readers, keys, granules_per_batch, read_threads):
                 yield batch, keys.primary_arrays(batch, sort_keys)
 
         with keys.writer(Path(tmp_dir), settings, partition_value) as writer:

@@ -14,10 +14,13 @@ live 18.16 server (tests/integration/test_merge_clickhouse18.py):
   ``partition.dat`` and ``count.txt`` = ``0``, no ``minmax_*.idx``); so do we.
 
 Commands apply in order, each to the result of the previous ones; the assignments of one UPDATE are
-simultaneous (all read the values before the command).  ``UPDATE c = e WHERE p`` stores
-``if(p, CAST(e AS type of c), c)`` — CAST wraps integers (``300`` → UInt8 ``44``) like 18.16.  Updating a
-sorting-key or partition-key column is refused (code 420 ``Cannot UPDATE key column``), as is an unknown
-column (code 16).
+simultaneous (all read the values before the command).  An UPDATE that assigns a column some
+MATERIALIZED expression reads then recomputes *every* MATERIALIZED column for *every* row (18.16 adds a
+stage for them); those columns are rewritten too.  Columns the part lacks (added by ALTER) are computed
+from their DEFAULT/MATERIALIZED expressions (``schema.defaults``), else the type's default.
+``UPDATE c = e WHERE p`` stores ``if(p, CAST(e AS type of c), c)`` — CAST wraps integers (``300`` →
+UInt8 ``44``) like 18.16.  Updating a sorting-key or partition-key column is refused (code 420
+``Cannot UPDATE key column``), as is an unknown column (code 16).
 
 Parts are processed batch by batch (``granules_per_batch`` granules); memory is bounded by a batch.
 """
@@ -114,11 +117,18 @@ class _Compiled:
     kind: Kind
     predicate: Expr
     assignments: tuple[tuple[str, Expr], ...]
+    #: MATERIALIZED columns recomputed (every row) after the UPDATE: all of them when it assigns a
+    #: column that some MATERIALIZED expression reads, else none (18.16)
+    materialized: tuple[tuple[str, Expr], ...] = ()
+
+    @property
+    def updated(self) -> list[str]:
+        return [c for c, _e in self.assignments] + [c for c, _e in self.materialized]
 
     @property
     def columns(self) -> list[str]:
         out = list(self.predicate.columns)
-        for col, e in self.assignments:
+        for col, e in (*self.assignments, *self.materialized):
             out.append(col)
             out.extend(e.columns)
         return out
@@ -150,7 +160,10 @@ def compile_commands(keys: TableKeys, commands: str | Iterable[object]) -> list[
                 raise BadInputError(f"Cannot UPDATE key column `{col}`", code=CANNOT_UPDATE_COLUMN)
             cast = Function("CAST", (_compiled(text).node, Literal(dtype.name, "string")))
             assignments.append((col, Expr(cast)))
-        compiled = _Compiled(cmd.kind, predicate, tuple(assignments))
+        assigned = {c for c, _e in assignments}
+        affected = any(assigned & set(e.columns) for _c, e in keys.materialized)
+        compiled = _Compiled(cmd.kind, predicate, tuple(assignments),
+                             tuple(keys.materialized) if affected else ())
         for c in compiled.columns:
             if c not in keys.types:
                 raise BadInputError(f"Missing column `{c}` in table", code=NO_SUCH_COLUMN_IN_TABLE)
@@ -174,26 +187,39 @@ def apply_commands(batch: pa.Table, commands: Sequence[_Compiled], keys: TableKe
             if not keep.all():
                 batch = batch.filter(pa.array(keep, pa.bool_()))
             continue
-        if not hit.any():
-            continue
-        mask = pa.array(hit, pa.bool_())
-        new_columns: dict[str, pa.Array] = {}
-        for col, expr in cmd.assignments:
-            target = keys.types[col]
-            value, _t = expr.evaluate(batch, keys.types, keys.tz)
-            if isinstance(value, pa.ChunkedArray):
-                value = value.combine_chunks()
-            if value.type != target.arrow_type or (not target.is_nullable and value.null_count):
-                value = target.to_storage(value, col, keys.tz)
-            old_col = batch.column(col)
-            old = old_col.combine_chunks() if isinstance(old_col, pa.ChunkedArray) else old_col
-            if target.is_nullable and value.null_count == len(value):
-                new_columns[col] = _null_where(old, hit)
-            else:
-                new_columns[col] = pc.if_else(mask, value, old)
-        for col, value in new_columns.items():
-            batch = batch.set_column(batch.schema.get_field_index(col), col, value)
+        if hit.any():
+            batch = _assign(batch, cmd.assignments, hit, keys)
+        if cmd.materialized:
+            batch = _replace(batch, {c: keys.computed(c, batch) for c, _e in cmd.materialized})
     return batch
+
+
+def _replace(batch: pa.Table, columns: dict[str, pa.Array]) -> pa.Table:
+    for col, value in columns.items():
+        batch = batch.set_column(batch.schema.get_field_index(col), col, value)
+    return batch
+
+
+def _assign(
+    batch: pa.Table, assignments: Sequence[tuple[str, Expr]], hit: npt.NDArray[np.bool_], keys: TableKeys
+) -> pa.Table:
+    """``c = if(p, CAST(e AS type), c)`` for every assignment, all reading the same (old) rows."""
+    mask = pa.array(hit, pa.bool_())
+    new_columns: dict[str, pa.Array] = {}
+    for col, expr in assignments:
+        target = keys.types[col]
+        value, _t = expr.evaluate(batch, keys.types, keys.tz)
+        if isinstance(value, pa.ChunkedArray):
+            value = value.combine_chunks()
+        if value.type != target.arrow_type or (not target.is_nullable and value.null_count):
+            value = target.to_storage(value, col, keys.tz)
+        old_col = batch.column(col)
+        old = old_col.combine_chunks() if isinstance(old_col, pa.ChunkedArray) else old_col
+        if target.is_nullable and value.null_count == len(value):
+            new_columns[col] = _null_where(old, hit)
+        else:
+            new_columns[col] = pc.if_else(mask, value, old)
+    return _replace(batch, new_columns)
 
 
 def _null_where(old: pa.Array, hit: npt.NDArray[np.bool_]) -> pa.Array:
@@ -213,6 +239,20 @@ def _null_where(old: pa.Array, hit: npt.NDArray[np.bool_]) -> pa.Array:
     return pa.Array.from_buffers(old.type, len(old), [validity, *old.buffers()[1:]], offset=old.offset)
 
 
+def _batches(
+    reader: PartReader, keys: TableKeys, names: Sequence[str], granules: int
+) -> Iterator[pa.Table]:
+    """Batches of the ``names`` columns (plus what their DEFAULT expressions read, when the part lacks
+    them), with the columns the part lacks computed from their expressions."""
+    missing = [c for c in keys.missing_with_defaults(reader) if c in names]
+    need = set(names)
+    for c in missing:
+        need.update(keys.defaults[c][1].columns)
+    ordered = [n for n, _t in keys.columns if n in need]
+    for batch in reader.iter_batches(ordered, granules):
+        yield keys.fill_defaults(batch, missing)
+
+
 def _touched(reader: PartReader, commands: Sequence[_Compiled], keys: TableKeys, granules: int) -> bool:
     """Does any row satisfy any predicate (on the unmutated rows, as 18.16's ``count() WHERE or(...)``)?"""
     names: list[str] = []
@@ -220,7 +260,7 @@ def _touched(reader: PartReader, commands: Sequence[_Compiled], keys: TableKeys,
         names.extend(c for c in cmd.predicate.columns if c not in names)
     if not names:  # constant predicates
         names = [keys.columns[0][0]]
-    for batch in reader.iter_batches(names, granules):
+    for batch in _batches(reader, keys, names, granules):
         for cmd in commands:
             arr, dtype = cmd.predicate.evaluate(batch, keys.types, keys.tz)
             if truthy(Val(arr, dtype)).any():
@@ -280,7 +320,7 @@ def _rewrite_columns(
     granules: int,
 ) -> WrittenPart:
     """UPDATE without DELETE: rewrite the updated columns, hard-link everything else."""
-    assigned = {c for cmd in commands for c, _e in cmd.assignments}
+    assigned = {c for cmd in commands for c in cmd.updated}
     updated = [name for name, _t in keys.columns if name in assigned]
     needed: list[str] = []
     for cmd in commands:
@@ -296,7 +336,7 @@ def _rewrite_columns(
         staging = tmp_dir / "updated_columns.tmp"
         writer = PartWriter(staging, [(c, keys.types[c]) for c in updated], settings)
         with writer:
-            for batch in reader.iter_batches(read_names, granules):
+            for batch in _batches(reader, keys, read_names, granules):
                 writer.write(apply_commands(batch, commands, keys).select(updated))
             written = writer.finish()
         for name in sorted(new_streams):
@@ -333,7 +373,7 @@ def _rewrite_part(
     """Rewrite every column of the part (a DELETE is involved, or the source's marks are adaptive)."""
     names = [n for n, _t in keys.columns]
     with keys.writer(tmp_dir, settings, keys.partition_value(source)) as writer:
-        for batch in reader.iter_batches(names, granules):
+        for batch in _batches(reader, keys, names, granules):
             out = apply_commands(batch, commands, keys)
             if out.num_rows:
                 writer.write(out, keys.primary_arrays(out))
@@ -382,7 +422,7 @@ def iter_mutated(
     compiled = compile_commands(keys, commands)
     names = [n for n, _t in keys.columns]
     with PartReader(Path(source_dir), keys.types, index_granularity=index_granularity) as reader:
-        for batch in reader.iter_batches(names, granules_per_batch):
+        for batch in _batches(reader, keys, names, granules_per_batch):
             yield apply_commands(batch, compiled, keys)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from replicad.errors import BadInputError
+from replicad.model.text_io import TextReader
 from replicad.storage.merge import PartSchema, merge_parts
 from replicad.storage.mutate import MutationCommand, mutate_part
 from replicad.storage.reader import PartReader
@@ -90,9 +91,10 @@ def schema_of(
     partition_by: str | None,
     order_by: str,
     primary_key: str | None = None,
+    defaults: Sequence[tuple[str, str, str]] = (),
 ) -> PartSchema:
     types = tuple((n, parse_type("String" if t == "BigString" else t)) for n, t in columns)
-    return PartSchema(types, partition_by, order_by, primary_key)
+    return PartSchema(types, partition_by, order_by, primary_key, defaults=tuple(defaults))
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
@@ -127,6 +129,8 @@ def merge_like_18_16(
     seed: int = 0,
     alter_before: dict[int, tuple[str, list[tuple[str, str]]]] | None = None,
     blocks: Sequence[bytes] | None = None,
+    defaults: Sequence[tuple[str, str, str]] = (),
+    schema_columns: Sequence[tuple[str, str]] | None = None,
 ) -> tuple[WrittenPart, Path]:
     """Insert ``sizes`` blocks (one part each) into a fresh table, then merge them in 18.16 (OPTIMIZE
     FINAL) and with ``merge_parts``; returns (our part, 18.16's part directory).
@@ -158,7 +162,7 @@ def merge_like_18_16(
         ch.query("SYSTEM START MERGES")
     ch.query(f"OPTIMIZE TABLE {table} FINAL")
     (merged,) = active_parts(ch, table)
-    schema = schema_of(columns, partition_by, order_by, primary_key)
+    schema = schema_of(schema_columns or columns, partition_by, order_by, primary_key, defaults)
     settings = WriterSettings(method=method, fsync=False)  # type: ignore[arg-type]
     ours = merge_parts([src_root / s for s in sources], tmp_path / f"tmp_merge_{merged}", schema, settings,
                        granules_per_batch=3)
@@ -226,6 +230,21 @@ def test_merge_after_add_column(ch: ClickHouseServer, tmp_path: Path) -> None:
     assert_same_part(theirs, ours)
 
 
+def test_merge_computes_defaults_of_added_columns(ch: ClickHouseServer, tmp_path: Path) -> None:
+    # the first part predates z (DEFAULT) and m (MATERIALIZED): 18.16's merge computes them from their
+    # expressions, it does not write the type's default
+    cols = [("k", "UInt64"), ("s", "String")]
+    alter = ("ALTER TABLE m_defaults ADD COLUMN z UInt64 DEFAULT k * 10, "
+             "ADD COLUMN m String MATERIALIZED concat(s, '!')")
+    more = [*cols, ("z", "UInt64")]
+    ours, theirs = merge_like_18_16(
+        ch, tmp_path, "m_defaults", cols, (None, "k", None), [3000, 4000], spread=1000, seed=6,
+        alter_before={1: (alter, more)}, schema_columns=[*more, ("m", "String")],
+        defaults=[("z", "DEFAULT", "k * 10"), ("m", "MATERIALIZED", "concat(s, '!')")])
+    assert PartReader(ours.path).read().column_names == ["k", "s", "z", "m"]
+    assert_same_part(theirs, ours)
+
+
 def test_merge_zstd_server(ch_zstd: ClickHouseServer, tmp_path: Path) -> None:
     ours, theirs = merge_like_18_16(ch_zstd, tmp_path, "m_zstd", EVENTS, ("toYYYYMM(d)", "(u, k)", None),
                                     [30000, 12345, 1], method="zstd", spread=64, seed=5)
@@ -284,34 +303,36 @@ MUTATIONS: list[tuple[str, list[MutationCommand], str]] = [
 ]
 
 
-def test_mutations_are_byte_identical(ch: ClickHouseServer, tmp_path: Path) -> None:
-    ch.query("DROP TABLE IF EXISTS mut")
-    ch.query(f"CREATE TABLE mut ({ddl(MUTATED)}) ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k")
-    n, null = 20000, "\\N"
-    rows = "".join(
-        f"2024-02-{i % 28 + 1:02d}\t{1706745600 + i}\t{i}\ts{i * 7919 % 1000}\t{i / 3!r}\t{i % 256}\t"
-        f"{null if i % 5 == 0 else i}\n" for i in range(n))
-    ch.query("INSERT INTO mut FORMAT TabSeparated", data=rows.encode())
-    schema = schema_of(MUTATED, "toYYYYMM(d)", "k")
-    table_dir = ch.table_dir("default", "mut")
-    nulls_over_values = False  # from then on 18.16's n.bin holds old values under some NULLs
-    for alter, commands, outcome in MUTATIONS:
-        (current,) = active_parts(ch, "mut")
+def check_mutations(
+    ch: ClickHouseServer,
+    tmp_path: Path,
+    table: str,
+    schema: PartSchema,
+    cases: Sequence[tuple[str, list[MutationCommand], str]],
+    gap_from: str | None = None,
+) -> None:
+    """Run each ALTER on 18.16 and ``mutate_part`` on a copy of the part before it; compare the results.
+
+    From the ALTER starting with ``gap_from`` on, only :data:`NULL_VALUES_GAP` files may differ."""
+    table_dir = ch.table_dir("default", table)
+    in_gap = False
+    for alter, commands, outcome in cases:
+        (current,) = active_parts(ch, table)
         source = tmp_path / current
         shutil.copytree(table_dir / current, source)
-        ch.query(f"ALTER TABLE mut {alter}")
+        ch.query(f"ALTER TABLE {table} {alter}")
         deadline = time.monotonic() + 30
-        while (new := active_parts(ch, "mut")) == [current]:
+        while (new := active_parts(ch, table)) == [current]:
             assert time.monotonic() < deadline, f"18.16 did not run {alter}"
             time.sleep(0.05)
         (result,) = new
         ours = mutate_part(source, tmp_path / f"tmp_mut_{result}", schema, commands,
                            WriterSettings(method="lz4", fsync=False))
-        nulls_over_values = nulls_over_values or alter.startswith("UPDATE n = NULL")
-        assert_same_part(table_dir / result, ours, NULL_VALUES_GAP if nulls_over_values else frozenset())
+        in_gap = in_gap or (gap_from is not None and alter.startswith(gap_from))
+        assert_same_part(table_dir / result, ours, NULL_VALUES_GAP if in_gap else frozenset())
         # the mutation's command list as 18.16 stored it (mutation_<N>.txt) gives the same part
         entry = (table_dir / f"mutation_{result.rsplit('_', 1)[1]}.txt").read_text()
-        text = entry.split("\ncommands: ", 1)[1]
+        text = TextReader(entry.split("\ncommands: ", 1)[1], "mutation").escaped()
         again = mutate_part(source, tmp_path / f"again_{result}", schema, text,
                             WriterSettings(method="lz4", fsync=False))
         assert again.checksums == ours.checksums, (alter, text)
@@ -320,13 +341,48 @@ def test_mutations_are_byte_identical(ch: ClickHouseServer, tmp_path: Path) -> N
         if outcome == "clone":
             assert linked == set(os.listdir(source))
         elif outcome.startswith("columns:"):
-            column = outcome.split(":")[1]
-            assert "k.bin" in linked and f"{column}.bin" not in linked and "checksums.txt" not in linked
+            rewritten = outcome.split(":")[1].split(",")
+            assert {f"{c}.bin" for c in rewritten} | {"checksums.txt"} <= set(os.listdir(ours.path)) - linked
+            assert "k.bin" in linked
         else:
             assert not linked
         got = PartReader(ours.path).read()
-        assert got.num_rows == ours.rows == int(ch.query("SELECT count() FROM mut"))
-        assert got.column("n").null_count == int(ch.query("SELECT countIf(n IS NULL) FROM mut"))
+        assert got.num_rows == ours.rows == int(ch.query(f"SELECT count() FROM {table}"))
+
+
+def test_mutations_are_byte_identical(ch: ClickHouseServer, tmp_path: Path) -> None:
+    ch.query("DROP TABLE IF EXISTS mut")
+    ch.query(f"CREATE TABLE mut ({ddl(MUTATED)}) ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k")
+    n, null = 20000, "\\N"
+    rows = "".join(
+        f"2024-02-{i % 28 + 1:02d}\t{1706745600 + i}\t{i}\ts{i * 7919 % 1000}\t{i / 3!r}\t{i % 256}\t"
+        f"{null if i % 5 == 0 else i}\n" for i in range(n))
+    ch.query("INSERT INTO mut FORMAT TabSeparated", data=rows.encode())
+    check_mutations(ch, tmp_path, "mut", schema_of(MUTATED, "toYYYYMM(d)", "k"), MUTATIONS,
+                    gap_from="UPDATE n = NULL")
+    assert int(ch.query("SELECT count() FROM mut")) == 0
+
+
+def test_mutations_recompute_materialized_columns(ch: ClickHouseServer, tmp_path: Path) -> None:
+    # an UPDATE of a column that a MATERIALIZED expression reads recomputes every MATERIALIZED column
+    # for every row (m2's expression changed since the insert: all its values change)
+    ch.query("DROP TABLE IF EXISTS mut_mat")
+    ch.query("CREATE TABLE mut_mat (k UInt64, s String, d UInt8 DEFAULT 7, m String MATERIALIZED "
+             "concat(s, '!'), m2 UInt64 MATERIALIZED k + 1) ENGINE = MergeTree ORDER BY k")
+    ch.query("INSERT INTO mut_mat (k, s) FORMAT TabSeparated",
+             data="".join(f"{i}\ts{i % 97}\n" for i in range(30000)).encode())
+    ch.query("ALTER TABLE mut_mat MODIFY COLUMN m2 UInt64 MATERIALIZED k + 1000")
+    columns = [("k", "UInt64"), ("s", "String"), ("d", "UInt8"), ("m", "String"), ("m2", "UInt64")]
+    schema = schema_of(columns, None, "k", defaults=[
+        ("d", "DEFAULT", "7"), ("m", "MATERIALIZED", "concat(s, '!')"), ("m2", "MATERIALIZED", "k + 1000")])
+    check_mutations(ch, tmp_path, "mut_mat", schema, [
+        ("UPDATE d = 9 WHERE k % 10 = 1", [MutationCommand.update([("d", "9")], "k % 10 = 1")], "columns:d"),
+        ("UPDATE s = 'X' WHERE k % 7 = 0", [MutationCommand.update([("s", "'X'")], "k % 7 = 0")],
+         "columns:s,m,m2"),
+        ("DELETE WHERE k % 3 = 0", [MutationCommand.delete("k % 3 = 0")], "rewrite"),
+    ])
+    assert ch.query("SELECT k, s, m, m2 FROM mut_mat WHERE k IN (1, 7) ORDER BY k") == (
+        "1\ts1\ts1!\t1001\n7\tX\tX!\t1007\n")
 
 
 def test_update_of_key_column_is_refused(ch: ClickHouseServer, tmp_path: Path) -> None:

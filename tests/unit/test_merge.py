@@ -83,16 +83,17 @@ row_strategy = st.tuples(
     order_by=st.sampled_from(["k", "(k, s)", "(f, k)", "s", "(intDiv(k, 3), d)"]),
     granules=st.integers(1, 3),
     prefetch=st.integers(0, 2),
+    read_threads=st.integers(0, 2),
 )
 def test_merge_is_stable_sorted_concatenation(
     tmp_path_factory: pytest.TempPathFactory, parts: list[list[tuple[int, int, bytes, float]]], order_by: str,
-    granules: int, prefetch: int,
+    granules: int, prefetch: int, read_threads: int,
 ) -> None:
     tmp = tmp_path_factory.mktemp("merge")
     sch = schema(order_by)
     sources = [write_part(tmp / f"p{i}", sch, rows_table(rows)) for i, rows in enumerate(parts)]
     merged = merge_parts(sources, tmp / "merged", sch, SETTINGS,
-                         granules_per_batch=granules, prefetch=prefetch)
+                         granules_per_batch=granules, prefetch=prefetch, read_threads=read_threads)
 
     # expected: every source's rows (as stored), concatenated in source order, stable-sorted by key
     stored = [PartReader(p).read().to_pylist() for p in sources]
@@ -123,9 +124,9 @@ def test_batching_and_prefetch_do_not_change_bytes(tmp_path: Path) -> None:
                  float(rng.normal())) for _ in range(n)]
         sources.append(write_part(tmp_path / f"p{i}", sch, rows_table(rows), WriterSettings(fsync=False)))
     results = {
-        (g, pf): merge_parts(sources, tmp_path / f"m{g}_{pf}", sch, WriterSettings(fsync=False),
-                             granules_per_batch=g, prefetch=pf).checksums
-        for g in (1, 2, 8, 100) for pf in (0, 1)
+        (g, pf, rt): merge_parts(sources, tmp_path / f"m{g}_{pf}_{rt}", sch, WriterSettings(fsync=False),
+                                 granules_per_batch=g, prefetch=pf, read_threads=rt).checksums
+        for g in (1, 2, 8, 100) for pf in (0, 1) for rt in (0, 2)
     }
     assert len({c.to_bytes() for c in results.values()}) == 1
 
@@ -170,9 +171,9 @@ def test_corrupt_source_fails_and_cleans_up(tmp_path: Path) -> None:
     data = bytearray((b / "s.bin").read_bytes())
     data[-1] ^= 0xFF
     (b / "s.bin").write_bytes(bytes(data))
-    for prefetch in (0, 1):
+    for prefetch, read_threads in ((0, 0), (1, 0), (0, 2), (1, 2)):
         with pytest.raises(CorruptedDataError):
-            merge_parts([a, b], tmp_path / "m", sch, SETTINGS, prefetch=prefetch)
+            merge_parts([a, b], tmp_path / "m", sch, SETTINGS, prefetch=prefetch, read_threads=read_threads)
         assert not (tmp_path / "m").exists()
     with pytest.raises(ValueError):
         merge_parts([], tmp_path / "m", sch, SETTINGS)
@@ -263,3 +264,17 @@ def test_memory_is_flat_in_part_size(tmp_path: Path) -> None:
     # 4x the rows must not mean (much) more memory: bounded by batches, not by parts
     assert big["arrow_peak"] < small["arrow_peak"] * 1.5 + (8 << 20)
     assert big["anon_kb"] < small["anon_kb"] * 1.5 + 16 * 1024
+
+
+def test_missing_columns_are_computed_from_defaults(tmp_path: Path) -> None:
+    old = schema("k")
+    a = write_part(tmp_path / "a", old, rows_table([(19754, 2, b"a", 1.0), (19754, 4, b"b", 1.0)]))
+    cols = (*COLUMNS, ("z", parse_type("UInt32")), ("m", parse_type("String")))
+    new = PartSchema(cols, "toYYYYMM(d)", "k",
+                     defaults=(("z", "DEFAULT", "k * 10"), ("m", "MATERIALIZED", "concat(s, 'x')")))
+    t = rows_table([(19754, 3, b"c", 1.0)])
+    t = t.append_column("z", pa.array([7], pa.uint32())).append_column("m", pa.array([b"q"], pa.binary()))
+    b = write_part(tmp_path / "b", new, t)
+    got = PartReader(merge_parts([a, b], tmp_path / "m", new, SETTINGS).path).read()
+    assert got.column("z").to_pylist() == [20, 7, 40]
+    assert got.column("m").to_pylist() == [b"ax", b"q", b"bx"]

@@ -315,3 +315,46 @@ def test_update_to_null_keeps_the_values_underneath(tmp_path: Path) -> None:
     assert n.to_pylist() == [None if i % 2 == 0 else i for i in range(40)]
     values = np.frombuffer(n.buffers()[1], np.int32, count=len(n) + n.offset)[n.offset :]
     assert values.tolist() == list(range(40))  # 18.16 leaves the old values in n.bin under the NULLs
+
+
+def test_update_recomputes_materialized_columns(tmp_path: Path) -> None:
+    cols = (*COLUMNS, ("m", parse_type("String")), ("m2", parse_type("UInt64")))
+    defaults = (("m", "MATERIALIZED", "concat(s, '!')"), ("m2", "MATERIALIZED", "k + 1000"))
+    sch = PartSchema(cols, "toYYYYMM(d)", "k", defaults=defaults)
+    table = make_table(30, 10)
+    table = table.append_column("m", pc.binary_join_element_wise(table.column("s"), b"!", b""))
+    table = table.append_column(
+        "m2", pc.add(table.column("k"), pa.scalar(1, pa.uint64()))
+    )  # an older expression: k + 1
+    keys = TableKeys(sch)
+    with keys.writer(tmp_path / "src", SETTINGS, [(U32, 202402)]) as w:
+        w.write(table)
+        w.finish()
+    # u is read by no MATERIALIZED expression: only u is rewritten
+    only_u = mutate_part(
+        tmp_path / "src", tmp_path / "a", sch, [MutationCommand.update([("u", "1")], "1")], SETTINGS
+    )
+    assert {
+        f
+        for f, c in only_u.checksums.files.items()
+        if PartDirectory(tmp_path / "src").checksums.files[f] != c
+    } == {"u.bin"}
+    # s is: every MATERIALIZED column is recomputed for every row
+    got = PartReader(
+        mutate_part(
+            tmp_path / "src", tmp_path / "b", sch, [MutationCommand.update([("s", "'X'")], "k = 3")], SETTINGS
+        ).path,
+        index_granularity=16,
+    ).read()
+    assert got.column("m").to_pylist()[:2] == [table.column("m")[0].as_py(), b"X!"]
+    assert got.column("m2").to_pylist() == [k + 1000 for k in table.column("k").to_pylist()]
+
+
+def test_missing_column_is_computed_from_its_default(tmp_path: Path) -> None:
+    source = write_source(tmp_path / "src", make_table(20, 11))
+    cols = (*COLUMNS, ("z", parse_type("UInt64")))
+    sch = PartSchema(cols, "toYYYYMM(d)", "k", defaults=(("z", "DEFAULT", "k * 10"),))
+    result = mutate_part(source, tmp_path / "out", sch, [MutationCommand.delete("k = 3")], SETTINGS)
+    got = PartReader(result.path, index_granularity=16).read()
+    assert got.column("z").to_pylist() == [k * 10 for k in got.column("k").to_pylist()]
+    assert 3 not in got.column("k").to_pylist()
