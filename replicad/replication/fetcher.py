@@ -20,6 +20,7 @@ meanwhile is re-checked); the part becomes active and the parts it covers outdat
 from __future__ import annotations
 
 import asyncio
+import base64
 import random
 import shutil
 import time
@@ -79,10 +80,12 @@ class FetchCredentials:
     user: str | None = None
     password: str | None = None
 
-    def auth(self) -> aiohttp.BasicAuth | None:
+    def headers(self) -> dict[str, str]:
+        """``Authorization: Basic …`` when a user is configured (what 18.16 sends: its own credentials)."""
         if not self.user:
-            return None
-        return aiohttp.BasicAuth(self.user, self.password or "")
+            return {}
+        token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode("ascii")
+        return {"Authorization": f"Basic {token}"}
 
 
 class PartFetcher:
@@ -285,7 +288,7 @@ class PartFetcher:
         }
         url = f"{address.base_url}/"
         try:
-            async with self._http().post(url, params=params, auth=self.credentials.auth()) as resp:
+            async with self._http().post(url, params=params, headers=self.credentials.headers()) as resp:
                 if resp.status == 429:
                     raise FetchError(
                         f"Too busy replica {address.host}:{address.replication_port} (429). Will try later.",

@@ -273,3 +273,47 @@ async def test_clickhouse_joins_a_table_created_by_replicad(
         await catalog.stop_all()
         await keeper.close()
         await server.stop(grace_s=0.1)
+
+
+async def test_interserver_credentials_both_ways(
+    clickhouse_factory: Callable[..., ClickHouseServer],
+    zookeeper: ZooKeeperServer,
+    zk_root: str,
+    tmp_path: Path,
+) -> None:
+    from replicad.replication.fetcher import FetchCredentials
+
+    ch1 = await asyncio.to_thread(
+        lambda: clickhouse_factory("r1", interserver_credentials=("repl", "s3cr3t"))
+    )
+    await ch(ch1, "CREATE DATABASE db")
+    await ch(ch1, DDL)
+    await ch(ch1, "INSERT INTO db.events FORMAT TSV", tsv(range(0, 20), 11))
+    keeper = Keeper(zookeeper.hosts, session_timeout_s=10.0, chroot=zk_root)
+    await keeper.start()
+    server = InterserverServer("127.0.0.1", 0, user="repl", password="s3cr3t")
+    await server.start()
+    env = ReplicaEnv(
+        data_path=tmp_path / "rd",
+        interserver=server,
+        interserver_host="127.0.0.1",
+        fsync=False,
+        credentials=FetchCredentials("repl", "s3cr3t"),
+        writer=WriterSettings(fsync=False, threads=1),
+    )
+    replica = TableReplica(spec("r3"), keeper, env)
+    try:
+        await replica.start()
+
+        async def rd_count() -> int:
+            return await replica.count(None)
+
+        await wait_for(_eq(rd_count, 20), what="ClickHouse's part fetched with credentials")
+        await replica.insert_table(arrow_rows(range(100, 105), 11))
+        await ch(ch1, "SYSTEM SYNC REPLICA db.events")
+        assert (await ch(ch1, "SELECT count() FROM db.events")).strip() == "25"
+        assert server.sent_parts >= 1
+    finally:
+        await replica.stop()
+        await keeper.close()
+        await server.stop(grace_s=0.1)
