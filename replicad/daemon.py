@@ -119,14 +119,25 @@ class Daemon:
     async def run(self) -> int:
         """Start, serve until a stop signal, shut down.  Returns the process exit code."""
         self._install_signals()
+        starting = asyncio.get_running_loop().create_task(self.start(), name="daemon-start")
+        stop_wait = asyncio.get_running_loop().create_task(self._stop.wait())
+        await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # a stop signal during start-up (e.g. ZooKeeper unreachable): give up
+            log.warning("startup_cancelled")
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting
+            await self.shutdown()
+            return 1
         try:
-            await self.start()
+            starting.result()
         except Exception as e:
+            stop_wait.cancel()
             log.error("startup_failed", error=f"{type(e).__name__}: {e}", exc_info=True)
             self.notifier.status(f"start-up failed: {e}")
             await self.shutdown()
             return 1
-        await self._stop.wait()
+        await stop_wait
         failed = await self.shutdown()
         return 0 if not failed else 1
 

@@ -165,3 +165,28 @@ def test_notifier_addresses_and_watchdog(tmp_path: Path) -> None:
     n = Notifier({"NOTIFY_SOCKET": str(tmp_path / "absent.sock"), "WATCHDOG_USEC": "10000000"})
     assert n.watchdog_interval_s == 5.0
     assert n.notify("READY=1") is False  # nobody listens: logged, not raised
+
+
+async def test_stop_signal_during_a_hanging_start(tmp_path: Path, notify: NotifySocket) -> None:
+    class Hanging(FakeEngine):
+        async def start(self) -> None:
+            self.calls.append("start")
+            await asyncio.sleep(3600)  # ZooKeeper never answers
+
+    engines: list[FakeEngine] = []
+
+    def factory(cfg: Config, sup: Supervisor, metrics: Metrics) -> FakeEngine:
+        engines.append(Hanging(cfg, sup, metrics))
+        return engines[-1]
+
+    notifier = Notifier({"NOTIFY_SOCKET": str(notify.path)})
+    d = Daemon(config(tmp_path), engine_factory=factory, notifier=notifier, api_port=0)
+    run = asyncio.create_task(d.run())
+    for _ in range(200):
+        if engines and engines[0].calls:
+            break
+        await asyncio.sleep(0.01)
+    d.request_stop("test")
+    assert await asyncio.wait_for(run, 5) == 1
+    assert engines[0].calls[-1] == "close_keeper"
+    assert not any(m.startswith("READY=1") for m in notify.messages())
