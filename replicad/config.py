@@ -304,9 +304,13 @@ def _check_tables(data: Mapping[str, Any]) -> list[str]:
             continue
         if parse is not None:
             try:
-                parse(ddl)
+                table = parse(ddl)
             except Exception as e:  # the DDL parser reports syntax problems with its own exceptions
                 problems.append(f"tables[{i}]: {e}")
+                continue
+            if getattr(table, "zk_path", "") is None:
+                problems.append(f"tables[{i}]: engine {getattr(table, 'engine', '?')} is not replicated: "
+                                "replicad serves ReplicatedMergeTree tables only")
     return problems
 
 

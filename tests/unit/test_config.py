@@ -212,3 +212,18 @@ def test_settings_cross_checks() -> None:
     assert problems == ["parts_to_delay_insert: must not exceed parts_to_throw_insert"]
     out, problems = st.validate({"parts_to_delay_insert": 10, "parts_to_throw_insert": 20})
     assert problems == [] and out["parts_to_throw_insert"] == 20 and out["index_granularity"] == 8192
+
+
+def test_table_ddl_is_parsed(tmp_path: Path) -> None:
+    pytest.importorskip("replicad.sql.ddl")
+    tables = [
+        "CREATE TABLE db.t (a UIntX) ENGINE = ReplicatedMergeTree('/t/x', '{replica}') ORDER BY a",
+        "CREATE TABLE db.u (a UInt8) ENGINE = MergeTree ORDER BY a",
+        "CREATE TABLE db.v (a UInt8 ENGINE = ReplicatedMergeTree('/t/v', '{replica}') ORDER BY a",
+        "CREATE TABLE db.w (a UInt8) ENGINE = ReplicatedMergeTree('/t/w', '{replica}') ORDER BY a",
+    ]
+    with pytest.raises(ConfigError) as exc:
+        build_config(minimal(tmp_path, tables=tables), {})
+    problems = exc.value.problems
+    assert [p.split(":")[0] for p in problems] == ["tables[0]", "tables[1]", "tables[2]"]
+    assert "UIntX" in problems[0] and "not replicated" in problems[1] and "Syntax error" in problems[2]
