@@ -59,11 +59,18 @@ def child(sources_file: str, out_dir: str, order_by: str, method: str, gpb: int,
 
     pa.table({"x": [1]})  # pyarrow's one-time lazy imports (its pandas shim): a running daemon has paid them
     rss0 = vm_hwm_kb(os.getpid())
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     part = merge_parts(sources, Path(out_dir), schema, settings, granules_per_batch=gpb)
     elapsed = time.perf_counter() - t0
-    print(json.dumps({"seconds": elapsed, "rows": part.rows, "rss0_kb": rss0,
-                      "peak_rss_kb": vm_hwm_kb(os.getpid())}))
+    print(json.dumps({"seconds": elapsed, "cpu_seconds": time.process_time() - cpu0, "rows": part.rows,
+                      "rss0_kb": rss0, "peak_rss_kb": vm_hwm_kb(os.getpid())}))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (from /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_replicad(sources: list[Path], out: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -115,9 +122,11 @@ def main() -> None:
             ch.query("SYSTEM START MERGES")
             assert ch.proc is not None
             hwm0 = vm_hwm_kb(ch.proc.pid)
+            cpu0 = cpu_seconds(ch.proc.pid)
             t0 = time.perf_counter()
             ch.query("OPTIMIZE TABLE t FINAL", timeout=600)
             ch_s = time.perf_counter() - t0
+            ch_cpu = cpu_seconds(ch.proc.pid) - cpu0
             ch_hwm = vm_hwm_kb(ch.proc.pid)
             (merged,) = [r[0] for r in ch.query_rows(
                 "SELECT name FROM system.parts WHERE table='t' AND active")]
@@ -137,7 +146,9 @@ def main() -> None:
               f"(before merging {res['rss0_kb'] / 1024:.0f} MiB)")
         print(f"clickhouse: OPTIMIZE FINAL in {ch_s:.3f} s = {mb / ch_s:.1f} MB/s, "
               f"server peak RSS {ch_hwm / 1024:.0f} MiB (before {hwm0 / 1024:.0f} MiB)")
-        print(f"ratio (replicad speed / ClickHouse speed): {ch_s / res['seconds']:.2f}x (target >= 0.5x)")
+        print(f"ratio (replicad speed / ClickHouse speed): {ch_s / res['seconds']:.2f}x (target >= 0.5x); "
+              f"CPU seconds: replicad {res['cpu_seconds']:.2f}, ClickHouse {ch_cpu:.2f} "
+              f"(ratio {ch_cpu / res['cpu_seconds']:.2f}x; wall times suffer from other load, CPU less so)")
         differ = "" if identical else f" (differ: {diff + errors})"
         print(f"merged parts byte-identical: {identical}{differ}")
     finally:

@@ -407,6 +407,9 @@ def merge_parts(
     keys = TableKeys(schema)
     parts = [PartDirectory(Path(p)) for p in source_dirs]
     partition_value = keys.partition_value(parts[0])
+    for part in parts[1:]:
+        if part.partition_dat != parts[0].partition_dat:
+            raise ValueError(f"cannot merge parts of different partitions: {parts[0].name} and {part.name}")
     readers: list[PartReader] = []
     try:
         for part in parts:

@@ -177,6 +177,13 @@ def test_corrupt_source_fails_and_cleans_up(tmp_path: Path) -> None:
         assert not (tmp_path / "m").exists()
     with pytest.raises(ValueError):
         merge_parts([], tmp_path / "m", sch, SETTINGS)
+    march = rows_table([(19790, 1, b"x", 1.0)])  # 2024-03-10
+    keys = TableKeys(sch)
+    with keys.writer(tmp_path / "c", SETTINGS, [(U32, 202403)]) as w:
+        w.write(march)
+        w.finish()
+    with pytest.raises(ValueError, match="different partitions"):
+        merge_parts([a, tmp_path / "c"], tmp_path / "m", sch, SETTINGS)
 
 
 def test_ahead_propagates_errors_and_stops_early() -> None:
