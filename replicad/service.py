@@ -94,20 +94,20 @@ class InsertSummary:
     written_bytes: int = 0  # uncompressed bytes of the inserted columns (storage Arrow size)
 
     def to_dict(self) -> dict[str, int]:
+        """The response body: ours first, then ClickHouse's ``X-ClickHouse-Summary`` fields."""
         return {
             "written_rows": self.written_rows,
             "written_parts": self.written_parts,
             "deduplicated_blocks": self.deduplicated_blocks,
             "written_bytes": self.written_bytes,
+            "read_rows": 0,
+            "read_bytes": 0,
+            "total_rows_to_read": 0,
         }
 
     def header_dict(self) -> dict[str, str]:
-        """ClickHouse's ``X-ClickHouse-Summary`` fields (values as decimal strings, as ClickHouse sends)
-        plus ours."""
-        d = {"read_rows": 0, "read_bytes": 0, "written_rows": self.written_rows,
-             "written_bytes": self.written_bytes, "total_rows_to_read": 0,
-             "written_parts": self.written_parts, "deduplicated_blocks": self.deduplicated_blocks}
-        return {k: str(v) for k, v in d.items()}
+        """``X-ClickHouse-Summary``: the same fields, values as decimal strings as ClickHouse sends them."""
+        return {k: str(v) for k, v in self.to_dict().items()}
 
 
 # ---- queries and statements ----------------------------------------------------------------------------

@@ -74,7 +74,8 @@ async def test_insert_tsv_returns_summary_body_and_header(api: Api) -> None:
     status, headers, body = await api.post("INSERT INTO db.events FORMAT TabSeparated", ROWS)
     assert status == 200
     assert json.loads(body) == {"written_rows": 2, "written_parts": 1, "deduplicated_blocks": 0,
-                                "written_bytes": api.table.blocks[0].nbytes}
+                                "written_bytes": api.table.blocks[0].nbytes, "read_rows": 0, "read_bytes": 0,
+                                "total_rows_to_read": 0}
     summary = json.loads(headers["X-ClickHouse-Summary"])
     assert summary["written_rows"] == "2" and summary["written_parts"] == "1" and summary["read_rows"] == "0"
     assert headers["X-ClickHouse-Query-Id"]
@@ -110,8 +111,9 @@ async def test_insert_settings_from_url(api: Api) -> None:
 async def test_retried_insert_is_deduplicated(api: Api) -> None:
     await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
     status, _, body = await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
-    assert status == 200 and json.loads(body) == {"written_rows": 0, "written_parts": 0,
-                                                  "deduplicated_blocks": 1, "written_bytes": 0}
+    summary = json.loads(body)
+    assert status == 200 and (summary["written_rows"], summary["written_parts"],
+                              summary["deduplicated_blocks"]) == (0, 0, 1)
 
 
 @pytest.mark.parametrize("query,params,data,status,code,needle", [
