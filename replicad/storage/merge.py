@@ -30,7 +30,7 @@ import os
 import queue
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -419,10 +419,14 @@ def merge_parts(
             for batch, sort_keys in merged_batches(readers, keys, granules_per_batch, read_threads):
                 yield batch, keys.primary_arrays(batch, sort_keys)
 
-        with keys.writer(Path(tmp_dir), settings, partition_value) as writer:
-            for batch, pk in ahead(produce(), prefetch):
-                writer.write(batch, pk)
-            return writer.finish()
+        batches = ahead(produce(), prefetch)
+        try:
+            with keys.writer(Path(tmp_dir), settings, partition_value) as writer:
+                for batch, pk in batches:
+                    writer.write(batch, pk)
+                return writer.finish()
+        finally:
+            batches.close()  # stops and joins the reading thread before the readers close
     finally:
         for r in readers:
             r.close()
@@ -432,13 +436,18 @@ _T = TypeVar("_T")
 _DONE = object()
 
 
-def ahead(items: Iterator[_T], depth: int) -> Iterator[_T]:
+def ahead(items: Iterator[_T], depth: int) -> Generator[_T, None, None]:
     """``items``, produced in a helper thread up to ``depth`` items ahead (``depth`` 0: in this thread).
 
     An exception in the producer is re-raised here; leaving the loop early stops the producer.
     """
     if depth <= 0:
-        yield from items
+        try:
+            yield from items
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
         return
     q: queue.Queue[object] = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -460,6 +469,10 @@ def ahead(items: Iterator[_T], depth: int) -> Iterator[_T]:
             put(_DONE)
         except BaseException as e:  # handed to the consumer
             put(e)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # runs the producer's own clean-up (e.g. its read pool) in this thread
 
     thread = threading.Thread(target=run, name="merge-reader", daemon=True)
     thread.start()

@@ -285,3 +285,26 @@ def test_missing_columns_are_computed_from_defaults(tmp_path: Path) -> None:
     got = PartReader(merge_parts([a, b], tmp_path / "m", new, SETTINGS).path).read()
     assert got.column("z").to_pylist() == [20, 7, 40]
     assert got.column("m").to_pylist() == [b"ax", b"q", b"bx"]
+
+
+def test_writer_failure_stops_reading_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from replicad.storage.writer import PartWriter
+
+    sch = schema("k")
+    sources = [write_part(tmp_path / f"p{i}", sch, rows_table([(19754, j, b"s", 1.0) for j in range(300)]))
+               for i in range(3)]
+    calls = []
+
+    def failing_write(self: PartWriter, *args: object, **kwargs: object) -> None:
+        calls.append(1)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(PartWriter, "write", failing_write)
+    before = threading.active_count()
+    with pytest.raises(OSError, match="disk full"):
+        merge_parts(sources, tmp_path / "m", sch, SETTINGS, granules_per_batch=1, prefetch=2, read_threads=2)
+    assert calls == [1]
+    assert threading.active_count() == before
+    assert not (tmp_path / "m").exists()
