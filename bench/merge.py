@@ -1,7 +1,7 @@
 """Merge throughput: replicad's merge_parts vs ClickHouse 18.16 OPTIMIZE FINAL of the same parts.
 
     .venv/bin/python bench/merge.py [--parts 10] [--rows 200000] [--method lz4|zstd] [--order-by k]
-                                    [--granules-per-batch 8] [--threads N]
+                                    [--granules-per-batch 4] [--threads N]
 
 Table: (d Date, ts DateTime, k UInt64, s String, f Float64, u UInt8) PARTITION BY toYYYYMM(d)
 ORDER BY k (random keys: every source interleaves with every other).  18.16 inserts ``--parts`` blocks
@@ -90,7 +90,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=200_000, help="rows per part")
     ap.add_argument("--method", default="lz4", choices=["zstd", "lz4"])
     ap.add_argument("--order-by", default="k")
-    ap.add_argument("--granules-per-batch", type=int, default=8)
+    ap.add_argument("--granules-per-batch", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -49,8 +49,8 @@ from replicad.storage.reader import PartReader
 from replicad.storage.types import DataType
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
 
-#: granules read from each source per round (8 × 8192 rows)
-DEFAULT_GRANULES_PER_BATCH = 8
+#: granules read from each source per batch (4 × 8192 rows; with read-ahead two batches per source)
+DEFAULT_GRANULES_PER_BATCH = 4
 
 
 class TableSchemaLike(Protocol):
