@@ -247,6 +247,15 @@ class QueueExecutor(BackgroundTask):
         if existing is not None and await self.keeper.exists(self.paths.me.part(existing.name)) is not None:
             log.debug("part_already_exists", part=entry.new_part_name, existing=existing.name)
             return
+        if (
+            existing is not None
+            and existing.name == entry.new_part_name
+            and existing.state is PartState.ACTIVE
+        ):
+            # Here but not registered (a commit whose answer was lost, a restart in between): register it,
+            # checked against the replicas that have it, instead of downloading it again.
+            await self.fetcher.register_local_part(existing)
+            return
         if entry.quorum and await self.keeper.exists(
             f"{self.paths.quorum_failed_parts}/{entry.new_part_name}"
         ):

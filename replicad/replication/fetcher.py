@@ -256,6 +256,14 @@ class PartFetcher:
             raise
         return part, self.store.activate(part_name)
 
+    async def register_local_part(self, part: LocalPart) -> None:
+        """Register an active local part missing from ``replicas/<me>/parts`` (checked like a fetched one)."""
+        columns_text = part.directory.columns_text
+        checksums = part.directory.checksums
+        await self._check_with_replicas(part.name, columns_text, checksums)
+        await self._commit_to_zookeeper(part.name, columns_text, checksums)
+        log.warning("registered_local_part", part=part.name)
+
     async def _zk_checksums(self, replica: str, part_name: str) -> MinimalisticChecksums | None:
         """The source's checksums for the part as recorded in ZooKeeper (old child node or new header)."""
         rp = self.paths.replica(replica)
