@@ -299,7 +299,12 @@ class TableReplica:
             if stat is not None:
                 create_time = stat.ctime_ms // 1000
             entry = LogEntry.get_part(name, source_replica="", create_time=create_time)
-            ops: list[Op] = [*part_remove_ops(self.paths, name)]
+            children = set(await self.keeper.get_children(me.part(name)))  # none for a header-only node
+            ops: list[Op] = [
+                op
+                for op in part_remove_ops(self.paths, name)
+                if op.path.rsplit("/", 1)[-1] in children or op.path == me.part(name)
+            ]
             ops.append(Create(me.queue_prefix, entry.to_bytes(self.env.tz), sequence=True))
             await self.keeper.multi(ops)
         for name in sorted(local - expected):

@@ -551,3 +551,20 @@ async def test_select(cluster: Cluster) -> None:
     assert len(await run(limit=4)) == 4
     assert await run(columns=("name",), where="id = 3") == [{"name": b"x3"}]
     assert await r1.count("toYYYYMM(ctime) = 202610") == 2
+
+
+async def test_startup_reconciles_local_parts_with_zookeeper(cluster: Cluster) -> None:
+    import shutil
+
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    await r1.insert_table(rows([1, 2]))
+    await r1.insert_table(rows([3], month=10))
+    await wait_for(lambda: converged([r1, r2], 2), what="both parts on r2")
+    await cluster.stop("r2")
+    data = cluster.tmp_path / "r2" / "data" / "db" / "events"
+    shutil.rmtree(data / "202611_0_0_0")  # lost from disk: must be fetched again
+    shutil.copytree(data / "202610_0_0_0", data / "202610_5_5_0")  # unknown to ZooKeeper: set aside
+    r2 = await cluster.start("r2")
+    await wait_for(lambda: converged([r1, r2], 2), what="r2 to fetch the lost part")
+    assert sorted(p.name for p in (data / "detached").iterdir()) == ["ignored_202610_5_5_0"]
