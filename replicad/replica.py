@@ -44,6 +44,7 @@ from replicad.replication.log_puller import LogPuller, QueueUpdatingTask, load_q
 from replicad.replication.part_store import PartState, PartStore
 from replicad.replication.quorum import check_quorum_precondition, update_quorum_if_we_have_part
 from replicad.replication.sink import InsertContext, TableSchema, write_block
+from replicad.replication.table_ops import TableOperations
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
 from replicad.service import (
     ExecuteResult,
@@ -67,6 +68,18 @@ if TYPE_CHECKING:
     from replicad.service import Engine
 
 log = get_logger(__name__)
+
+
+_OPS_STATEMENTS = frozenset(
+    (
+        StatementKind.OPTIMIZE,
+        StatementKind.TRUNCATE,
+        StatementKind.ALTER_DELETE,
+        StatementKind.ALTER_UPDATE,
+        StatementKind.DROP_PARTITION,
+        StatementKind.DETACH_PARTITION,
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -166,12 +179,9 @@ class TableReplica:
             self.store,
             self.fetcher,
             max_parallel_fetches=env.max_parallel_fetches,
-            merge_schema=self.schema,
-            writer_settings=self.writer_settings,
         )
         self.cleanup = FunctionTask(f"{spec.name}:cleanup", self._cleanup_once, period_s=5.0)
         self.leader = LeaderElection(keeper, self.paths)
-        self.leader.wake = self.cleanup.wakeup
         self.restarting = FunctionTask(f"{spec.name}:restarting", self._restart_once, period_s=1.0)
         self._tasks: list[BackgroundTask] = [
             self.queue_updating,
@@ -191,6 +201,10 @@ class TableReplica:
         self.statement_handlers: dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]] = {}
         #: total_replicas / active_replicas / log_max_index, refreshed by the cleanup task
         self._zk_summary: dict[str, int] = {}
+
+        #: merges, mutations, partition drops and the leader's duties (replicad.replication.table_ops)
+        self.ops = TableOperations(self)
+        self._tasks += self.ops.tasks
 
     # ------------------------------------------------------------------------------------------- protocol
 
@@ -218,6 +232,7 @@ class TableReplica:
             Endpoint(lookup=self._part_for_send, on_broken_part=self.enqueue_part_check),
         )
         self.executor.on_parts_changed = self._on_parts_changed
+        self.ops.install()
         for task in self._tasks:
             if self.supervisor is not None:
                 taken = {t.name for t in self.supervisor.tasks}
@@ -396,7 +411,6 @@ class TableReplica:
     async def _cleanup_once(self) -> Outcome | None:
         if self.is_readonly:
             return Outcome("readonly")
-        await self.leader.check()
         self._zk_summary = await self.replicas_summary()
         removed = await self.store.clear_old_parts()
         if removed:
@@ -610,6 +624,10 @@ class TableReplica:
         if statement.kind is StatementKind.SYNC_REPLICA:
             await self.sync_replica()
             return ExecuteResult()
+        if statement.kind in _OPS_STATEMENTS:
+            if self.is_readonly:
+                raise ReadOnlyError(f"Table {self.spec.name} is in readonly mode")
+            return await self.ops.execute(statement)
         raise ReplicadError(f"{statement.kind.value} is not supported by this replica yet", code=48)
 
     async def sync_replica(self, timeout_s: float = 300.0) -> None:

@@ -4,10 +4,9 @@ The selection rules are :class:`replicad.model.queue_state.QueueState`'s; this m
 
 * GET_PART / ATTACH_PART / MERGE_PARTS / MUTATE_PART — if a local active part already contains the result
   and is registered under ``replicas/<me>/parts``, the entry is done.  A GET_PART whose quorum failed
-  (``quorum/failed_parts/<part>``) is done.  A MERGE_PARTS whose sources are all here is merged locally
-  (:func:`replicad.storage.merge.merge_parts`, byte-identical to 18.16) and checked against the checksums
-  other replicas registered.  Otherwise the result is fetched from a replica that has it or a covering part
-  (mutations are not executed locally: their result is fetched, as 18.16 does when it cannot mutate).
+  (``quorum/failed_parts/<part>``) is done.  Otherwise the result is fetched from a replica that has it or a
+  covering part.  Merges and mutations are executed locally by the handlers
+  :mod:`replicad.replication.table_ops` registers (``handlers``); without them their result is fetched.
 * DROP_RANGE / DROP_PART — part-producing entries inside the range are removed from the queue, local parts
   inside it become outdated (or move to ``detached/`` for DETACH) and their ZooKeeper nodes are removed.
 * other types — recorded as failing with an explanatory error (they stay in the queue for a replica that
@@ -23,7 +22,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from replicad.errors import CorruptedDataError, KeeperError, KeeperNoNodeError, ReplicadError
+from replicad.errors import KeeperError, KeeperNoNodeError, ReplicadError
 from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Delete, Op, Set
 from replicad.keeper.paths import TablePaths
@@ -34,9 +33,6 @@ from replicad.model.queue_state import QueueState, Selected
 from replicad.replication.fetcher import NoReplicaHasPartError, PartFetcher
 from replicad.replication.part_store import PartState, PartStore
 from replicad.replication.quorum import try_mark_quorum_failed, update_quorum
-from replicad.storage.layout import TMP_MERGE
-from replicad.storage.merge import TableSchemaLike, merge_parts
-from replicad.storage.writer import WriterSettings
 from replicad.tasks import BackgroundTask, Outcome
 
 log = get_logger(__name__)
@@ -93,8 +89,6 @@ class QueueExecutor(BackgroundTask):
         max_parallel_fetches: int = 8,
         period_s: float = 1.0,
         on_parts_changed: Callable[[], None] | None = None,
-        merge_schema: TableSchemaLike | None = None,
-        writer_settings: WriterSettings | None = None,
     ) -> None:
         super().__init__(name, period_s)
         self.keeper = keeper
@@ -105,10 +99,6 @@ class QueueExecutor(BackgroundTask):
         self.max_parallel = max_parallel
         self.max_parallel_fetches = max_parallel_fetches
         self.on_parts_changed = on_parts_changed
-        #: with a schema, MERGE_PARTS entries whose sources are all here are merged locally (else fetched)
-        self.merge_schema = merge_schema
-        self.writer_settings = writer_settings
-        self.merged_total = 0
         self._running: dict[str, asyncio.Task[None]] = {}
         self._fetches = 0
         self.executed_total = 0
@@ -261,8 +251,6 @@ class QueueExecutor(BackgroundTask):
         ):
             log.info("skipping_part_with_failed_quorum", part=entry.new_part_name)
             return
-        if entry.type is T.MERGE_PARTS and await self._try_merge(selected):
-            return
         source = await self.fetcher.find_source(entry.new_part_name)
         if source is None:
             if entry.quorum and entry.type is T.GET_PART:
@@ -287,35 +275,6 @@ class QueueExecutor(BackgroundTask):
     async def _active_holder(self, part_name: str) -> str | None:
         source = await self.fetcher.find_source(part_name)
         return source.replica if source is not None and source.part_name == part_name else None
-
-    async def _try_merge(self, selected: Selected) -> bool:
-        """18.16's tryExecuteMerge for an Ordinary table: merge locally when every source part is here;
-        False (→ fetch the merged part instead) when a source is missing, the merge is a DEDUPLICATE one,
-        or the result does not match the checksums another replica registered."""
-        entry = selected.entry
-        if self.merge_schema is None or entry.deduplicate:
-            return False
-        sources = []
-        for name in entry.source_parts:
-            part = self.store.get(name)
-            if part is None or part.state is not PartState.ACTIVE:
-                log.info("merge_source_missing_will_fetch", part=entry.new_part_name, missing=name)
-                return False
-            sources.append(part.path)
-        info = PartInfo.parse(entry.new_part_name)
-        self.state.add_future_part_if_not_covered(selected.queue_entry.znode_name, info.name)
-        tmp_dir = self.store.layout.tmp_path(TMP_MERGE, info.name)
-        written = await asyncio.to_thread(
-            merge_parts, sources, tmp_dir, self.merge_schema, self.writer_settings or WriterSettings()
-        )
-        try:
-            await self.fetcher.commit_new_part(tmp_dir, info, written.checksums)
-        except CorruptedDataError as e:
-            log.warning("merged_part_differs_will_fetch", part=info.name, error=str(e))
-            return False
-        self.merged_total += 1
-        log.info("merged_parts", part=info.name, sources=list(entry.source_parts), rows=written.rows)
-        return True
 
     async def _execute_drop_range(self, selected: Selected) -> None:
         entry = selected.entry

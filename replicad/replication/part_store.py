@@ -167,6 +167,14 @@ class PartStore:
             part.remove_time = time.time()
             self.version += 1
 
+    async def remove_outdated(self, name: str) -> bool:
+        """Delete an outdated part's directory and forget it (the cleanup, after ZooKeeper let it go)."""
+        part = self._parts.get(name)
+        if part is None or part.state is not PartState.OUTDATED:
+            return False
+        await self._remove_dir(part)
+        return True
+
     async def _remove_dir(self, part: LocalPart) -> None:
         if self._parts.get(part.name) is part:
             del self._parts[part.name]

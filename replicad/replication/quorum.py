@@ -4,17 +4,20 @@ Inserting replica: before writing, ``quorum/status`` must not exist (the previou
 ``is_active`` and ``host`` must exist, and enough replicas must be alive; the commit multi additionally
 creates ``quorum/status`` (``QuorumEntry`` naming the part, us as the first replica) and checks the versions
 of our ``is_active`` and ``host`` (so a re-activated replica cannot complete an old insert).  After the commit
-we wait until ``quorum/status`` disappears or names another part (``insert_quorum_timeout``), then check that
-``is_active`` is still ours.
+we wait until ``quorum/status`` disappears or names another part (``insert_quorum_timeout``; on timeout the
+insert fails with UnknownInsertStatusError — the part may still reach its quorum later, never a success
+without it), then check that ``is_active`` is still ours.
 
-Fetching replica (``update_quorum``): after committing a part that ``quorum/status`` names, add ourselves; the
-replica that completes the quorum removes the node and records the part in ``quorum/last_part`` in one multi.
-Failing quorum (``try_mark_quorum_failed``): when no active replica has the part of a quorum GET_PART, the
-entry is settled by removing ``quorum/status``, creating ``quorum/failed_parts/<part>`` and removing the block
-id (guarded by the versions of every replica's ``host``), so the insert can be retried.
+Fetching replica (``update_quorum``): after committing a part that ``quorum/status`` — or modern ClickHouse's
+``quorum/parallel/<part>`` (insert_quorum_parallel=1) — names, add ourselves; the replica that completes the
+quorum removes the node and, for ``quorum/status``, records the part in ``quorum/last_part`` in the same
+multi (modern ClickHouse does not touch ``last_part`` for parallel quorums).
+Failing quorum (``try_mark_quorum_failed`` for a GET_PART no active replica can serve,
+``fail_quorum_for_part`` for a part the part check found lost forever): remove the status node, create
+``quorum/failed_parts/<part>`` and remove the block id, in one multi, so the insert can be retried.
 
 Live replicas are counted as replicas with ``is_active`` (as modern ClickHouse does); 18.16 counted
-``leader_election`` children, in which replicad does not take part.
+``leader_election`` children — replicad stands in the election too, so both counts agree.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from dataclasses import dataclass
 
 from replicad.errors import (
     KeeperBadVersionError,
-    KeeperError,
     KeeperMultiError,
     KeeperNodeExistsError,
     KeeperNoNodeError,
@@ -128,40 +130,59 @@ async def wait_for_quorum(
         raise UnknownInsertStatusError("Replica become inactive while waiting for quorum", code=254)
 
 
-async def update_quorum(keeper: Keeper, paths: TablePaths, part_name: str) -> None:
-    """We now have ``part_name``: count ourselves in ``quorum/status`` (18.16's updateQuorum)."""
-    while True:
+def parallel_status_path(paths: TablePaths, part_name: str) -> str:
+    """Modern ClickHouse's per-part quorum node (``insert_quorum_parallel=1``)."""
+    return f"{paths.quorum}/parallel/{part_name}"
+
+
+async def _status_node(
+    keeper: Keeper, paths: TablePaths, part_name: str
+) -> tuple[str, bool, QuorumEntry, int] | None:
+    """(path, is_parallel, entry, version) of the quorum node tracking ``part_name``, if any."""
+    for path, parallel in ((parallel_status_path(paths, part_name), True), (paths.quorum_status, False)):
         try:
-            data, stat = await keeper.get(paths.quorum_status)
+            data, stat = await keeper.get(path)
         except KeeperNoNodeError:
-            return  # every quorum insert has reached its quorum
+            continue
         entry = QuorumEntry.parse(data)
-        if entry.part_name != part_name:
-            return  # reached already, and another quorum insert has started
+        if entry.part_name == part_name:
+            return path, parallel, entry, stat.version
+    return None
+
+
+async def update_quorum(keeper: Keeper, paths: TablePaths, part_name: str) -> bool:
+    """We now have ``part_name``: count ourselves in its quorum node (``updateQuorum``).  True when we
+    completed the quorum."""
+    while True:
+        found = await _status_node(keeper, paths, part_name)
+        if found is None:
+            return False  # reached already (or never a quorum insert)
+        path, parallel, entry, version = found
+        if paths.replica_name in entry.replicas:
+            return False
         entry = entry.with_replica(paths.replica_name)
         try:
             if entry.is_reached:
-                raw_last, last_stat = await keeper.get(paths.quorum_last_part)
-                last = QuorumLastPart.parse(raw_last)
-                last = last.with_part(PartInfo.parse(part_name).partition_id, part_name)
-                await keeper.multi(
-                    [
-                        Delete(paths.quorum_status, stat.version),
-                        Set(paths.quorum_last_part, last.to_bytes(), last_stat.version),
-                    ]
-                )
-                log.info("quorum_reached", part=part_name)
-            else:
-                await keeper.set(paths.quorum_status, entry.to_bytes(), stat.version)
-            return
+                ops: list[Op] = [Delete(path, version)]
+                if not parallel:
+                    raw_last, last_stat = await keeper.get(paths.quorum_last_part)
+                    last = QuorumLastPart.parse(raw_last)
+                    last = last.with_part(PartInfo.parse(part_name).partition_id, part_name)
+                    ops.append(Set(paths.quorum_last_part, last.to_bytes(), last_stat.version))
+                await keeper.multi(ops)
+                log.info("quorum_reached", part=part_name, parallel=parallel)
+                return True
+            await keeper.set(path, entry.to_bytes(), version)
+            log.info("quorum_updated", part=part_name, replicas=list(entry.replicas))
+            return False
         except KeeperMultiError as e:
             if isinstance(e.cause, KeeperNoNodeError):
-                return
+                return False
             if isinstance(e.cause, KeeperBadVersionError):
                 continue
             raise
         except KeeperNoNodeError:
-            return
+            return False
         except KeeperBadVersionError:
             continue
 
@@ -170,14 +191,45 @@ async def update_quorum_if_we_have_part(
     keeper: Keeper, paths: TablePaths, has_part: Callable[[str], bool]
 ) -> None:
     """At start-up: a quorum insert we fetched before a restart may still be waiting for us."""
+    names: list[str] = []
     try:
         data, _ = await keeper.get(paths.quorum_status)
+        names.append(QuorumEntry.parse(data).part_name)
     except KeeperNoNodeError:
-        return
-    entry = QuorumEntry.parse(data)
-    if paths.replica_name not in entry.replicas and has_part(entry.part_name):
-        log.warning("updating_quorum_after_restart", part=entry.part_name)
-        await update_quorum(keeper, paths, entry.part_name)
+        pass
+    try:
+        names += await keeper.get_children(f"{paths.quorum}/parallel")
+    except KeeperNoNodeError:
+        pass
+    for name in names:
+        if has_part(name):
+            await update_quorum(keeper, paths, name)
+
+
+async def _fail_quorum(
+    keeper: Keeper, paths: TablePaths, part_name: str, block_id: str, guard: list[Op]
+) -> bool:
+    found = await _status_node(keeper, paths, part_name)
+    if found is None:
+        return False
+    path, _parallel, _entry, version = found
+    ops = [*guard, Delete(path, version), Create(f"{paths.quorum_failed_parts}/{part_name}", b"")]
+    if block_id and await keeper.exists(paths.block(block_id)) is not None:
+        ops.append(Delete(paths.block(block_id)))
+    try:
+        await keeper.multi(ops)
+    except KeeperMultiError as e:
+        if isinstance(e.cause, KeeperBadVersionError | KeeperNoNodeError | KeeperNodeExistsError):
+            log.info("quorum_state_changed_retry", part=part_name, error=str(e))
+            return False
+        raise
+    log.warning("quorum_marked_failed", part=part_name, block_id=block_id)
+    return True
+
+
+async def fail_quorum_for_part(keeper: Keeper, paths: TablePaths, part_name: str, block_id: str = "") -> bool:
+    """A part lost forever: if a quorum insert waits for it, mark that quorum failed.  True if done."""
+    return await _fail_quorum(keeper, paths, part_name, block_id, [])
 
 
 async def try_mark_quorum_failed(
@@ -186,35 +238,16 @@ async def try_mark_quorum_failed(
     entry: LogEntry,
     find_active_holder: Callable[[str], Awaitable[str | None]],
 ) -> bool:
-    """No active replica has the part of a quorum GET_PART: settle the insert as failed.  True if done."""
+    """No active replica has the part of a quorum GET_PART: settle the insert as failed.  True if done.
+
+    As 18.16: guarded by the versions of every replica's ``host`` (a replica coming back meanwhile, which may
+    hold the part, changes its ``host``), and only after looking for an active holder once more."""
     replicas = await keeper.get_children(paths.replicas)
-    ops: list[Op] = []
+    guard: list[Op] = []
     for r in replicas:
         stat = await keeper.exists(paths.replica(r).host)
         if stat is not None:
-            ops.append(Check(paths.replica(r).host, stat.version))
+            guard.append(Check(paths.replica(r).host, stat.version))
     if await find_active_holder(entry.new_part_name):
         return False  # it came alive meanwhile: fetch it
-    try:
-        data, stat = await keeper.get(paths.quorum_status)
-    except KeeperNoNodeError:
-        return False
-    status = QuorumEntry.parse(data)
-    if status.part_name != entry.new_part_name:
-        log.warning("quorum_status_about_other_part", part=entry.new_part_name, status_part=status.part_name)
-        return False
-    ops.append(Delete(paths.quorum_status, stat.version))
-    ops.append(Create(f"{paths.quorum_failed_parts}/{entry.new_part_name}", b""))
-    if entry.block_id and await keeper.exists(paths.block(entry.block_id)) is not None:
-        ops.append(Delete(paths.block(entry.block_id)))
-    try:
-        await keeper.multi(ops)
-    except KeeperMultiError as e:
-        if isinstance(e.cause, KeeperBadVersionError | KeeperNoNodeError | KeeperNodeExistsError):
-            log.info("quorum_state_changed_retry", part=entry.new_part_name, error=str(e))
-            return False
-        raise
-    except KeeperError:
-        raise
-    log.info("quorum_marked_failed", part=entry.new_part_name)
-    return True
+    return await _fail_quorum(keeper, paths, entry.new_part_name, entry.block_id, guard)
