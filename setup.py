@@ -6,6 +6,11 @@ setup(
             "replicad.native._cityhash102",
             sources=["replicad/native/cityhash102.c"],
             extra_compile_args=["-O3"],
-        )
+        ),
+        Extension(
+            "replicad.native._strings",
+            sources=["replicad/native/strings.c"],
+            extra_compile_args=["-O3"],
+        ),
     ]
 )

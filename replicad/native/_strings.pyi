@@ -1,0 +1,6 @@
+from typing import Any
+
+import numpy.typing as npt
+
+def decode(buf: bytes | bytearray | memoryview, n_rows: int, /) -> tuple[bytes, bytes, int]: ...
+def encode(offsets: npt.NDArray[Any], data: Any, /) -> bytes: ...
