@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from replicad.errors import (
     BadInputError,
+    CorruptedDataError,
     KeeperError,
     KeeperNoNodeError,
     ReadOnlyError,
@@ -28,7 +29,6 @@ from replicad.errors import (
     TooManyPartsError,
 )
 from replicad.keeper.client import Keeper, SessionState
-from replicad.keeper.ops import Create, Op
 from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
@@ -36,13 +36,17 @@ from replicad.model.log_entry import LogEntry
 from replicad.model.part_info import PartInfo
 from replicad.model.queue_state import BackoffSettings, QueueState
 from replicad.replication import init as zk_init
+from replicad.replication.cleanup import CleanupSettings, CleanupThread
+from replicad.replication.clone import clone_replica_if_needed
 from replicad.replication.commit import PartCommitter
-from replicad.replication.executor import QueueExecutor, part_remove_ops, remove_parts_from_zookeeper
+from replicad.replication.executor import QueueExecutor
 from replicad.replication.fetcher import FetchCredentials, PartFetcher
 from replicad.replication.leader import LeaderElection
 from replicad.replication.log_puller import LogPuller, QueueUpdatingTask, load_queue
+from replicad.replication.part_check import PartCheckThread, check_parts_at_startup
 from replicad.replication.part_store import PartState, PartStore
 from replicad.replication.quorum import check_quorum_precondition, update_quorum_if_we_have_part
+from replicad.replication.restarting import CONNECTION_ERRORS, RestartingThread
 from replicad.replication.sink import InsertContext, TableSchema, write_block
 from replicad.replication.table_ops import TableOperations
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
@@ -61,7 +65,7 @@ from replicad.storage.layout import TableDataLayout
 from replicad.storage.reader import PartReader
 from replicad.storage.types import DataType
 from replicad.storage.writer import WriterSettings
-from replicad.tasks import BackgroundTask, FunctionTask, Outcome, Supervisor
+from replicad.tasks import BackgroundTask, Supervisor
 
 if TYPE_CHECKING:
     from replicad.config import Config
@@ -180,20 +184,49 @@ class TableReplica:
             self.fetcher,
             max_parallel_fetches=env.max_parallel_fetches,
         )
-        self.cleanup = FunctionTask(f"{spec.name}:cleanup", self._cleanup_once, period_s=5.0)
         self.leader = LeaderElection(keeper, self.paths)
-        self.restarting = FunctionTask(f"{spec.name}:restarting", self._restart_once, period_s=1.0)
+        # self-healing (replicad.replication.cleanup / part_check / restarting / clone)
+        self.cleanup = CleanupThread(
+            f"{spec.name}:cleanup",
+            keeper,
+            self.paths,
+            self.store,
+            CleanupSettings.from_settings(s),
+            is_leader=lambda: self.leader.is_leader,
+            is_readonly=lambda: self.is_readonly,
+            before_iteration=self._refresh_zk_summary,
+        )
+        self.part_check = PartCheckThread(
+            f"{spec.name}:part_check",
+            keeper,
+            self.paths,
+            self.store,
+            self.queue_state,
+            tz=env.tz,
+            is_readonly=lambda: self.is_readonly,
+            on_queue_changed=self.executor.wakeup,
+        )
+        self.restarting = RestartingThread(
+            f"{spec.name}:restarting",
+            keeper,
+            self.paths,
+            identifier=self.identifier,
+            startup=self._startup_zookeeper,
+            queue_state=self.queue_state,
+            on_restarted=self._on_restarted,
+        )
+        self.executor.is_paused = lambda: self.is_readonly
+        self.executor.on_part_missing = lambda name: self.part_check.enqueue(name, delay_s=5.0)
         self._tasks: list[BackgroundTask] = [
             self.queue_updating,
             self.executor,
             self.cleanup,
+            self.part_check,
             self.restarting,
         ]
         self._own_runners: list[asyncio.Task[None]] = []
-        self._parts_to_check: dict[str, float] = {}
-        self._readonly = True
+        self._parts_checked = False  # the start-up part check runs once, when the table is loaded
         self._stopping = False
-        self._session_id: int | None = None
         self._inserts_in_flight = 0
         self._started_at = 0.0
         self._task_group = f"table:{spec.name}:{id(self):x}"
@@ -218,7 +251,16 @@ class TableReplica:
 
     @property
     def is_readonly(self) -> bool:
-        return self._readonly or self._stopping or self.keeper.session_state is not SessionState.CONNECTED
+        return (
+            self.restarting.readonly
+            or self._stopping
+            or self.keeper.session_state is not SessionState.CONNECTED
+        )
+
+    @property
+    def _parts_to_check(self) -> dict[str, float]:
+        """Parts waiting for the part check (name -> due time)."""
+        return self.part_check.pending
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -226,7 +268,11 @@ class TableReplica:
         """Load local parts, create/join the table in ZooKeeper, activate, load the queue, start the tasks."""
         self._started_at = time.time()
         await self.store.load()
-        await self._startup_zookeeper(first=True)
+        try:
+            await self.restarting.startup()
+        except CONNECTION_ERRORS as e:
+            # no ZooKeeper: serve reads; the restarting task completes the start-up once it answers
+            log.warning("replica_started_readonly", table=str(self.spec.name), error=str(e))
         self.env.interserver.register(
             self.paths.me.root,
             Endpoint(lookup=self._part_for_send, on_broken_part=self.enqueue_part_check),
@@ -246,7 +292,9 @@ class TableReplica:
         self.queue_updating.wakeup()
         log.info("replica_started", table=str(self.spec.name), replica_path=self.paths.me.root)
 
-    async def _startup_zookeeper(self, first: bool) -> None:
+    async def _startup_zookeeper(self) -> None:
+        """tryStartup: create/join the table, activate, clone if lost, check parts (once), load the queue."""
+        first = not self._parts_checked
         spec, keeper, paths = self.spec, self.keeper, self.paths
         await zk_init.create_table_if_not_exists(keeper, paths, spec.metadata_text, spec.columns_text)
         self.structure = await zk_init.check_table_structure(
@@ -263,17 +311,22 @@ class TableReplica:
         await zk_init.create_new_nodes(keeper, paths, self.structure.metadata_text)
         await self._activate()
         await self.leader.join()
-        await zk_init.clone_replica_if_needed(keeper, paths, self.env.tz)
+        await clone_replica_if_needed(keeper, paths, self.store, queue_state=self.queue_state, tz=self.env.tz)
         if first:  # as 18.16: only when the table is loaded (later, parts may be in flight)
-            await self._check_parts()
+            await check_parts_at_startup(
+                keeper,
+                paths,
+                self.store,
+                columns_version=self.structure.columns_version,
+                tz=self.env.tz,
+            )
+            self._parts_checked = True
         await self._load_queue()
         await update_quorum_if_we_have_part(
             self.keeper,
             self.paths,
             lambda name: self.store.active_containing(PartInfo.parse(name)) is not None,
         )
-        self._session_id = keeper.session_id
-        self._readonly = False
 
     async def _activate(self) -> None:
         address = ReplicaAddress(
@@ -292,52 +345,6 @@ class TableReplica:
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.5)
-
-    async def _check_parts(self) -> None:
-        """18.16's checkParts: reconcile local active parts with ``replicas/<me>/parts``."""
-        me = self.paths.me
-        expected = set(await self.keeper.get_children(me.parts))
-        local = {p.name for p in self.store.active()}
-        for name in sorted(expected - local):
-            info = PartInfo.try_parse(name)
-            containing = self.store.active_containing(info) if info is not None else None
-            if containing is not None:
-                if containing.name not in expected:
-                    await self._register_local_part(containing.name)
-                    expected.add(containing.name)
-                log.warning("removing_covered_part_from_zookeeper", part=name, covering=containing.name)
-                await remove_parts_from_zookeeper(self.keeper, self.paths, [name])
-                continue
-            log.error("fetching_missing_part", part=name)
-            create_time = 0
-            stat = await self.keeper.exists(me.part(name))
-            if stat is not None:
-                create_time = stat.ctime_ms // 1000
-            entry = LogEntry.get_part(name, source_replica="", create_time=create_time)
-            children = set(await self.keeper.get_children(me.part(name)))  # none for a header-only node
-            ops: list[Op] = [
-                op
-                for op in part_remove_ops(self.paths, name)
-                if op.path.rsplit("/", 1)[-1] in children or op.path == me.part(name)
-            ]
-            ops.append(Create(me.queue_prefix, entry.to_bytes(self.env.tz), sequence=True))
-            await self.keeper.multi(ops)
-        for name in sorted(local - expected):
-            log.error("unexpected_local_part", part=name)
-            await self.store.detach(name, "ignored")
-
-    async def _register_local_part(self, name: str) -> None:
-        part = self.store.get(name)
-        if part is None:
-            return
-        from replicad.replication.commit import part_commit_ops
-
-        columns_version = self.structure.columns_version if self.structure else 0
-        await self.keeper.multi(
-            part_commit_ops(
-                self.paths, name, part.directory.columns_text, part.directory.checksums, columns_version
-            )
-        )
 
     async def _load_queue(self) -> None:
         entries, pointer = await load_queue(self.keeper, self.paths, self.env.tz)
@@ -369,6 +376,7 @@ class TableReplica:
         if self.keeper.session_state is SessionState.CONNECTED:
             await self.leader.leave()
         await self.deactivate()
+        self.restarting.close()
 
     async def stop_inserts(self, timeout_s: float = 30.0) -> None:
         """Refuse new inserts and wait (bounded) for the ones in flight."""
@@ -404,56 +412,17 @@ class TableReplica:
         # Our own GET_PART will come back through the log; nothing to fetch for it.
         self.queue_updating.wakeup()
 
-    def enqueue_part_check(self, name: str) -> None:
-        self._parts_to_check.setdefault(name, time.time())
-        self.cleanup.wakeup()
+    def enqueue_part_check(self, name: str, delay_s: float = 0.0) -> None:
+        self.part_check.enqueue(name, delay_s)
 
-    async def _cleanup_once(self) -> Outcome | None:
-        if self.is_readonly:
-            return Outcome("readonly")
+    async def _refresh_zk_summary(self) -> None:
         self._zk_summary = await self.replicas_summary()
-        removed = await self.store.clear_old_parts()
-        if removed:
-            await remove_parts_from_zookeeper(self.keeper, self.paths, removed)
-        checked = await self._run_part_checks()
-        if removed or checked:
-            return Outcome("cleaned", fields={"removed_parts": removed, "checked_parts": checked})
-        return None
 
-    async def _run_part_checks(self) -> list[str]:
-        done: list[str] = []
-        for name in list(self._parts_to_check):
-            part = self.store.get(name)
-            if part is None or part.state is PartState.OUTDATED:
-                self._parts_to_check.pop(name, None)
-                continue
-            exists = await self.keeper.exists(self.paths.me.part(name))
-            if exists is None:
-                log.warning("part_not_in_zookeeper_detaching", part=name)
-                await self.store.detach(name, "unexpected")
-            self._parts_to_check.pop(name, None)
-            done.append(name)
-        return done
-
-    async def _restart_once(self) -> Outcome | None:
-        """The restarting thread: after a session loss, re-activate and reload once connected again."""
-        state = self.keeper.session_state
-        if state is not SessionState.CONNECTED:
-            if not self._readonly:
-                log.warning("replica_readonly", state=str(state))
-            self._readonly = True
-            return Outcome("waiting_for_zookeeper", fields={"state": str(state)})
-        if not self._readonly and self.keeper.session_id == self._session_id:
-            return None
-        try:
-            await self._startup_zookeeper(first=False)
-        except ReplicadError as e:
-            log.warning("replica_restart_failed", error=str(e))
-            return Outcome("restart_failed", delay_s=1.0, fields={"error": str(e)})
+    def _on_restarted(self) -> None:
         self.queue_updating.wakeup()
         self.executor.wakeup()
-        log.info("replica_restarted", replica_path=self.paths.me.root)
-        return Outcome("restarted", did_work=True)
+        self.part_check.wakeup()
+        self.cleanup.wakeup()
 
     def _part_for_send(self, name: str) -> PartToSend | None:
         part = self.store.for_send(name)
@@ -537,7 +506,11 @@ class TableReplica:
         expr = compile_expression(where) if where else None
         tz = self.env.tz
         for p in self.store.active():
-            reader = await asyncio.to_thread(PartReader, p.directory, wanted)
+            try:
+                reader = await asyncio.to_thread(PartReader, p.directory, wanted)
+            except (CorruptedDataError, OSError):
+                self.enqueue_part_check(p.name)  # a broken or vanished part: the part check repairs it
+                raise
             try:
                 batches = reader.iter_batches(list(names), granules_per_batch)
 
@@ -547,7 +520,14 @@ class TableReplica:
                         return batch
                     return batch.filter(pa.array(expr.mask(batch, types, tz)))
 
-                while (batch := await asyncio.to_thread(step)) is not None:
+                while True:
+                    try:
+                        batch = await asyncio.to_thread(step)
+                    except (CorruptedDataError, OSError):
+                        self.enqueue_part_check(p.name)
+                        raise
+                    if batch is None:
+                        break
                     if batch.num_rows:
                         yield batch
             finally:
@@ -655,7 +635,7 @@ class TableReplica:
             "is_readonly": self.is_readonly,
             "is_session_expired": self.keeper.session_state is SessionState.LOST,
             "future_parts": qs.future_parts,
-            "parts_to_check": len(self._parts_to_check),
+            "parts_to_check": len(self.part_check),
             "zookeeper_path": self.paths.zk_path,
             "replica_name": self.paths.replica_name,
             "replica_path": self.paths.me.root,
@@ -679,6 +659,9 @@ class TableReplica:
             "executed_entries": self.executor.executed_total,
             "failed_entries": self.executor.failed_total,
             "tasks": {t.name: (t.last_outcome.to_dict() if t.last_outcome else None) for t in self._tasks},
+            "restarting": self.restarting.status(),
+            "part_check": self.part_check.status(),
+            "cleanup": self.cleanup.status(),
         }
 
     async def replicas_summary(self) -> dict[str, int]:

@@ -105,6 +105,10 @@ class QueueExecutor(BackgroundTask):
         self.failed_total = 0
         #: hooks for entry types other modules implement: type -> coroutine(selected) -> None
         self.handlers: dict[LogEntryType, Callable[[Selected], Awaitable[None]]] = {}
+        #: no new entries start while this says so (read-only: no ZooKeeper session)
+        self.is_paused: Callable[[], bool] = lambda: False
+        #: told the part of an entry no replica could provide (the part check looks for it)
+        self.on_part_missing: Callable[[str], None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -116,6 +120,8 @@ class QueueExecutor(BackgroundTask):
         return None
 
     async def run_once(self) -> Outcome:
+        if self.is_paused():
+            return Outcome("paused", delay_s=1.0, fields={"running": len(self._running)})
         started = 0
         now = time.time()
         while len(self._running) < self.max_parallel:
@@ -152,6 +158,8 @@ class QueueExecutor(BackgroundTask):
         except Exception as e:  # every failure is recorded on the entry
             ok, error = False, f"{type(e).__name__}: {e}"
             quiet = isinstance(e, NoReplicaHasPartError | EntryNotReadyError)
+            if isinstance(e, NoReplicaHasPartError) and self.on_part_missing and selected.entry.new_part_name:
+                self.on_part_missing(selected.entry.new_part_name)
             (log.info if quiet else log.warning)("queue_entry_failed", entry=qe.describe(), error=error)
         finally:
             if selected.entry.type in _PRODUCING:
