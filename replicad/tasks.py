@@ -56,6 +56,7 @@ class BackgroundTask:
         self._wake = asyncio.Event()
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._fault: Exception | None = None
 
     async def run_once(self) -> Outcome:
         raise NotImplementedError
@@ -79,6 +80,12 @@ class BackgroundTask:
         self._stopping = True
         self.wakeup()
 
+    def inject_fault(self, error: Exception) -> None:
+        """Make the task crash with ``error`` before its next unit of work (fault injection for tests:
+        the supervisor counts the crash and restarts the task as for any other).  Safe from any thread."""
+        self._fault = error
+        self.wakeup()
+
     def reset(self) -> None:
         """Make a stopped task runnable again (the supervisor restarts tasks with it)."""
         self._stopping = False
@@ -88,6 +95,9 @@ class BackgroundTask:
         try:
             while not self._stopping:
                 self._wake.clear()  # before the run: a wakeup during run_once is not lost
+                if self._fault is not None:
+                    fault, self._fault = self._fault, None
+                    raise fault
                 outcome = await self.run_once()
                 self.runs += 1
                 self.last_run = time.time()

@@ -38,6 +38,7 @@ from replicad.errors import (
     UnknownTableError,
 )
 from replicad.logging import get_logger
+from replicad.server import fault_injection
 from replicad.server import status as status_mod
 from replicad.server.formats import InputSpec, parse_body
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -408,9 +409,10 @@ def _dumps(obj: Any) -> str:
 
 async def handle_status(request: web.Request) -> web.Response:
     state: ApiState = request.app[STATE]
+    zk_fields = await status_mod.read_zk_fields(state.catalog) if state.state == "running" else {}
     body = status_mod.build_status(replica=state.config.replica, state=state.state,
                                    started_at=state.started_at, version=version(), catalog=state.catalog,
-                                   supervisor=state.supervisor)
+                                   supervisor=state.supervisor, zk_fields=zk_fields)
     return web.json_response(body, dumps=_dumps)
 
 
@@ -421,7 +423,11 @@ async def handle_table(request: web.Request) -> web.Response:
     except ValueError as e:
         raise BadInputError(str(e)) from None
     table = state.require_catalog().get(name)
-    return web.json_response(status_mod.table_rows(table, request.match_info["what"]), dumps=_dumps)
+    what = request.match_info["what"]
+    rows = status_mod.table_rows(table, what)
+    if what == "parts":
+        rows = await asyncio.to_thread(status_mod.add_part_sizes, rows)
+    return web.json_response(rows, dumps=_dumps)
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
@@ -440,6 +446,8 @@ def create_app(state: ApiState) -> web.Application:
     app.router.add_get("/status", handle_status)
     app.router.add_get(r"/tables/{name}/{what:parts|queue|mutations}", handle_table)
     app.router.add_get("/metrics", handle_metrics)
+    if fault_injection.enabled():  # test builds only: REPLICAD_FAULT_INJECTION=1 in the environment
+        fault_injection.add_routes(app, lambda: state.supervisor)
     return app
 
 

@@ -352,12 +352,13 @@ def _tsv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
         names_in = [tsv_unescape(pa.array([f], pa.binary()))[0].as_py().decode("utf-8", "replace")
                     for f in header.split(b"\t")] if header else []
         names, positions, types = _select_columns(spec, names_in)
-        width = len(names_in)
+        fields = names_in
     else:
         names = [n for n, _ in spec.columns]
         types = [t for _, t in spec.columns]
         positions = list(range(len(names)))
-        width = len(names)
+        fields = names
+    width = len(fields)
     yield names
     conv = _Converter(names, types, spec, text="tsv")
     col_names = [f"c{i}" for i in range(width)]
@@ -371,9 +372,27 @@ def _tsv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
             table = pa_csv.read_csv(io.BytesIO(block), read_options=read_opts, parse_options=parse_opts,
                                     convert_options=convert_opts)
         except pa.ArrowInvalid as e:
-            raise BadInputError(f"Cannot parse input: after row {conv.row}: {_short(e)}") from None
+            raise _tsv_shape_error(block, fields, conv.row, e) from None
         yield from conv.feed([table.column(p) for p in positions])
     yield from conv.finish()
+
+
+def _tsv_shape_error(block: bytes, fields: Sequence[str], row0: int, e: Exception) -> BadInputError:
+    """The first row of ``block`` without one tab-separated field per name in ``fields``, named by its
+    1-based row number (error path only, so a plain scan of the lines is fine)."""
+    width, row = len(fields), row0
+    for line in block.split(b"\n"):
+        line = line.removesuffix(b"\r")
+        if not line and width > 1:
+            continue  # empty lines are skipped, as pyarrow does
+        row += 1
+        got = line.count(b"\t") + 1
+        if got != width:
+            what = (f"column {fields[got]} is missing" if got < width
+                    else f"{got - width} more field(s) than the {width} columns")
+            return BadInputError(f"Cannot parse input: row {row}: expected {width} tab-separated fields, "
+                                 f"got {got}: {what}")
+    return BadInputError(f"Cannot parse input: after row {row0}: {_short(e)}")
 
 
 def _tsv_with_names(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
@@ -435,10 +454,8 @@ def _json(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
         try:
             table = pa_json.read_json(io.BytesIO(block), parse_options=opts)
             cols = [table.column(n) for n in names]
-        except pa.ArrowInvalid as e:
-            if "unexpected field" in str(e).lower():
-                raise BadInputError(f"Unknown field found while parsing JSONEachRow format: {_short(e)}",
-                                    code=INCORRECT_DATA) from None
+        except pa.ArrowInvalid:
+            # also for unknown fields: the slow path names the field and the row
             cols = _json_slow(block, spec.columns, conv.row, spec.skip_unknown_fields)
         yield from conv.feed(cols)
     yield from conv.finish()

@@ -14,15 +14,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replicad.logging import get_logger
+from replicad.model.checksums import Checksums
 
 if TYPE_CHECKING:
     from replicad.service import Catalog, TableService
@@ -38,8 +41,11 @@ REPLICA_FIELDS = (
     "oldest_part_to_get", "oldest_part_to_merge_to", "log_max_index", "log_pointer", "last_queue_update",
     "absolute_delay", "total_replicas", "active_replicas",
 )
+#: ``system.replicas`` fields 18.16 reads from ZooKeeper at query time (``with_zk_fields``)
+ZK_FIELDS = ("log_max_index", "total_replicas", "active_replicas")
 #: /replicas_status fails above this delay (ClickHouse's max_replica_delay_for_distributed_queries)
 MAX_REPLICA_DELAY_S = 300
+ZK_FIELDS_TIMEOUT_S = 2.0
 
 
 def jsonable(value: Any) -> Any:
@@ -60,17 +66,61 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def table_status(table: TableService) -> dict[str, Any]:
+def table_status(table: TableService, zk_fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One table's ``system.replicas`` row (ClickHouse's columns first) plus the engine's extra fields.
+
+    ``zk_fields`` (fresh values of :data:`ZK_FIELDS`, see :func:`read_zk_fields`) replace the engine's
+    cached ones; ``oldest_part_to_merge_to`` is derived from the queue when the engine does not give it."""
     raw = dict(table.status())
     raw.setdefault("database", table.name.database)
     raw.setdefault("table", table.name.table)
+    raw.update(zk_fields or {})
+    if "oldest_part_to_merge_to" not in raw:
+        raw["oldest_part_to_merge_to"] = _oldest_merge(table)
     ordered = {k: raw.pop(k) for k in REPLICA_FIELDS if k in raw}
     ordered.update(raw)
     return jsonable(ordered)  # type: ignore[no-any-return]
 
 
+def _oldest_merge(table: TableService) -> str:
+    """``new_part_name`` of the oldest MERGE_PARTS entry in the queue ("" when none), as 18.16."""
+    try:
+        merges = [r for r in table.queue() if r.get("type") == "MERGE_PARTS"]
+    except Exception:
+        return ""
+    if not merges:
+        return ""
+    oldest = min(merges, key=lambda r: (r.get("create_time") or 0, str(r.get("node_name", ""))))
+    return str(oldest.get("new_part_name") or "")
+
+
+async def read_zk_fields(catalog: Catalog | None, timeout_s: float = ZK_FIELDS_TIMEOUT_S
+                         ) -> dict[str, dict[str, Any]]:
+    """Fresh ``log_max_index``/``total_replicas``/``active_replicas`` per table, read from ZooKeeper as
+    18.16's ``system.replicas`` does (tables whose engine has no ``replicas_summary()``, read-only tables
+    and tables whose read fails or times out keep the engine's cached values)."""
+    if catalog is None:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+
+    async def one(t: TableService) -> None:
+        fn = getattr(t, "replicas_summary", None)
+        if fn is None or t.is_readonly:
+            return
+        try:
+            summary = await asyncio.wait_for(fn(), timeout_s)
+        except Exception as e:  # status must answer even when ZooKeeper is slow
+            log.info("status_zk_fields_unavailable", table=str(t.name), error=f"{type(e).__name__}: {e}")
+            return
+        out[str(t.name)] = {k: summary[k] for k in ZK_FIELDS if k in summary}
+
+    await asyncio.gather(*(one(t) for t in catalog.tables()))
+    return out
+
+
 def build_status(*, replica: str, state: str, started_at: float, version: str,
-                 catalog: Catalog | None, supervisor: Supervisor | None) -> dict[str, Any]:
+                 catalog: Catalog | None, supervisor: Supervisor | None,
+                 zk_fields: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "replica": replica,
         "state": state,
@@ -87,7 +137,7 @@ def build_status(*, replica: str, state: str, started_at: float, version: str,
             out["zookeeper"] = {"state": "unknown", "error": str(e)}
         for t in sorted(catalog.tables(), key=lambda t: t.name):
             try:
-                out["tables"][str(t.name)] = table_status(t)
+                out["tables"][str(t.name)] = table_status(t, (zk_fields or {}).get(str(t.name)))
             except Exception as e:  # one broken table must not hide the others
                 log.warning("status_failed", table=str(t.name), error=str(e))
                 out["tables"][str(t.name)] = {"error": f"{type(e).__name__}: {e}"}
@@ -97,9 +147,58 @@ def build_status(*, replica: str, state: str, started_at: float, version: str,
 
 
 def table_rows(table: TableService, what: str) -> list[dict[str, Any]]:
+    """The rows as the engine gives them (cheap: call on the event loop), with database/table added."""
     getters: dict[str, Callable[[], list[dict[str, Any]]]] = {
         "parts": table.parts, "queue": table.queue, "mutations": table.mutations}
-    return jsonable(getters[what]())  # type: ignore[no-any-return]
+    rows = []
+    for r in getters[what]():
+        row = {"database": table.name.database, "table": table.name.table}
+        row.update(r)
+        if what == "parts":
+            row.setdefault("engine", "ReplicatedMergeTree")
+        rows.append(row)
+    return jsonable(rows)  # type: ignore[no-any-return]
+
+
+def add_part_sizes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fill the ``system.parts`` size columns the engine does not give (``marks``, ``data_compressed_bytes``,
+    ``data_uncompressed_bytes``, ``marks_bytes``, ``primary_key_bytes_in_memory``) from each part's
+    ``checksums.txt``.  Blocking file reads: run it in a worker thread.  A part removed meanwhile keeps
+    its row without them."""
+    for row in rows:
+        path = row.get("path")
+        if not path or all(k in row for k in _SIZE_FIELDS):
+            continue
+        try:
+            sums = Checksums.parse((Path(path) / "checksums.txt").read_bytes())
+        except Exception as e:  # outdated part removed meanwhile, unreadable or corrupt checksums.txt
+            log.debug("part_sizes_unavailable", part=row.get("name"), error=str(e))
+            continue
+        for k, v in part_sizes(sums).items():
+            row.setdefault(k, v)
+    return rows
+
+
+_SIZE_FIELDS = ("marks", "data_compressed_bytes", "data_uncompressed_bytes", "marks_bytes",
+                "primary_key_bytes_in_memory")
+
+
+def part_sizes(sums: Checksums) -> dict[str, int]:
+    files = sums.files
+    bins = [c for n, c in files.items() if n.endswith(".bin")]
+    marks = {n: c for n, c in files.items() if n.endswith((".mrk", ".mrk2"))}
+    n_marks = 0
+    if marks:  # every column has one mark per granule: any marks file gives the count
+        name, c = min(marks.items())
+        n_marks = c.file_size // (24 if name.endswith(".mrk2") else 16)
+    primary = files.get("primary.idx")
+    return {
+        "marks": n_marks,
+        "data_compressed_bytes": sum(c.file_size for c in bins),
+        "data_uncompressed_bytes": sum(c.uncompressed_size if c.is_compressed else c.file_size for c in bins),
+        "marks_bytes": sum(c.file_size for c in marks.values()),
+        "primary_key_bytes_in_memory": primary.file_size if primary is not None else 0,
+    }
 
 
 def replicas_problems(catalog: Catalog | None) -> list[str]:

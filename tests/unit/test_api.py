@@ -278,7 +278,8 @@ async def test_ping_status_and_tables(api: Api) -> None:
     assert events["active_parts"] == 1 and events["queue_size"] == 0
     assert data["tasks"][0]["name"] == "queue" and data["tasks"][0]["restarts"] == 0
     parts = json.loads((await api.get("/tables/db.events/parts"))[2])
-    assert parts == [{"name": "all_0_0_0", "rows": 2, "active": True}]
+    assert parts == [{"database": "db", "table": "events", "engine": "ReplicatedMergeTree",
+                      "name": "all_0_0_0", "rows": 2, "active": True}]
     assert json.loads((await api.get("/tables/db.events/queue"))[2]) == []
     assert (await api.get("/tables/db.missing/parts"))[0] == 404
     assert (await api.get("/tables/db.events/other"))[0] == 404

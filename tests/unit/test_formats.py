@@ -133,10 +133,15 @@ async def test_errors_name_column_and_global_row() -> None:
     assert exc.value.code == 27 and exc.value.http_status == 400
     with pytest.raises(BadInputError, match="column user_id, row 1: NULL is not allowed"):
         await parse("TSV", b"2020-01-01\t2020-01-01 00:00:00\t\\N\tk\n")
-    with pytest.raises(BadInputError, match="Expected 4 columns, got 2"):
+    with pytest.raises(BadInputError, match="row 1: expected 4 tab-separated fields, got 2: column user_id"):
         await parse("TSV", b"1\t2\n")
+    with pytest.raises(BadInputError, match="row 8: expected 4 tab-separated fields, got 5: 1 more field"):
+        await parse("TSV", lines + b"2020-01-01\t2020-01-01 00:00:00\t1\tk\textra\n", read_block_bytes=64)
     with pytest.raises(BadInputError, match="row 2: invalid JSON"):
         await parse("JSONEachRow", b'{"user_id": 1}\n{"user_id": "2"\n{"user_id": 3}\n')
+    unknown = r"Unknown field found while parsing JSONEachRow format: nope \(row 2\)"
+    with pytest.raises(BadInputError, match=unknown):
+        await parse("JSONEachRow", b'{"user_id": 1}\n{"user_id": 2, "nope": 1}\n')
 
 
 async def test_unknown_format_and_body_limit() -> None:

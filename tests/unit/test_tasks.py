@@ -215,3 +215,17 @@ async def test_one_shot_task_ends_stopped() -> None:
     await until(lambda: sup.health()["once"].state is TaskState.STOPPED)
     assert sup.health()["once"].restarts == 0
     await sup.stop()
+
+
+async def test_injected_fault_crashes_an_idle_task_which_is_restarted() -> None:
+    sup = Supervisor(backoff_initial_s=0.02)
+    t = Counter(period_s=60)  # idle: waits a minute between runs
+    sup.add(t)
+    sup.start()
+    await until(lambda: t.calls == 1)
+    t.inject_fault(RuntimeError("injected"))  # wakes the task; it raises before its next run_once
+    await until(lambda: sup.health()["counter"].restarts == 1)
+    assert sup.health()["counter"].last_error == "RuntimeError: injected"
+    await until(lambda: t.calls == 2 and sup.health()["counter"].state is TaskState.RUNNING)
+    await sup.stop()
+    assert t.stopped
