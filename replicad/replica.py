@@ -711,7 +711,7 @@ class TableReplica:
         return self.queue_rows()
 
     def mutations(self) -> list[dict[str, Any]]:
-        return []
+        return self.ops.mutation_rows()
 
 
 def create_engine(config: Config, supervisor: Supervisor, metrics: object) -> Engine:
