@@ -10,13 +10,12 @@
   ``replicas/<me>/metadata`` (create-if-missing, not atomic, like 18.16's createNewZooKeeperNodes).
 * ``activate_replica``: multi[create ``is_active`` EPHEMERAL ``pid: N, random: M``; set ``host``]; refused
   with ReplicaIsAlreadyActiveError while another session holds ``is_active``.
-* ``clone_replica_if_needed``: a replica marked ``is_lost`` = "1" copies a healthy replica's log pointer, puts
-  GET_PART entries for its active parts and then its queue into our queue, then sets ``is_lost`` = "0".
+
+Cloning a lost replica (``is_lost`` = "1") is :mod:`replicad.replication.clone`'s job.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 from collections.abc import Callable
@@ -32,12 +31,10 @@ from replicad.errors import (
     ZnodeFormatError,
 )
 from replicad.keeper.client import Keeper
-from replicad.keeper.ops import Check, Create, Delete, Op, Set
+from replicad.keeper.ops import Create, Op, Set
 from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ActiveMarker
-from replicad.model.log_entry import LogEntry
-from replicad.model.part_set import ActivePartSet
 from replicad.model.table_metadata import ColumnsDescription, TableMetadata
 
 log = get_logger(__name__)
@@ -45,11 +42,6 @@ log = get_logger(__name__)
 
 class ReplicaIsAlreadyActiveError(ReplicadError):
     code = 224  # REPLICA_IS_ALREADY_ACTIVE
-    retriable = True
-
-
-class AllReplicasLostError(ReplicadError):
-    code = 415  # ALL_REPLICAS_LOST
     retriable = True
 
 
@@ -251,91 +243,3 @@ async def activate_replica(keeper: Keeper, paths: TablePaths, host_text: str, id
             ) from e
         raise
     log.info("replica_activated", replica_path=me.root)
-
-
-# ---------------------------------------------------------------------------------------------- clone
-
-
-async def _part_create_time(keeper: Keeper, replica_parts: str, part: str) -> int:
-    stat = await keeper.exists(f"{replica_parts}/{part}")
-    return 0 if stat is None else stat.ctime_ms // 1000
-
-
-async def clone_replica(
-    keeper: Keeper, paths: TablePaths, source: str, source_is_lost_version: int, tz: str
-) -> int:
-    """Mimic ``source`` (cloneReplica): returns the number of queue entries created."""
-    src = paths.replica(source)
-    me = paths.me
-    while await keeper.exists(src.columns) is None:  # pragma: no cover - only with half-created replicas
-        log.info("clone_wait_source", source=source)
-        await asyncio.sleep(0.5)
-    raw_log_pointer, _ = await keeper.get(src.log_pointer)
-    ops: list[Op] = [Set(me.log_pointer, raw_log_pointer)]
-    if source_is_lost_version < 0:
-        ops += [Create(src.is_lost, b"0"), Delete(src.is_lost)]
-    else:
-        ops.append(Check(src.is_lost, source_is_lost_version))
-    try:
-        await keeper.multi(ops)
-    except KeeperMultiError as e:
-        raise ReplicadError(
-            f"Can not clone replica, because the {source} became lost", code=416, retriable=True
-        ) from e
-
-    queue_names = sorted(await keeper.get_children(src.queue))
-    source_queue = [
-        r[0] for r in await keeper.get_many([src.queue_entry(n) for n in queue_names]) if r is not None
-    ]
-
-    active = ActivePartSet(await keeper.get_children(src.parts)).parts()
-    count = 0
-    for name in active:
-        entry = LogEntry.get_part(
-            name, source_replica="", create_time=await _part_create_time(keeper, src.parts, name)
-        )
-        await keeper.create(me.queue_prefix, entry.to_bytes(tz), sequence=True)
-        count += 1
-    for data in source_queue:
-        await keeper.create(me.queue_prefix, data, sequence=True)
-        count += 1
-    log.info("replica_cloned", source=source, parts=len(active), queue_entries=len(source_queue))
-    return count
-
-
-async def clone_replica_if_needed(keeper: Keeper, paths: TablePaths, tz: str = "UTC") -> bool:
-    """If ``is_lost`` is "1", clone a healthy replica and clear the flag.  True if a clone happened."""
-    me = paths.me
-    try:
-        value, _ = await keeper.get(me.is_lost)
-    except KeeperNoNodeError:
-        await _create_if_not_exists(keeper, me.is_lost, b"0")
-        return False
-    if value == b"0":
-        return False
-    source = ""
-    source_version = -1
-    for name in sorted(await keeper.get_children(paths.replicas)):
-        if name == paths.replica_name:
-            continue
-        try:
-            lost, stat = await keeper.get(paths.replica(name).is_lost)
-        except KeeperNoNodeError:
-            source, source_version = name, -1
-            break
-        if lost == b"0":
-            source, source_version = name, stat.version
-            break
-    if not source:
-        # Nobody to copy from.  A brand-new table whose first replica died before writing anything is
-        # the only legitimate case; with no parts anywhere there is nothing to clone.
-        any_parts = False
-        for name in await keeper.get_children(paths.replicas):
-            if name != paths.replica_name and await keeper.get_children(paths.replica(name).parts):
-                any_parts = True
-        if any_parts:
-            raise AllReplicasLostError("All replicas are lost")
-    else:
-        await clone_replica(keeper, paths, source, source_version, tz)
-    await keeper.set(me.is_lost, b"0")
-    return True
