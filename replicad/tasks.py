@@ -273,18 +273,25 @@ class Supervisor:
         """Group names in registration order."""
         return list(dict.fromkeys(e.group for e in self._entries.values()))
 
-    async def stop_group(self, group: str, timeout_s: float = 10.0) -> None:
-        await self._stop([e for e in self._entries.values() if e.group == group], timeout_s)
+    async def stop_group(self, group: str, timeout_s: float = 10.0, *, forget: bool = True) -> None:
+        """Stop the group's tasks; with ``forget`` (the default: a dropped or detached table's tasks) they are
+        also unregistered, so they leave ``/status`` and their names can be used again."""
+        entries = [e for e in self._entries.values() if e.group == group]
+        await self._stop(entries, timeout_s)
+        if forget:
+            for e in entries:
+                if self._entries.get(e.task.name) is e:
+                    del self._entries[e.task.name]
 
     async def stop(self, order: Iterable[str] | None = None, timeout_s: float = 10.0) -> None:
         """Stop every task: the named groups first (in that order), then the rest, last added first."""
         done: set[str] = set()
         for group in order or ():
-            await self.stop_group(group, timeout_s)
+            await self.stop_group(group, timeout_s, forget=False)
             done.add(group)
         for group in reversed(self.groups()):
             if group not in done:
-                await self.stop_group(group, timeout_s)
+                await self.stop_group(group, timeout_s, forget=False)
         self._started = False
 
     async def _stop(self, entries: list[_Entry], timeout_s: float) -> None:

@@ -564,9 +564,13 @@ def test_create_and_drop_table_persist_under_metadata(daemon: Daemon) -> None:
     assert not meta.exists() and not (daemon.data_path / "data" / "db" / "ddl_t").exists()
     assert query(daemon.url, "SELECT count() FROM db.ddl_t").status == 404
     ok(query(daemon.url, "DROP TABLE IF EXISTS db.ddl_t", post=True))
+    tasks = [t["name"] for t in ok(request(daemon.url, "/status")).json()["tasks"]]
+    assert not [t for t in tasks if t.startswith("db.ddl_t:")]  # the dropped table's tasks are gone
     # created again: empty (the replica and the table were removed from ZooKeeper too)
     ok(query(daemon.url, text, post=True))
     assert ok(query(daemon.url, "SELECT count() FROM db.ddl_t")).text == "0\n"
+    tasks = [t["name"] for t in ok(request(daemon.url, "/status")).json()["tasks"]]
+    assert "db.ddl_t:queue_updating" in tasks and not [t for t in tasks if "#" in t]
     ok(query(daemon.url, "DROP TABLE db.ddl_t", post=True))
 
 

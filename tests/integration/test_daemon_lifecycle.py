@@ -255,6 +255,33 @@ def test_sigterm_during_inserts_keeps_every_acknowledged_insert_exactly_once(
     assert d.stop() == 0
 
 
+# ---- ZooKeeper lost: read-only ----------------------------------------------------------------------------
+
+
+def test_zookeeper_outage_makes_the_replica_read_only_until_it_is_back(
+        zookeeper: ZooKeeperServer, tmp_path: Path, daemons: list[Daemon]) -> None:
+    d = launch(daemons, tmp_path, zookeeper, make_chroot(zookeeper, "outage"), tables=[DDL], wait_table=TABLE)
+    ok(query(d.url, f"INSERT INTO {TABLE} FORMAT TSV", tsv(1, 0, 10)))
+    zookeeper.stop()
+    try:
+        wait_for(lambda: request(d.url, "/replicas_status").status == 503, 20, "read-only")
+        r = request(d.url, "/replicas_status")
+        assert r.text == f"{TABLE}:\tis read-only.\n"
+        status = ok(request(d.url, "/status")).json()  # /status answers without ZooKeeper
+        assert status["zookeeper"]["state"] != "connected" and status["tables"][TABLE]["is_readonly"] is True
+        refused = query(d.url, f"INSERT INTO {TABLE} FORMAT TSV", tsv(2, 10, 10))
+        assert (refused.status, refused.exception_code) == (503, 242), refused.text
+        assert "readonly" in refused.text
+        assert ok(query(d.url, f"SELECT count() FROM {TABLE}")).text == "10\n"  # reads still work
+        assert ok(request(d.url, "/ping")).body == b"Ok.\n"
+    finally:
+        zookeeper.start()
+    wait_for(lambda: request(d.url, "/replicas_status").status == 200, 30, "writable again")
+    ok(query(d.url, f"INSERT INTO {TABLE} FORMAT TSV", tsv(3, 20, 10)))
+    assert sorted(keys(d)) == list(range(10)) + list(range(20, 30))
+    assert d.stop() == 0
+
+
 # ---- two replicas: queue, replica counts, SYNC REPLICA ----------------------------------------------------
 
 

@@ -229,3 +229,20 @@ async def test_injected_fault_crashes_an_idle_task_which_is_restarted() -> None:
     await until(lambda: t.calls == 2 and sup.health()["counter"].state is TaskState.RUNNING)
     await sup.stop()
     assert t.stopped
+
+
+async def test_stop_group_forgets_the_group_but_stop_keeps_the_record() -> None:
+    sup = Supervisor()
+    table, other = Counter("table:queue"), Counter("other")
+    sup.add(table, group="table:db.t")
+    sup.add(other)
+    sup.start()
+    await until(lambda: table.calls == 1 and other.calls == 1)
+    await sup.stop_group("table:db.t")  # a dropped table: its tasks leave /status, the name is free again
+    assert table.stopped and list(sup.health()) == ["other"]
+    again = Counter("table:queue")
+    sup.add(again, group="table:db.t")
+    await until(lambda: again.calls == 1)
+    await sup.stop()  # the daemon's shutdown: every task stays listed, stopped
+    assert {n: h.state for n, h in sup.health().items()} == {"other": TaskState.STOPPED,
+                                                               "table:queue": TaskState.STOPPED}
