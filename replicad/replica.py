@@ -111,7 +111,10 @@ class ReplicaEnv:
     interserver_host: str  # published in replicas/<r>/host
     tz: str = "UTC"
     credentials: FetchCredentials = field(default_factory=FetchCredentials)
-    tcp_port: int = 9000
+    #: ``tcp_port`` in ``replicas/<r>/host``: the native-protocol port ClickHouse forwards OPTIMIZE / ALTER
+    #: PARTITION to when this replica leads.  replicad has none; 0 makes such a forward fail at once instead
+    #: of reaching whatever else listens on 9000.
+    tcp_port: int = 0
     fsync: bool = True
     writer: WriterSettings | None = None
     max_parallel_fetches: int = 8

@@ -262,6 +262,13 @@ async def test_clickhouse_joins_a_table_created_by_replicad(
             return await replica.count(None)
 
         await wait_for(_eq(rd_count, 90), what="ClickHouse's insert on replicad")
+        # replicad leads (it was the first candidate): 18.16 forwards OPTIMIZE to the leader's native port,
+        # which replicad publishes as 0, so the forward fails at once rather than reaching another server
+        assert (await ch(ch1, "SELECT is_leader FROM system.replicas")).strip() == "0"
+        from tests.support.clickhouse import ClickHouseError
+
+        with pytest.raises(ClickHouseError, match=r"Connection refused \(127\.0\.0\.1:0\)"):
+            await ch(ch1, "OPTIMIZE TABLE db.events FINAL")
         # a ClickHouse table with another definition at the same path is refused by replicad
         from replicad.errors import MetadataMismatchError
 
