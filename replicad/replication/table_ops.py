@@ -180,8 +180,10 @@ class TableOperations:
     async def _check_leader(self) -> Outcome | None:
         if self.replica.is_readonly:
             return Outcome("readonly")
-        if self.leader.node is None and self.leader.can_become_leader:
-            return None  # the replica (re)joins the election when it (re)activates
+        if self.leader.node is None:
+            if not self.leader.can_become_leader:
+                return None
+            await self.leader.join()  # our node vanished (removed by hand, or a lost session): stand again
         leading = await self.leader.check()
         return Outcome("leader" if leading else "candidate", fields=self.leader.status())
 
