@@ -278,7 +278,8 @@ class ReplicationEngine:
         return self._catalog
 
     async def start(self) -> None:
-        await self.keeper.start()
+        # ZooKeeper down at start-up: tables start read-only and serve reads until it answers
+        await self.keeper.start(require_connection=False)
         await self.interserver.start()
         await self._catalog.load()
         await self._create_config_tables(self.config)

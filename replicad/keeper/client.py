@@ -174,8 +174,12 @@ class Keeper:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, timeout: float = 15.0) -> None:
-        """Connect (raise KeeperConnectionLossError if not connected within ``timeout``)."""
+    async def start(self, timeout: float = 15.0, *, require_connection: bool = True) -> None:
+        """Connect (raise KeeperConnectionLossError if not connected within ``timeout``).
+
+        With ``require_connection=False`` an unreachable ZooKeeper is not an error: kazoo keeps trying in the
+        background, the state stays ``lost`` until it connects (listeners hear ``connected`` then), and the
+        chroot is created at that moment if missing."""
         if self._started:
             raise RuntimeError("Keeper.start() called twice")
         self._started = True
@@ -183,11 +187,22 @@ class Keeper:
         self._zk.add_listener(self._on_kazoo_state)
         event = await asyncio.to_thread(self._zk.start_async)
         if not await asyncio.to_thread(event.wait, timeout):
+            if not require_connection:
+                log.warning("zookeeper_unreachable_at_start: %s; retrying in the background", self.hosts)
+                self.add_state_listener(self._ensure_chroot_when_connected)
+                return
             await asyncio.to_thread(self._stop_kazoo)
             raise KeeperConnectionLossError(f"could not connect to ZooKeeper {self.hosts} within {timeout}s")
         self._apply_kazoo_state(KazooState.CONNECTED)
         if self.chroot and await self.exists("/") is None:
             await asyncio.to_thread(self._create_chroot, timeout)
+
+    async def _ensure_chroot_when_connected(self, state: SessionState) -> None:
+        if state is not SessionState.CONNECTED:
+            return
+        self.remove_state_listener(self._ensure_chroot_when_connected)
+        if self.chroot and await self.exists("/") is None:
+            await asyncio.to_thread(self._create_chroot, self.session_timeout_s)
 
     def _create_chroot(self, timeout: float) -> None:
         """Create the chroot node with a short-lived unchrooted session (blocking; in a thread)."""

@@ -235,11 +235,12 @@ class PartCheckThread(BackgroundTask):
             await self._verify(part)
         except (CorruptedDataError, ZnodeFormatError, OSError) as e:
             log.error("broken_part_detaching", part=name, error=str(e))
+            # set aside first: the queue entry must not find the broken part still active
+            await self._detach(name, "broken")
+            self.broken_total += 1
             entry = await remove_part_and_enqueue_fetch(self.keeper, self.paths, name, self.tz)
             self._insert_entry(entry)
             self.fetches_enqueued_total += 1
-            await self._detach(name, "broken")
-            self.broken_total += 1
             return PartCheckResult(name, "detached_broken", str(e))
         log.info("part_check_ok", part=name)
         return PartCheckResult(name, "ok")

@@ -1,0 +1,154 @@
+"""Quorum inserts (``insert_quorum``) in a replicad-only replica set on a real ZooKeeper, with the 18.16 node
+texts: an insert is acknowledged only once ``insert_quorum`` replicas hold its part, fails at once when too
+few replicas are alive, times out (UnknownInsertStatusError, never success) when they cannot fetch it, and a
+quorum nobody can complete any more is marked failed.  Modern ClickHouse's ``quorum/parallel/<part>`` nodes
+are updated as modern replicas do."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from replicad.errors import QuorumError, UnknownInsertStatusError
+from replicad.keeper.client import Keeper
+from replicad.keeper.paths import TablePaths
+from replicad.model.quorum import QuorumEntry, QuorumLastPart
+from replicad.replica import TableReplica
+from replicad.replication.quorum import parallel_status_path, update_quorum
+from replicad.service import InsertSettings
+from tests.support.table_cluster import ZK_PATH, Cluster, rows, wait_for
+from tests.support.zookeeper import ZooKeeperServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+PATHS = TablePaths.create(ZK_PATH, "test")
+STATUS = PATHS.quorum_status
+
+
+@pytest_asyncio.fixture
+async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(zookeeper, zk_root, tmp_path)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+def freeze(replica: TableReplica, frozen: bool = True) -> None:
+    """The replica stays active (its ``is_active`` lives) but executes nothing: it never fetches."""
+    replica.executor.is_paused = (lambda: True) if frozen else (lambda: replica.is_readonly)
+    replica.executor.wakeup()
+
+
+async def holders(keeper: Keeper, part: str) -> list[str]:
+    out = []
+    for r in await keeper.get_children(PATHS.replicas):
+        if await keeper.exists(PATHS.replica(r).part(part)) is not None:
+            out.append(r)
+    return sorted(out)
+
+
+async def test_quorum_2_with_one_of_three_stopped_succeeds(cluster: Cluster, keeper: Keeper) -> None:
+    r1 = await cluster.start("r1")
+    await cluster.start("r2")
+    await cluster.start("r3")
+    await cluster.stop("r3")
+    summary = await r1.insert_table(rows([1, 2, 3]), InsertSettings(insert_quorum=2))
+    # acknowledged only once it holds: two replicas list the part at the moment the insert returns
+    assert len(await holders(keeper, "202611_0_0_0")) >= 2
+    assert summary.written_parts == 1
+    assert await keeper.exists(STATUS) is None
+    last = QuorumLastPart.parse((await keeper.get(PATHS.quorum_last_part))[0])
+    assert last.parts == {"202611": "202611_0_0_0"}
+    raw_last = (await keeper.get(PATHS.quorum_last_part))[0]
+    assert raw_last == b"version: 2\nparts count: 1\n202611\t202611_0_0_0\n"
+
+
+async def test_quorum_2_with_two_of_three_stopped_fails_at_once(cluster: Cluster) -> None:
+    r1 = await cluster.start("r1")
+    await cluster.start("r2")
+    await cluster.start("r3")
+    await cluster.stop("r2")
+    await cluster.stop("r3")
+    started = time.monotonic()
+    too_few = r"Number of alive replicas \(1\) is less than requested quorum \(2\)"
+    with pytest.raises(QuorumError, match=too_few):
+        await r1.insert_table(rows([1]), InsertSettings(insert_quorum=2))
+    assert time.monotonic() - started < 2
+    assert r1.store.active_names() == []  # nothing was written
+
+
+async def test_quorum_times_out_then_completes_when_a_replica_catches_up(
+    cluster: Cluster, keeper: Keeper
+) -> None:
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    r3 = await cluster.start("r3")
+    freeze(r2)
+    freeze(r3)  # alive for the precondition, but nobody fetches
+    started = time.monotonic()
+    with pytest.raises(UnknownInsertStatusError, match="Timeout while waiting for quorum"):
+        await r1.insert_table(rows([1, 2]), InsertSettings(insert_quorum=2, insert_quorum_timeout_ms=1500))
+    assert 1.4 < time.monotonic() - started < 5
+    status = QuorumEntry.parse((await keeper.get(STATUS))[0])
+    assert (status.part_name, status.required_number_of_replicas) == ("202611_0_0_0", 2)
+    assert status.replicas == ("r1",)
+    # another quorum insert is refused while this one is pending (18.16's rule)
+    with pytest.raises(QuorumError, match="Quorum for previous write has not been satisfied yet"):
+        await r1.insert_table(rows([3]), InsertSettings(insert_quorum=2))
+    freeze(r2, False)
+    await wait_for(lambda: _gone(keeper, STATUS), what="the quorum to be reached")
+    last = QuorumLastPart.parse((await keeper.get(PATHS.quorum_last_part))[0])
+    assert last.parts == {"202611": "202611_0_0_0"}
+    summary = await r1.insert_table(rows([3]), InsertSettings(insert_quorum=2))
+    assert summary.written_parts == 1 and len(await holders(keeper, "202611_1_1_0")) >= 2
+
+
+async def _gone(keeper: Keeper, path: str) -> bool:
+    return await keeper.exists(path) is None
+
+
+async def test_quorum_nobody_can_complete_is_marked_failed(cluster: Cluster, keeper: Keeper) -> None:
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    freeze(r2)
+    token = InsertSettings(insert_quorum=2, insert_quorum_timeout_ms=1000, insert_deduplication_token="t1")
+    with pytest.raises(UnknownInsertStatusError):
+        await r1.insert_table(rows([1, 2]), token)
+    (block,) = await keeper.get_children(PATHS.blocks)
+    await cluster.stop("r1")  # the only holder of the part goes away
+    freeze(r2, False)
+    failed = f"{PATHS.quorum_failed_parts}/202611_0_0_0"
+    await wait_for(lambda: keeper.exists(failed), what="the quorum to be marked failed")
+    assert await keeper.exists(STATUS) is None
+    assert await keeper.exists(PATHS.block(block)) is None  # the insert may be retried
+    await wait_for(lambda: len(r2.queue_state) == 0, what="r2's queue to drain")
+    retry = await r2.insert_table(rows([1, 2]), InsertSettings(insert_deduplication_token="t1"))
+    assert retry.written_parts == 1 and retry.deduplicated_blocks == 0
+    assert await r2.count(None) == 2
+
+
+async def test_parallel_quorum_nodes_are_updated(keeper: Keeper) -> None:
+    """Modern ClickHouse (insert_quorum_parallel=1) tracks each part in ``quorum/parallel/<part>``."""
+    for path in (PATHS.quorum, f"{PATHS.quorum}/parallel", PATHS.quorum_failed_parts):
+        await keeper.ensure_path(path)
+    await keeper.create(PATHS.quorum_last_part, b"")
+    r2 = TablePaths.create(ZK_PATH, "r2")
+    r3 = TablePaths.create(ZK_PATH, "r3")
+    node = parallel_status_path(PATHS, "all_1_1_0")
+    await keeper.create(node, QuorumEntry("all_1_1_0", 3, ("r1",)).to_bytes())
+    assert await update_quorum(keeper, r2, "all_1_1_0") is False
+    assert (await keeper.get(node))[0] == (
+        b"version: 1\npart_name: all_1_1_0\nrequired_number_of_replicas: 3\nactual_number_of_replicas: 2\n"
+        b"replicas:\nr1\nr2\n"
+    )
+    assert await update_quorum(keeper, r2, "all_1_1_0") is False  # counted once
+    assert await update_quorum(keeper, r3, "all_1_1_0") is True
+    assert await keeper.exists(node) is None
+    assert (await keeper.get(PATHS.quorum_last_part))[0] == b""  # parallel quorums leave last_part alone
+    # a part nobody tracks: nothing to do
+    assert await update_quorum(keeper, r3, "all_2_2_0") is False
