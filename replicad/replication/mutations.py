@@ -332,6 +332,37 @@ class MutationsState:
         return out
 
 
+def count_finished(state: MutationsState) -> int:
+    """Finished mutations at the start of the sequence (``countFinishedMutations``)."""
+    count = 0
+    for st in state.by_znode.values():
+        if not st.is_done:
+            break
+        count += 1
+    return count
+
+
+async def clear_old_mutations(keeper: Keeper, paths: TablePaths, state: MutationsState, keep: int) -> int:
+    """The leader's clearOldMutations: remove finished mutation records, keeping the newest ``keep`` and
+    everything some replica's ``mutation_pointer`` has not passed yet.  Returns how many were removed."""
+    if keep <= 0 or count_finished(state) <= keep:
+        return 0
+    replicas, stat = await keeper.get_children(paths.replicas, include_data=True)
+    pointers = await keeper.get_many([paths.replica(r).mutation_pointer for r in replicas])
+    if not pointers or any(p is None or not p[0].strip() for p in pointers):
+        return 0  # a replica has not finished anything yet
+    min_pointer = min(p[0].decode().strip() for p in pointers if p is not None)
+    entries = sorted(n for n in await keeper.get_children(paths.mutations) if n <= min_pointer)
+    doomed = entries[: max(len(entries) - keep, 0)]
+    for start in range(0, len(doomed), 400):
+        batch = doomed[start : start + 400]
+        ops: list[Delete | Check] = [Delete(f"{paths.mutations}/{n}") for n in batch]
+        ops.append(Check(paths.replicas, stat.version))  # no replica was added meanwhile
+        await keeper.multi(ops)
+        log.info("removed_old_mutations", count=len(batch), first=batch[0], last=batch[-1])
+    return len(doomed)
+
+
 # ------------------------------------------------------------------------------------------ creation
 
 

@@ -33,6 +33,7 @@ from replicad.replication.merge_executor import ExecutorSettings, PartProducer
 from replicad.replication.merge_predicate import MergePredicate, load_merge_predicate
 from replicad.replication.mutations import (
     MutationsState,
+    clear_old_mutations,
     create_mutation,
     storage_commands,
     wait_for_mutation,
@@ -198,9 +199,13 @@ class TableOperations:
         return Outcome("loaded_mutations", fields={"loaded": loaded}) if loaded else None
 
     async def _finalize_mutations(self) -> Outcome | None:
-        if self.replica.is_readonly or self._mutations_session is None:
+        r = self.replica
+        if r.is_readonly or self._mutations_session is None:
             return None
         again = await self.mutations.finalize(self.load_predicate)
+        if self.leader.is_leader:  # 18.16's cleanup thread does this on the leader
+            keep = int(r.spec.settings.get("finished_mutations_to_keep", 100))
+            await clear_old_mutations(r.keeper, r.paths, self.mutations, keep)
         return Outcome("mutations_pending", delay_s=5.0) if again else None
 
     # ------------------------------------------------------------------------------------------ statements

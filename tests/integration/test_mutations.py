@@ -138,3 +138,19 @@ async def test_mutation_waits_for_replica_and_bad_commands_are_refused(
     await wait_for(
         lambda: cluster.ops["r2"].mutations.mutation_pointer == "0000000000", what="r2's mutation_pointer"
     )
+
+
+async def test_leader_removes_old_finished_mutations(cluster: Cluster, keeper: Keeper) -> None:
+    keep = {"finished_mutations_to_keep": 1}
+    r1 = await cluster.start("r1", settings=keep)
+    r2 = await cluster.start("r2", settings=keep)
+    await r1.insert_table(rows(range(0, 30), month=10))
+    for n in (25, 20, 15):
+        await cluster.execute("r2", f"ALTER TABLE db.events DELETE WHERE id >= {n}", mutations_sync=2)
+    assert await r2.count(None) == 15
+
+    async def trimmed() -> bool:
+        return await keeper.get_children(f"{ZK_PATH}/mutations") == ["0000000002"]
+
+    await wait_for(trimmed, timeout=30, what="old mutation records removed by the leader")
+    assert [x["mutation_id"] for x in cluster.ops["r2"].mutation_rows()] == ["0000000002"]
