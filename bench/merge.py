@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -84,7 +85,7 @@ def run_replicad(sources: list[Path], out: Path, args: argparse.Namespace) -> di
     return result
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", type=int, default=10)
     ap.add_argument("--rows", type=int, default=200_000, help="rows per part")
@@ -93,11 +94,13 @@ def main() -> None:
     ap.add_argument("--granules-per-batch", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        child(args.child[0], args.child[1], args.order_by, args.method, args.granules_per_batch, args.threads)
-        return
+    return ap
 
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """One run of both sides; returns ``mb`` (input, uncompressed), ``replicad`` (the child's JSON),
+    ``clickhouse_seconds``, ``clickhouse_cpu_seconds``, ``clickhouse_peak_rss_kb``,
+    ``clickhouse_rss0_kb``, ``identical`` and ``differ`` (used by ``python -m bench``)."""
     from tests.support.clickhouse import ClickHouseServer
 
     work = Path(tempfile.mkdtemp(prefix="bench-merge-"))
@@ -138,21 +141,34 @@ def main() -> None:
         listing = sorted(os.listdir(theirs))
         _same, diff, errors = filecmp.cmpfiles(theirs, work / "ours", listing, shallow=False)
         identical = names_ours == listing and not diff and not errors
-        n = int(res["rows"])
-        print(f"input     : {args.parts} parts x {args.rows} rows, {mb:.1f} MB uncompressed, "
-              f"method {args.method}")
-        print(f"replicad  : {n} rows in {res['seconds']:.3f} s = {mb / res['seconds']:.1f} MB/s, "
-              f"peak RSS {res['peak_rss_kb'] / 1024:.0f} MiB "
-              f"(before merging {res['rss0_kb'] / 1024:.0f} MiB)")
-        print(f"clickhouse: OPTIMIZE FINAL in {ch_s:.3f} s = {mb / ch_s:.1f} MB/s, "
-              f"server peak RSS {ch_hwm / 1024:.0f} MiB (before {hwm0 / 1024:.0f} MiB)")
-        print(f"ratio (replicad speed / ClickHouse speed): {ch_s / res['seconds']:.2f}x (target >= 0.5x); "
-              f"CPU seconds: replicad {res['cpu_seconds']:.2f}, ClickHouse {ch_cpu:.2f} "
-              f"(ratio {ch_cpu / res['cpu_seconds']:.2f}x; wall times suffer from other load, CPU less so)")
-        differ = "" if identical else f" (differ: {diff + errors})"
-        print(f"merged parts byte-identical: {identical}{differ}")
+        return {"mb": mb, "replicad": res, "clickhouse_seconds": ch_s, "clickhouse_cpu_seconds": ch_cpu,
+                "clickhouse_peak_rss_kb": ch_hwm, "clickhouse_rss0_kb": hwm0, "identical": identical,
+                "differ": diff + errors}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.child:
+        child(args.child[0], args.child[1], args.order_by, args.method, args.granules_per_batch, args.threads)
+        return
+    m = measure(args)
+    res, mb, ch_s, ch_cpu = m["replicad"], m["mb"], m["clickhouse_seconds"], m["clickhouse_cpu_seconds"]
+    n = int(res["rows"])
+    print(f"input     : {args.parts} parts x {args.rows} rows, {mb:.1f} MB uncompressed, "
+          f"method {args.method}")
+    print(f"replicad  : {n} rows in {res['seconds']:.3f} s = {mb / res['seconds']:.1f} MB/s, "
+          f"peak RSS {res['peak_rss_kb'] / 1024:.0f} MiB "
+          f"(before merging {res['rss0_kb'] / 1024:.0f} MiB)")
+    print(f"clickhouse: OPTIMIZE FINAL in {ch_s:.3f} s = {mb / ch_s:.1f} MB/s, "
+          f"server peak RSS {m['clickhouse_peak_rss_kb'] / 1024:.0f} MiB "
+          f"(before {m['clickhouse_rss0_kb'] / 1024:.0f} MiB)")
+    print(f"ratio (replicad speed / ClickHouse speed): {ch_s / res['seconds']:.2f}x (target >= 0.5x); "
+          f"CPU seconds: replicad {res['cpu_seconds']:.2f}, ClickHouse {ch_cpu:.2f} "
+          f"(ratio {ch_cpu / res['cpu_seconds']:.2f}x; wall times suffer from other load, CPU less so)")
+    differ = "" if m["identical"] else f" (differ: {m['differ']})"
+    print(f"merged parts byte-identical: {m['identical']}{differ}")
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def vm_hwm_kb(pid: int) -> int:
     return 0
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--method", default="zstd", choices=["zstd", "lz4"])
@@ -121,11 +121,13 @@ def main() -> None:
     ap.add_argument("--batch-rows", type=int, default=262144, help="rows per PartWriter.write call")
     ap.add_argument("--repeat", type=int, default=3, help="runs per side; the best one is reported")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        child(args.child[0], args.child[1], args.method, args.threads, not args.no_fsync, args.batch_rows)
-        return
+    return ap
 
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Run both sides ``args.repeat`` times, alternating.  Returns every run: ``replicad`` (the child's JSON
+    dicts), ``clickhouse`` ((wall, cpu) seconds), plus ``tsv_bytes``, ``clickhouse_parts`` and
+    ``clickhouse_peak_rss_kb`` (used by ``python -m bench``)."""
     work = Path(tempfile.mkdtemp(prefix="bench-part-writer-"))
     try:
         table = make_rows(args.rows)
@@ -136,49 +138,62 @@ def main() -> None:
         del table
         ours: list[dict[str, float]] = []
         theirs: list[tuple[float, float]] = []
+        out: dict[str, Any] = {"replicad": ours, "clickhouse": theirs, "tsv_bytes": len(tsv)}
         ch = None if args.skip_clickhouse else start_clickhouse(work / "ch", args.method)
         try:
-            # alternate the two sides so that both see the same machine load; keep the best run of each
+            # alternate the two sides so that both see the same machine load
             for i in range(args.repeat):
-                out = work / f"replicad{i}"
-                out.mkdir()
+                out_dir = work / f"replicad{i}"
+                out_dir.mkdir()
                 cmd = [sys.executable, __file__, "--method", args.method, "--threads", str(args.threads),
-                       "--batch-rows", str(args.batch_rows), "--child", str(ipc), str(out)]
+                       "--batch-rows", str(args.batch_rows), "--child", str(ipc), str(out_dir)]
                 cmd += ["--no-fsync"] if args.no_fsync else []
                 run = subprocess.run(cmd, check=True, capture_output=True, text=True)
                 ours.append(json.loads(run.stdout))
-                subprocess.run(["rm", "-rf", str(out)], check=False)
+                subprocess.run(["rm", "-rf", str(out_dir)], check=False)
                 if ch is not None:
                     theirs.append(clickhouse_insert(ch, tsv, i))
-            res = min(ours, key=lambda r: r["seconds"])
-            mb = res["uncompressed"] / 1e6
-            print(f"replicad  : {res['rows']} rows in {res['seconds']:.3f} s "
-                  f"(sort {res['sort_seconds']:.3f} s; best of {args.repeat}) = "
-                  f"{res['rows'] / res['seconds']:,.0f} rows/s, {mb / res['seconds']:.1f} MB/s uncompressed, "
-                  f"part {res['bytes_on_disk'] / 1e6:.1f} MB, peak RSS {res['peak_rss_kb'] / 1024:.0f} MiB "
-                  f"(input mapped: {res['rss0_kb'] / 1024:.0f} MiB before writing)")
-            if ch is None:
-                return
-            assert ch.proc is not None
-            ch_s, ch_cpu = min(theirs)
-            n = res["rows"]
-            parts = ch.query(
-                "SELECT count(), sum(bytes_on_disk) FROM system.parts WHERE table = 't0' AND active"
-            )
-            print(f"clickhouse: {n:.0f} rows in {ch_s:.3f} s (best of {args.repeat}) = "
-                  f"{n / ch_s:,.0f} rows/s, "
-                  f"{mb / ch_s:.1f} MB/s uncompressed "
-                  f"(TSV {len(tsv) / 1e6:.0f} MB over HTTP; parts, bytes: {parts.strip()}), "
-                  f"server peak RSS {vm_hwm_kb(ch.proc.pid) / 1024:.0f} MiB")
-            print(f"cpu seconds: replicad {res['cpu_seconds']:.3f} (same run), "
-                  f"ClickHouse server {ch_cpu:.3f}")
-            print(f"ratio (replicad speed / ClickHouse speed): {ch_s / res['seconds']:.2f}x wall, "
-                  f"{ch_cpu / res['cpu_seconds']:.2f}x cpu")
+            if ch is not None:
+                assert ch.proc is not None
+                out["clickhouse_parts"] = ch.query(
+                    "SELECT count(), sum(bytes_on_disk) FROM system.parts WHERE table = 't0' AND active"
+                ).strip()
+                out["clickhouse_peak_rss_kb"] = vm_hwm_kb(ch.proc.pid)
         finally:
             if ch is not None:
                 ch.stop()
+        return out
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.child:
+        child(args.child[0], args.child[1], args.method, args.threads, not args.no_fsync, args.batch_rows)
+        return
+    m = measure(args)
+    ours, theirs = m["replicad"], m["clickhouse"]
+    res = min(ours, key=lambda r: r["seconds"])
+    mb = res["uncompressed"] / 1e6
+    print(f"replicad  : {res['rows']} rows in {res['seconds']:.3f} s "
+          f"(sort {res['sort_seconds']:.3f} s; best of {args.repeat}) = "
+          f"{res['rows'] / res['seconds']:,.0f} rows/s, {mb / res['seconds']:.1f} MB/s uncompressed, "
+          f"part {res['bytes_on_disk'] / 1e6:.1f} MB, peak RSS {res['peak_rss_kb'] / 1024:.0f} MiB "
+          f"(input mapped: {res['rss0_kb'] / 1024:.0f} MiB before writing)")
+    if not theirs:
+        return
+    ch_s, ch_cpu = min(theirs)
+    n = res["rows"]
+    print(f"clickhouse: {n:.0f} rows in {ch_s:.3f} s (best of {args.repeat}) = "
+          f"{n / ch_s:,.0f} rows/s, "
+          f"{mb / ch_s:.1f} MB/s uncompressed "
+          f"(TSV {m['tsv_bytes'] / 1e6:.0f} MB over HTTP; parts, bytes: {m['clickhouse_parts']}), "
+          f"server peak RSS {m['clickhouse_peak_rss_kb'] / 1024:.0f} MiB")
+    print(f"cpu seconds: replicad {res['cpu_seconds']:.3f} (same run), "
+          f"ClickHouse server {ch_cpu:.3f}")
+    print(f"ratio (replicad speed / ClickHouse speed): {ch_s / res['seconds']:.2f}x wall, "
+          f"{ch_cpu / res['cpu_seconds']:.2f}x cpu")
 
 
 def start_clickhouse(root: Path, method: str) -> Any:
