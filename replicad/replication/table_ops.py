@@ -161,6 +161,16 @@ class TableOperations:
         handlers.update(self.producer.handlers())
         handlers[LogEntryType.DROP_RANGE] = self.drops.execute
         handlers[LogEntryType.DROP_PART] = self.drops.execute
+        executor = self.replica.executor
+        previous = executor.on_parts_changed
+
+        def parts_changed() -> None:  # an entry finished: the queue's parts moved on
+            if previous is not None:
+                previous()
+            if self.mutations.pending():
+                self.mutations_finalizing.wakeup()
+
+        executor.on_parts_changed = parts_changed
 
     def _on_leader_change(self, leading: bool) -> None:
         if leading:
