@@ -1,0 +1,98 @@
+"""Replication lag: a batch of small sequential inserts into replica A; for each, the time from A's
+acknowledgement to the rows being counted on replica B (``SELECT count()`` polled every few ms over a
+keep-alive connection).  p50/p99 per batch; the ZooKeeper traffic of the batch is measured at the same
+time (bench/zk_requests.py).  The two systems' batches alternate.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from bench import Context
+from bench.cluster import BenchCluster, PySpy, ReplicaPair, make_events, to_tsv_fast
+from bench.report import Figure
+from bench.zk_requests import ZkMeter, ZkResult
+from bench.zk_requests import figures as zk_figures
+
+TABLE = "bench.lag"
+POLL_S = 0.003
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, round(q / 100 * len(s) + 0.5) - 1))
+    return s[k]
+
+
+def batch(pair: ReplicaPair, bodies: list[bytes], rows: int) -> tuple[list[float], list[float]]:
+    """(ack seconds, lag seconds) of each insert."""
+    expected = pair.b.count(TABLE)
+    acks, lags = [], []
+    for body in bodies:
+        acks.append(pair.a.insert(f"INSERT INTO {TABLE} FORMAT TSV", body))
+        t_ack = time.perf_counter()
+        expected += rows
+        while pair.b.count(TABLE) < expected:
+            if time.perf_counter() - t_ack > 120:
+                raise TimeoutError(f"{pair.system}: rows not on {pair.b.name} 120 s after the insert")
+            time.sleep(POLL_S)
+        lags.append(time.perf_counter() - t_ack)
+    return acks, lags
+
+
+def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
+    rd, ch = cluster.replicad, cluster.clickhouse
+    sizes = ctx.sizes
+    for pair in (rd, ch):
+        pair.create_table(TABLE)
+        warm = [to_tsv_fast(make_events(sizes.lag_rows, seed=4000 + j)) for j in range(3)]
+        batch(pair, warm, sizes.lag_rows)
+    p50: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
+    p99: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
+    ack50: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
+    zk: dict[str, list[ZkResult]] = {"replicad": [], "clickhouse": []}
+    for i in range(sizes.runs):
+        bodies = [to_tsv_fast(make_events(sizes.lag_rows, seed=10_000 * (i + 1) + j))
+                  for j in range(sizes.lag_inserts)]
+        for pair in ((rd, ch) if i % 2 == 0 else (ch, rd)):
+            with ZkMeter(cluster, pair) as meter:
+                acks, lags = batch(pair, bodies, sizes.lag_rows)
+            s = pair.system
+            p50[s].append(1000 * statistics.median(lags))
+            p99[s].append(1000 * percentile(lags, 99))
+            ack50[s].append(1000 * statistics.median(acks))
+            zk[s].append(ZkResult(len(bodies), meter.a, meter.b))
+            ctx.say(f"lag run {i + 1}: {s:<10} {len(bodies)} inserts: ack p50 {ack50[s][-1]:.1f} ms, "
+                    f"lag p50 {p50[s][-1]:.1f} ms, p99 {p99[s][-1]:.1f} ms; ZooKeeper packets A {meter.a}, "
+                    f"B {meter.b}")
+    what = f"{sizes.lag_inserts} inserts of {sizes.lag_rows} rows"
+    figures = [
+        Figure("lag_p50", f"Replication lag p50 ({what})", "ms", p50["replicad"], p50["clickhouse"],
+               higher_is_better=False, target=1.0, decimals=1,
+               note="from the insert's acknowledgement on A to count() on B showing the rows; B polled every "
+                    f"{POLL_S * 1000:g} ms"),
+        Figure("lag_p99", f"Replication lag p99 ({what})", "ms", p99["replicad"], p99["clickhouse"],
+               higher_is_better=False, decimals=1),
+        Figure("insert_ack_p50", f"Small insert latency p50 ({sizes.lag_rows} rows, until acknowledged)",
+               "ms", ack50["replicad"], ack50["clickhouse"], higher_is_better=False, decimals=1),
+        *zk_figures(zk, sizes.lag_rows),
+    ]
+    if ctx.profile and not sizes.quick and (figures[0].ratio or 0) > 1.0:
+        profile_lag(cluster, ctx)
+    return figures
+
+
+def profile_lag(cluster: BenchCluster, ctx: Context) -> None:
+    """py-spy on both daemons during an extra (uncounted) batch of small inserts."""
+    rd = cluster.replicad
+    bodies = [to_tsv_fast(make_events(ctx.sizes.lag_rows, seed=900_000 + j)) for j in range(100)]
+    spy_a = PySpy(rd.a.pid, ctx.work_dir / "profiles" / "lag-a.txt")
+    spy_b = PySpy(rd.b.pid, ctx.work_dir / "profiles" / "lag-b.txt")
+    with spy_a, spy_b:
+        _, lags = batch(rd, bodies, ctx.sizes.lag_rows)
+    ctx.say(f"profiled replicad lag batch: p50 {1000 * statistics.median(lags):.1f} ms")
+    ctx.sections.append(("Profile: replicad daemons during 100 small inserts (lag batch)",
+                         spy_a.markdown("py-spy of daemon A (inserting)") + "\n\n"
+                         + spy_b.markdown("py-spy of daemon B (replicating)")))
