@@ -1,0 +1,143 @@
+"""The cleanup thread on a real ZooKeeper: outdated parts leave ZooKeeper before the disk, stale temporary
+directories go, and the shared log and ``blocks/`` stay bounded under a long insert run (the figures are
+printed: ``pytest -s`` shows them)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from replicad.errors import KeeperConnectionLossError
+from replicad.keeper.client import Keeper
+from replicad.keeper.paths import TablePaths
+from replicad.replica import TableReplica
+from tests.support.table_cluster import ZK_PATH, Cluster, part_checksums, rows, wait_for
+from tests.support.zookeeper import ZooKeeperServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+PATHS = TablePaths.create(ZK_PATH, "r1")
+FAST_CLEANUP: dict[str, Any] = {
+    "cleanup_delay_period": 1,
+    "cleanup_delay_period_random_add": 0,
+    "old_parts_lifetime": 1,
+    "temporary_directories_lifetime": 60,
+}
+
+
+@pytest_asyncio.fixture
+async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(zookeeper, zk_root, tmp_path)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def merged_pair(cluster: Cluster) -> tuple[TableReplica, list[str]]:
+    """r1 with two parts merged into one: the two sources become outdated (returned)."""
+    r1 = await cluster.start("r1", {**FAST_CLEANUP, "old_parts_lifetime": 3600})
+    await r1.insert_table(rows([1, 2]))
+    await r1.insert_table(rows([3]))
+    await optimize(cluster, r1)
+    return r1, ["202611_0_0_0", "202611_1_1_0"]
+
+
+async def optimize(cluster: Cluster, r1: TableReplica) -> None:
+    await wait_for(lambda: r1.puller.log_pointer == 2 and not len(r1.queue_state), what="the log pulled")
+    await cluster.execute("r1", "OPTIMIZE TABLE db.events FINAL")
+    await wait_for(lambda: r1.store.active_names() == ["202611_0_1_1"], what="the merge")
+
+
+async def test_outdated_parts_leave_zookeeper_before_the_disk(cluster: Cluster, keeper: Keeper) -> None:
+    r1, outdated = await merged_pair(cluster)
+    r1.cleanup.settings = dataclasses.replace(r1.cleanup.settings, old_parts_lifetime=0)
+    real_delete = r1.keeper.delete
+
+    async def failing_delete(path: str, version: int = -1, recursive: bool = False) -> None:
+        if "/parts/" in path:
+            raise KeeperConnectionLossError(f"delete {path}: connection loss (injected)")
+        await real_delete(path, version, recursive)
+
+    r1.keeper.delete = failing_delete  # type: ignore[method-assign]
+    try:
+        with pytest.raises(KeeperConnectionLossError):
+            await r1.cleanup.clear_old_parts()
+        # ZooKeeper still lists them for us: the directories must stay
+        assert all(r1.layout.part_path(n).exists() for n in outdated)
+    finally:
+        r1.keeper.delete = real_delete  # type: ignore[method-assign]
+    assert sorted(await r1.cleanup.clear_old_parts()) == outdated
+    assert not any(r1.layout.part_path(n).exists() for n in outdated)
+    assert sorted(await keeper.get_children(PATHS.me.parts)) == ["202611_0_1_1"]
+    assert r1.cleanup.status()["removed_parts_total"] == 2
+
+
+async def test_old_parts_and_stale_tmp_dirs_are_removed_by_the_thread(
+    cluster: Cluster, keeper: Keeper
+) -> None:
+    r1 = await cluster.start("r1", FAST_CLEANUP)
+    await r1.insert_table(rows([1, 2]))
+    await r1.insert_table(rows([3]))
+    stale = r1.layout.path / "tmp_insert_202611_9_9_0"
+    fresh = r1.layout.path / "tmp-fetch_202611_8_8_0"
+    for d in (stale, fresh):
+        d.mkdir()
+        (d / "data.bin").write_bytes(b"x")
+    old = time.time() - 3600
+    os.utime(stale / "data.bin", (old, old))
+    os.utime(stale, (old, old))
+    await optimize(cluster, r1)
+    await wait_for(
+        lambda: sorted(p.name for p in r1.layout.path.iterdir() if p.name[0].isdigit()) == ["202611_0_1_1"],
+        what="the outdated sources to be removed",
+    )
+    await wait_for(lambda: not stale.exists(), what="the stale temporary directory to go")
+    assert fresh.exists()  # still young: it may be a download in progress
+    assert sorted(await keeper.get_children(PATHS.me.parts)) == ["202611_0_1_1"]
+
+
+async def test_log_and_blocks_stay_bounded(cluster: Cluster, keeper: Keeper) -> None:
+    """Many inserts (ClickHouse's defaults for the log and the deduplication window; cleanup every second)
+    into three replicas: the log and ``blocks/`` never grow much past what ClickHouse keeps.  300 inserts by
+    default (about 40 s); REPLICAD_CLEANUP_INSERTS=1000 for the long run."""
+    settings = {"cleanup_delay_period": 1, "cleanup_delay_period_random_add": 0}
+    replicas = [await cluster.start(n, settings) for n in ("r1", "r2", "r3")]
+    inserts, max_log, max_blocks = int(os.environ.get("REPLICAD_CLEANUP_INSERTS", "300")), 0, 0
+    started = time.monotonic()
+    for i in range(inserts):
+        await replicas[i % 3].insert_table(rows([i % 100, (i + 50) % 100], month=1 + i % 12, name=f"b{i}"))
+        if i % 10 == 9:
+            log_stat = await keeper.exists(PATHS.log)
+            blocks_stat = await keeper.exists(PATHS.blocks)
+            assert log_stat is not None and blocks_stat is not None
+            max_log = max(max_log, log_stat.num_children)
+            max_blocks = max(max_blocks, blocks_stat.num_children)
+    elapsed = time.monotonic() - started
+
+    async def settled() -> bool:
+        sets = [part_checksums(r) for r in replicas]
+        return all(s == sets[0] for s in sets) and not any(len(r.queue_state) for r in replicas)
+
+    await wait_for(settled, timeout=120, what="the replicas to converge")
+    await asyncio.sleep(2.5)  # two more cleanup rounds
+    final_log = (await keeper.exists(PATHS.log)).num_children  # type: ignore[union-attr]
+    final_blocks = (await keeper.exists(PATHS.blocks)).num_children  # type: ignore[union-attr]
+    print(
+        f"\n{inserts} inserts in {elapsed:.1f} s: max log {max_log} entries (final {final_log}), "
+        f"max blocks {max_blocks} (final {final_blocks}); "
+        f"log entries removed {sum(r.cleanup.stats.removed_log_entries_total for r in replicas)}, "
+        f"blocks removed {sum(r.cleanup.stats.removed_blocks_total for r in replicas)}"
+    )
+    assert final_blocks <= 100  # replicated_deduplication_window
+    assert final_log <= 110  # min_replicated_logs_to_keep * 1.1
+    assert max_blocks <= 100 + 100 and max_log <= 110 + 200  # one cleanup period of slack
+    assert [await r.count(None) for r in replicas] == [2 * inserts] * 3
