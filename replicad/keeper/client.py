@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import importlib
 import logging
 import posixpath
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -562,7 +563,10 @@ class Keeper:
         tx = self._zk.transaction()
         for op in ops:
             if isinstance(op, Create):
-                tx.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequence)
+                if op.sequence and op.path.endswith("/"):
+                    _create_sequential_child(tx, self._zk.chroot or "", op)
+                else:
+                    tx.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequence)
             elif isinstance(op, Set):
                 tx.set_data(op.path, op.data, op.version)
             elif isinstance(op, Delete):
@@ -582,6 +586,18 @@ class Keeper:
             return MultiOutcome(await self.multi(ops))
         except KeeperMultiError as e:
             return MultiOutcome([], e.index, e.cause)
+
+
+def _create_sequential_child(tx: Any, chroot: str, op: Create) -> None:
+    """A sequential create of ``<dir>/`` in a transaction.  ZooKeeper names such a child by the bare sequence
+    number (how ClickHouse creates ``mutations/NNNNNNNNNN``), but kazoo's ``TransactionRequest.create``
+    drops the trailing '/' (which would create ``<dir>NNNNNNNNNN`` beside it): build the request ourselves."""
+    paths: Any = importlib.import_module("kazoo.protocol.paths")
+    serialization: Any = importlib.import_module("kazoo.protocol.serialization")
+    security: Any = importlib.import_module("kazoo.security")
+    path = paths._prefix_root(chroot, op.path, trailing=True)
+    flags = (1 if op.ephemeral else 0) | 2
+    tx._add(serialization.Create(path, op.data, security.OPEN_ACL_UNSAFE, flags), None)
 
 
 def _multi_results(ops: list[Op], raw: list[Any]) -> list[MultiResult]:

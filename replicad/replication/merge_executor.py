@@ -38,6 +38,7 @@ from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.model.queue_state import QueueState, Selected
+from replicad.replication.executor import EntryNotReadyError
 from replicad.replication.fetcher import NoReplicaHasPartError, PartFetcher
 from replicad.replication.mutations import MutationsState, storage_commands
 from replicad.replication.part_store import LocalPart, PartState, PartStore
@@ -47,13 +48,6 @@ from replicad.storage.mutate import MutationCommand, mutate_part
 from replicad.storage.writer import WriterSettings, WrittenPart
 
 log = get_logger(__name__)
-
-
-class ResultNotReadyError(ReplicadError):
-    """The entry cannot complete yet (its covering part is being produced by another entry)."""
-
-    code = 1000
-    retriable = True
 
 
 @dataclass(frozen=True)
@@ -165,12 +159,12 @@ class PartProducer:
             raise NoReplicaHasPartError(f"No active replica has part {entry.new_part_name} or covering part")
         reason = self.queue.add_future_part_if_not_covered(qe.znode_name, source.part_name)
         if reason is not None:
-            raise ResultNotReadyError(
+            raise EntryNotReadyError(
                 f"Will not fetch part {source.part_name} covering {entry.new_part_name}. {reason}"
             )
         self.fetched_instead_total += 1
         if await self.fetcher.fetch_part(source.part_name, source.replica) is None:
-            raise ResultNotReadyError(f"Part {source.part_name} is already being fetched")
+            raise EntryNotReadyError(f"Part {source.part_name} is already being fetched")
         self.on_part_made()
 
     # ------------------------------------------------------------------------------------------ merges

@@ -380,21 +380,20 @@ async def create_mutation(
                 commands_text,
                 int(time.time()),
             )
-            # 18.16 runs both in one multi.  kazoo's transactions drop the trailing '/' of a sequential
-            # create (it would make ``mutationsNNNNNNNNNN``), so the node is created right after the version
-            # bump, still holding the block locks: a racing creator must first lose to our bump and then
-            # take newer locks, so it cannot number its record below ours in practice.
+            ops: list[Set | Create] = [
+                Set(paths.mutations, b"", stat.version),
+                Create(f"{paths.mutations}/", entry.to_bytes(tz), sequence=True),
+            ]
             try:
-                await keeper.multi([Set(paths.mutations, b"", stat.version)])
+                results = await keeper.multi(ops)
             except KeeperMultiError as e:
                 if isinstance(e.cause, KeeperBadVersionError):
                     log.debug("mutations_version_conflict_retrying")
                     continue
                 raise
-            created = await keeper.create(f"{paths.mutations}/", entry.to_bytes(tz), sequence=True)
         finally:
             await unlock_all(keeper, locks)
-        name = basename(created)
+        name = basename(str(results[1]))
         log.info(
             "created_mutation",
             mutation=name,
