@@ -238,12 +238,13 @@ class _Converter:
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
 
-    def feed(self, columns: list[pa.Array]) -> Iterator[pa.RecordBatch]:
+    def feed(self, columns: list[pa.Array], escaped: bool = True) -> Iterator[pa.RecordBatch]:
+        """Convert one parsed block; ``escaped=False``: its text has no backslash (nothing to unescape)."""
         n = len(columns[0]) if columns else 0
         if n == 0:
             return
-        arrays = [self._column(name, dt, arr) for name, dt, arr in zip(self.names, self.types, columns,
-                                                                       strict=True)]
+        arrays = [self._column(name, dt, arr, escaped)
+                  for name, dt, arr in zip(self.names, self.types, columns, strict=True)]
         self.row += n
         self._pending.append(pa.RecordBatch.from_arrays(arrays, names=self.names))
         self._pending_rows += n
@@ -264,12 +265,12 @@ class _Converter:
             [pa.concat_arrays([b.column(i) for b in batches]) for i in range(len(self.names))],
             names=self.names)
 
-    def _column(self, name: str, dt: DataType, arr: pa.Array) -> pa.Array:
+    def _column(self, name: str, dt: DataType, arr: pa.Array, escaped: bool = True) -> pa.Array:
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
         default_mask = None
         is_array = array_element(dt.name) is not None
-        if self.text == "tsv":  # an array field is a literal with its own (quoted-string) escapes
+        if self.text == "tsv" and escaped:  # an array field is a literal with its own (quoted-string) escapes
             arr = pc.if_else(pc.equal(arr, b"\\N"), pa.scalar(None, arr.type), arr) if is_array \
                 else tsv_unescape(arr)
         if not dt.is_nullable and arr.null_count:
@@ -373,7 +374,7 @@ def _tsv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
                                     convert_options=convert_opts)
         except pa.ArrowInvalid as e:
             raise _tsv_shape_error(block, fields, conv.row, e) from None
-        yield from conv.feed([table.column(p) for p in positions])
+        yield from conv.feed([table.column(p) for p in positions], escaped=b"\\" in block)
     yield from conv.finish()
 
 

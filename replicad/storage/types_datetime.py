@@ -1,8 +1,14 @@
-"""Date (UInt16 days since 1970-01-01) and DateTime / DateTime('tz') (UInt32 unix seconds)."""
+"""Date (UInt16 days since 1970-01-01) and DateTime / DateTime('tz') (UInt32 unix seconds).
+
+Text input: rows of the common fixed-width shapes (``YYYY-MM-DD``, ``YYYY-MM-DD hh:mm:ss`` / ``…Thh:mm:ss``
+with in-range fields) are parsed by numpy straight from the Arrow data buffer; only the other rows go
+through the general parsers (regex / strptime / offsets / unix seconds), and errors name the original row.
+"""
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,12 +18,15 @@ import pyarrow.compute as pc
 
 from replicad.storage.types_base import (
     FIELD_UINT64,
+    BadValue,
     DataType,
     checked,
     first_true,
     is_stringlike,
 )
 from replicad.storage.types_numeric import FixedWidthType, convert_integers, strip_text
+
+I64 = npt.NDArray[np.int64]
 
 _DATE_MAX = 0xFFFF
 _DATETIME_MAX = 0xFFFFFFFF
@@ -37,18 +46,132 @@ def localize(local: pa.Array, tz: str) -> pa.Array:
     forward) is read with the UTC offset in force after the gap (02:30 in a 02:00->03:00 gap = 03:30)."""
     if tz == "UTC":
         return local.cast(pa.int64())
-    first = pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="earliest")
+    try:  # the usual case: no time falls into a gap, one conversion does
+        return pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="raise").cast(pa.int64())
+    except pa.ArrowInvalid:
+        pass
+    first = pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="earliest").cast(pa.int64())
     after = pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="latest")
-    in_gap = pc.not_equal(first, after)
-    if not pc.any(in_gap).as_py():
-        return first.cast(pa.int64())
+    gap = pc.fill_null(pc.not_equal(first, after.cast(pa.int64())), False)
+    after, local_gap = after.filter(gap), local.filter(gap)  # few rows: the times inside gaps
     offset_after = pc.subtract(pc.local_timestamp(after).cast(pa.int64()), after.cast(pa.int64()))
-    shifted = pc.subtract(local.cast(pa.int64()), offset_after)
-    return pc.if_else(in_gap, shifted, first.cast(pa.int64()))
+    shifted = pc.subtract(local_gap.cast(pa.int64()), offset_after)
+    return pc.replace_with_mask(first, gap, shifted)
+
+
+# ---- fixed-width text ----------------------------------------------------------------------------------
+
+_DATE_DIGITS = np.array([0, 1, 2, 3, 5, 6, 8, 9])
+_TIME_DIGITS = np.array([0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18])
+_MONTH_DAYS = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
+
+
+def _fixed_width_rows(arr: pa.Array, width: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.uint8]]:
+    """(mask of the non-null rows exactly ``width`` bytes long, those rows' bytes as an (m, width) array)."""
+    n = len(arr)
+    large = pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64 if large else np.int32, count=n + 1,
+                            offset=arr.offset * (8 if large else 4))
+    data_buf = arr.buffers()[2]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    ok = np.diff(offsets) == width
+    if arr.null_count:
+        ok &= np.asarray(arr.is_valid().to_numpy(zero_copy_only=False))
+    if ok.all():
+        start = int(offsets[0])
+        return ok, data[start:start + n * width].reshape(n, width)
+    starts = offsets[:-1][ok].astype(np.int64)
+    return ok, data[starts[:, None] + np.arange(width)]
+
+
+def _days_from_civil(y: npt.NDArray[np.int64], m: npt.NDArray[np.int64], d: npt.NDArray[np.int64]) -> I64:
+    """Days since 1970-01-01 of proleptic Gregorian dates (year >= 1)."""
+    y = y - (m <= 2)
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * np.where(m > 2, m - 3, m + 9) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    result: I64 = era * 146097 + doe - 719468
+    return result
+
+
+def _parse_fixed(rows: npt.NDArray[np.uint8], with_time: bool) -> tuple[npt.NDArray[np.bool_], I64]:
+    """Rows ``YYYY-MM-DD`` (``with_time``: ``YYYY-MM-DD[ T]hh:mm:ss``) -> (well-formed mask, days or local
+    seconds).  Only in-range fields count as well-formed (years 1900..2299, real calendar days, hh < 24,
+    mm and ss < 60); every other row is left to the general parser."""
+    d = rows - np.uint8(48)  # digits become 0..9, anything else wraps to a larger value
+    digits = _TIME_DIGITS if with_time else _DATE_DIGITS
+    good = (d[:, digits] <= 9).all(axis=1) & (rows[:, 4] == 45) & (rows[:, 7] == 45)
+    if with_time:
+        good &= ((rows[:, 10] == 32) | (rows[:, 10] == 84)) & (rows[:, 13] == 58) & (rows[:, 16] == 58)
+
+    def num(i: int, k: int) -> I64:
+        v = d[:, i].astype(np.int64)
+        for j in range(i + 1, i + k):
+            v *= 10
+            v += d[:, j]
+        return v
+
+    year, month, day = num(0, 4), num(5, 2), num(8, 2)
+    month_ok = (month >= 1) & (month <= 12)
+    month[~month_ok] = 1
+    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+    last_day = _MONTH_DAYS[month] + (leap & (month == 2))
+    good &= month_ok & (year >= 1900) & (year <= 2299) & (day >= 1) & (day <= last_day)
+    days = _days_from_civil(year, month, day)
+    if not with_time:
+        return good, days
+    hour, minute, sec = num(11, 2), num(14, 2), num(17, 2)
+    good &= (hour < 24) & (minute < 60) & (sec < 60)
+    days *= 86400
+    days += hour * 3600 + minute * 60 + sec
+    return good, days
+
+
+def _with_fixed_width(arr: pa.Array, width: int, fixed: Callable[[I64], I64],
+                      general: Callable[[pa.Array], pa.Array]) -> pa.Array:
+    """int64 values of a text column: ``fixed(rows, mask)`` for the rows of the fixed-width shape,
+    ``general(sub_array)`` for the rest (its BadValue rows mapped back); nulls stay null."""
+    if pa.types.is_dictionary(arr.type) or len(arr) == 0:
+        return general(arr)
+    ok, rows = _fixed_width_rows(arr, width)
+    if ok.any():
+        good, values = _parse_fixed(rows, width == 19)
+        if good.all() and len(values) == len(arr):  # the usual case: every row has the common shape
+            return pa.array(fixed(values))
+        ok[ok] = good
+        values = fixed(values[good])
+    else:
+        values = np.zeros(0, np.int64)
+    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False)) if arr.null_count else None
+    rest = np.flatnonzero(~ok if valid is None else valid & ~ok)
+    if len(rest) == len(arr):
+        return general(arr)
+    out = np.zeros(len(arr), dtype=np.int64)
+    out[ok] = values
+    if len(rest):
+        try:
+            slow = general(arr.take(pa.array(rest)))
+        except BadValue as e:
+            raise BadValue(int(rest[e.row]), e.value, e.reason) from None
+        out[rest] = np.asarray(slow.fill_null(0).to_numpy(zero_copy_only=False))
+    return pa.array(out, mask=None if valid is None else ~valid)
+
+
+def _localized(local: I64, tz: str) -> I64:
+    if tz == "UTC" or len(local) == 0:
+        return local
+    result: I64 = np.asarray(localize(pa.array(local, pa.timestamp("s")), tz).to_numpy())
+    return result
 
 
 def _text_to_unix(dt: DataType, arr: pa.Array, tz: str) -> pa.Array:
     """DateTime text (``YYYY-MM-DD hh:mm:ss`` in ``tz``, ISO ``T``/offsets, a bare date, unix seconds)."""
+    return _with_fixed_width(arr, 19, lambda local: _localized(local, tz),
+                             lambda sub: _text_to_unix_general(dt, sub, tz))
+
+
+def _text_to_unix_general(dt: DataType, arr: pa.Array, tz: str) -> pa.Array:
     text = checked(arr, strip_text, dt, "is not valid UTF-8 text")
     norm = pc.replace_substring_regex(text, r"^(\d{4}-\d{2}-\d{2})[T ]", r"\1 ")
     local = pc.coalesce(
@@ -105,21 +228,23 @@ class DateType(FixedWidthType):
     def _field_payload(self, arr: pa.Array, i: int, legacy_decimal: bool) -> bytes:
         return bytes([FIELD_UINT64]) + struct.pack("<Q", arr.slice(i, 1).cast(pa.int32())[0].as_py())
 
+    def _text_to_days(self, plain: pa.Array) -> pa.Array:
+        text = checked(plain, strip_text, self, "is not valid UTF-8 text")
+        iso = pc.match_substring_regex(text, r"^\d{4}-\d{2}-\d{2}$")
+        bad = first_true(pc.and_(plain.is_valid(), pc.invert(iso)))
+        if bad >= 0:
+            raise self.reject(plain, bad, "cannot be parsed as YYYY-MM-DD")
+        days = checked(text, lambda a: a.cast(pa.date32()), self, "is not a valid date")
+        return days.cast(pa.int32()).cast(pa.int64())
+
     def convert(self, arr: pa.Array, tz: str) -> pa.Array:
         t = arr.type
         if pa.types.is_date(t):
             days = arr.cast(pa.date32()).cast(pa.int32())
         elif pa.types.is_timestamp(t) or is_stringlike(t) or pa.types.is_dictionary(t):
             if is_stringlike(t) or pa.types.is_dictionary(t):
-                plain = arr.dictionary_decode() if pa.types.is_dictionary(t) else arr
-                text = checked(plain, strip_text, self, "is not valid UTF-8 text")
-                iso = pc.match_substring_regex(text, r"^\d{4}-\d{2}-\d{2}$")
-                bad = first_true(pc.and_(plain.is_valid(), pc.invert(iso)))
-                if bad >= 0:
-                    raise self.reject(plain, bad, "cannot be parsed as YYYY-MM-DD")
-                days = checked(text, lambda a: a.cast(pa.date32()), self, "is not a valid date")
-                days = days.cast(pa.int32())
-                arr = plain
+                arr = arr.dictionary_decode() if pa.types.is_dictionary(t) else arr
+                days = _with_fixed_width(arr, 10, lambda days: days, self._text_to_days)
             else:
                 secs = _to_unix_seconds(self, arr, tz)
                 local = pc.local_timestamp(secs.cast(pa.timestamp("s", tz))) if tz != "UTC" else secs.cast(

@@ -79,6 +79,17 @@ class IntType(FixedWidthType):
         return convert_integers(self, arr, self.arrow_type)
 
 
+def _plain_digits(arr: pa.Array) -> pa.Array | None:
+    """``arr`` as UTF-8 text if every non-null value is only ASCII digits (the common case), else None."""
+    text = arr
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        try:
+            text = arr.cast(pa.string())
+        except pa.ArrowException:
+            return None
+    return text if pc.all(pc.fill_null(pc.ascii_is_decimal(text), True)).as_py() else None
+
+
 def convert_integers(dt: DataType, arr: pa.Array, target: pa.DataType) -> pa.Array:
     """Integers, integral floats, bools and integer text -> ``target`` (an Arrow int type), range checked."""
     t = arr.type
@@ -91,11 +102,13 @@ def convert_integers(dt: DataType, arr: pa.Array, target: pa.DataType) -> pa.Arr
     if is_stringlike(t) or pa.types.is_dictionary(t):
         if pa.types.is_dictionary(t):
             arr = arr.dictionary_decode()
-        text = checked(arr, strip_text, dt, "is not valid UTF-8 text")
-        bad = first_true(pc.invert(pc.match_substring_regex(text, _INT_RE)))
-        if bad >= 0:
-            raise dt.reject(arr, bad, "cannot be parsed as an integer")
-        text = pc.replace_substring_regex(text, r"^\+", "")
+        text = _plain_digits(arr)
+        if text is None:  # signs, spaces, or something to reject
+            text = checked(arr, strip_text, dt, "is not valid UTF-8 text")
+            bad = first_true(pc.invert(pc.match_substring_regex(text, _INT_RE)))
+            if bad >= 0:
+                raise dt.reject(arr, bad, "cannot be parsed as an integer")
+            text = pc.replace_substring_regex(text, r"^\+", "")
         wide = pa.uint64() if (pa.types.is_unsigned_integer(target)) else pa.int64()
         try:
             parsed = text.cast(wide)
