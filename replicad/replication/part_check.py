@@ -302,7 +302,7 @@ class PartCheckThread(BackgroundTask):
                 if other is None or other.partition_id != info.partition_id:
                     continue
                 if other.contains(info):
-                    log.warning(
+                    log.info(
                         "missing_part_found_elsewhere", part=part_name, replica=replica, found=other_name
                     )
                     return PartCheckResult(part_name, "found_elsewhere", f"{other_name} on {replica}")

@@ -7,8 +7,8 @@ stand for leader) has run in that session.  Otherwise it is *read-only*: inserts
 ZooKeeper pauses (the queue executor, the part check, the cleanup look at ``is_readonly``).
 
 * the session is suspended (connection lost) → read-only at once;
-* the connection comes back within the same session and our ``is_active`` is still ours → writable again, no
-  re-initialisation (nothing ephemeral was lost);
+* the connection comes back within the same session (never reported lost) and our ``is_active`` is still
+  ours → writable again, no re-initialisation (nothing ephemeral was lost);
 * the session expired (or was declared lost) → when a new session is connected, the start-up sequence runs
   again: ``is_active`` is re-created (an old node of ours is replaced; one held by another live process makes
   activation fail and it is retried until that node goes with its session), the queue is reloaded, the
@@ -85,6 +85,9 @@ class RestartingThread(BackgroundTask):
         self.failed_startups_total = 0
         self.last_error = ""
         self._failures = 0
+        #: the session was reported lost since the last start-up: everything ephemeral must be redone, even
+        #: if the same session id comes back (kazoo declares "lost" locally after a long suspension)
+        self._lost_seen = False
         keeper.add_state_listener(self._on_state)
 
     def close(self) -> None:
@@ -93,6 +96,8 @@ class RestartingThread(BackgroundTask):
     # ------------------------------------------------------------------------------------------ state
 
     def _on_state(self, state: SessionState) -> None:
+        if state is SessionState.LOST:
+            self._lost_seen = True
         if state is not SessionState.CONNECTED:
             self._enter_readonly(f"zookeeper session {state}")
         self.wakeup()
@@ -131,6 +136,7 @@ class RestartingThread(BackgroundTask):
     async def startup(self) -> None:
         """Run the start-up sequence now (errors propagate); the replica is writable afterwards."""
         session = self.keeper.session_id
+        self._lost_seen = False
         await self._startup()
         if self.keeper.session_id != session or self.keeper.session_state is not SessionState.CONNECTED:
             raise KeeperSessionExpiredError("the ZooKeeper session changed during start-up")
@@ -162,7 +168,11 @@ class RestartingThread(BackgroundTask):
         if not self.readonly and self.keeper.session_id == self.session_id:
             return Outcome("idle")
         try:
-            if self.session_id is not None and self.keeper.session_id == self.session_id:
+            if (
+                self.session_id is not None
+                and self.keeper.session_id == self.session_id
+                and not self._lost_seen
+            ):
                 if await self._still_active():
                     self._leave_readonly()
                     self.resumed_total += 1
