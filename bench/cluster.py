@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
+from kazoo.client import KazooClient
 
 from bench.part_writer import COLUMNS as EVENTS_COLUMNS
 from bench.part_writer import make_rows, to_tsv
@@ -55,6 +56,7 @@ ZSTD_CONFIG = (
     "<method>zstd</method></case></compression>"
 )
 DATABASE = "bench"
+CLICKHOUSE_ZK_ROOT = "/clickhouse_bench"
 MONTH0 = np.datetime64("2024-01", "M")
 
 
@@ -147,6 +149,9 @@ def reset_peak_rss(pid: int) -> bool:
         return True
     except OSError:
         return False
+
+
+CPU_TICK = 1 / os.sysconf("SC_CLK_TCK")  # resolution of cpu_seconds
 
 
 def cpu_seconds(pid: int) -> float:
@@ -329,11 +334,16 @@ class Replica:
 class ReplicaPair:
     """Two replicas of one system sharing the benchmark tables; inserts go to ``a``."""
 
-    def __init__(self, system: System, a: Replica, b: Replica, zk_prefix: str) -> None:
+    def __init__(self, system: System, a: Replica, b: Replica, zk_prefix: str, zk_chroot: str) -> None:
         self.system = system
         self.a = a
         self.b = b
-        self.zk_prefix = zk_prefix
+        self.zk_prefix = zk_prefix  # the tables' ZooKeeper paths: <zk_prefix>/<db>_<table>
+        self.zk_chroot = zk_chroot  # where this replica set's tree lives in the ZooKeeper server
+
+    def zk_table_path(self, table: str) -> str:
+        """The table's ZooKeeper path as seen from the server's root (chroot included)."""
+        return f"{self.zk_chroot}{self.zk_prefix}/{table.replace('.', '_')}"
 
     @property
     def replicas(self) -> tuple[Replica, Replica]:
@@ -380,6 +390,8 @@ class BenchCluster:
         self.clickhouses: list[ClickHouseServer] = []
         self._replicad: ReplicaPair | None = None
         self._clickhouse: ReplicaPair | None = None
+        self._kazoo: KazooClient | None = None
+        self.clickhouse_version = ""
 
     @property
     def replicad(self) -> ReplicaPair:
@@ -418,19 +430,27 @@ class BenchCluster:
             replicas.append(Replica("replicad", name, d, api_port))
         for d in self.daemons:
             d.wait_ready()
-        self._replicad = ReplicaPair("replicad", replicas[0], replicas[1], "/clickhouse/tables/01")
+        self._replicad = ReplicaPair("replicad", replicas[0], replicas[1], "/clickhouse/tables/01",
+                                     "/replicad")
 
     def _start_clickhouse(self) -> None:
         replicas = []
         for name in ("a", "b"):
             ch = ClickHouseServer(self.work_dir / f"clickhouse-{name}", replica=name, zookeeper=self.zk.hosts,
-                                  zookeeper_root="/clickhouse_bench", extra_config=ZSTD_CONFIG)
+                                  zookeeper_root=CLICKHOUSE_ZK_ROOT, extra_config=ZSTD_CONFIG)
             ch.start()
             self.clickhouses.append(ch)
             replicas.append(Replica("clickhouse", name, ch, ch.http_port))
-        self._clickhouse = ReplicaPair("clickhouse", replicas[0], replicas[1], "/clickhouse/tables/01")
+        self._clickhouse = ReplicaPair("clickhouse", replicas[0], replicas[1], "/clickhouse/tables/01",
+                                       CLICKHOUSE_ZK_ROOT)
+        self.clickhouse_version = replicas[0].http.query("SELECT version()").strip()
 
     def stop(self) -> None:
+        if self._kazoo is not None:
+            with contextlib.suppress(Exception):
+                self._kazoo.stop()
+                self._kazoo.close()
+            self._kazoo = None
         for pair in self.pairs():
             for r in pair.replicas:
                 r.http.close()
@@ -496,6 +516,20 @@ class BenchCluster:
                     time.sleep(0.2)
         else:
             replica.server.restart(timeout)
+
+    def part_ctimes_ms(self, pair: ReplicaPair, table: str, replica: Replica) -> dict[str, int]:
+        """Creation times (ZooKeeper's clock, ms) of ``replica``'s ``parts/<name>`` znodes: when each part
+        was committed there (inserted, fetched or merged)."""
+        if self._kazoo is None:
+            self._kazoo = KazooClient(hosts=self.zk.hosts)
+            self._kazoo.start(15)
+        parts = f"{pair.zk_table_path(table)}/replicas/{replica.name}/parts"
+        out: dict[str, int] = {}
+        for name in self._kazoo.get_children(parts):
+            stat = self._kazoo.exists(f"{parts}/{name}")
+            if stat is not None:
+                out[name] = int(stat.ctime)
+        return out
 
     def disk_free_gb(self) -> float:
         return shutil.disk_usage(self.work_dir).free / 1e9

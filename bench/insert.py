@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from bench import Context
 from bench.cluster import (
+    CPU_TICK,
     BenchCluster,
     BenchHttpError,
     PeakRss,
@@ -63,7 +64,7 @@ def insert_once(pair: ReplicaPair, fmt: str, body: bytes, rows: int, table: str 
             cpu0 = cpu_seconds(pair.a.pid)
             with PeakRss(pair.a.pid) as rss:
                 seconds = pair.a.insert(f"INSERT INTO {table} FORMAT {fmt}", body)
-            cpu = cpu_seconds(pair.a.pid) - cpu0
+            cpu = max(cpu_seconds(pair.a.pid) - cpu0, CPU_TICK)  # at least one clock tick
             break
         except BenchHttpError:
             if time.monotonic() > deadline:

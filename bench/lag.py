@@ -6,8 +6,12 @@ time (bench/zk_requests.py).  The two systems' batches alternate.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import json
 import statistics
 import time
+from pathlib import Path
 
 from bench import Context
 from bench.cluster import BenchCluster, PySpy, ReplicaPair, make_events, to_tsv_fast
@@ -17,6 +21,13 @@ from bench.zk_requests import figures as zk_figures
 
 TABLE = "bench.lag"
 POLL_S = 0.003
+STAGES = {
+    "send_commit": "A: request sent → part committed in ZooKeeper (`part_committed`)",
+    "commit_ack": "A: part committed → HTTP acknowledgement received",
+    "commit_fetch": "B: A's commit → B starts fetching (`fetching_part`: log watch, pull, queue)",
+    "fetch": "B: fetching → fetched and committed (`fetched_part`)",
+    "visible": "B: fetched → rows counted by the polling client",
+}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -26,20 +37,72 @@ def percentile(values: list[float], q: float) -> float:
     return s[k]
 
 
-def batch(pair: ReplicaPair, bodies: list[bytes], rows: int) -> tuple[list[float], list[float]]:
-    """(ack seconds, lag seconds) of each insert."""
+def batch(pair: ReplicaPair, bodies: list[bytes], rows: int,
+          wall: list[tuple[float, float, float]] | None = None) -> tuple[list[float], list[float]]:
+    """(ack seconds, lag seconds) of each insert; ``wall`` receives (sent, acknowledged, visible on B) in
+    wall-clock seconds, to line up with the daemons' logs."""
     expected = pair.b.count(TABLE)
     acks, lags = [], []
     for body in bodies:
+        t_send = time.time()
         acks.append(pair.a.insert(f"INSERT INTO {TABLE} FORMAT TSV", body))
         t_ack = time.perf_counter()
+        t_ack_wall = time.time()
         expected += rows
         while pair.b.count(TABLE) < expected:
             if time.perf_counter() - t_ack > 120:
                 raise TimeoutError(f"{pair.system}: rows not on {pair.b.name} 120 s after the insert")
             time.sleep(POLL_S)
         lags.append(time.perf_counter() - t_ack)
+        if wall is not None:
+            wall.append((t_send, t_ack_wall, time.time()))
     return acks, lags
+
+
+def _log_events(path: Path, names: set[str]) -> list[tuple[float, str, dict[str, object]]]:
+    """(unix time, event, record) of the daemon log's JSON lines whose event is in ``names``."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            if not line.startswith("{") or not any(f'"event":"{n}"' in line for n in names):
+                continue
+            with contextlib.suppress(ValueError, KeyError):
+                rec = json.loads(line)
+                t = dt.datetime.fromisoformat(str(rec["ts"]).replace("Z", "+00:00")).timestamp()
+                out.append((t, str(rec["event"]), rec))
+    return out
+
+
+def replicad_breakdown(cluster: BenchCluster, wall: list[tuple[float, float, float]]) -> str:
+    """Where replicad's small-insert latency and replication lag go, from the daemons' own log lines
+    (A: ``part_committed``; B: ``fetching_part`` / ``fetched_part``), matched to each insert."""
+    a_log, b_log = cluster.daemons[0].log_path, cluster.daemons[1].log_path
+    if a_log is None or b_log is None or not wall:
+        return ""
+    commits = [(t, str(r.get("part"))) for t, _, r in _log_events(a_log, {"part_committed"})]
+    fetch_start: dict[str, float] = {}
+    fetch_end: dict[str, float] = {}
+    for t, ev, r in _log_events(b_log, {"fetching_part", "fetched_part"}):
+        (fetch_start if ev == "fetching_part" else fetch_end).setdefault(str(r.get("part")), t)
+    stages: dict[str, list[float]] = {k: [] for k in STAGES}
+    for sent, acked, visible in wall:
+        mine = [(t, p) for t, p in commits if sent <= t <= acked]
+        if len(mine) != 1 or mine[0][1] not in fetch_start or mine[0][1] not in fetch_end:
+            continue
+        t_commit, part = mine[0]
+        t_f0, t_f1 = fetch_start[part], fetch_end[part]
+        for key, value in zip(STAGES, (t_commit - sent, acked - t_commit, t_f0 - t_commit, t_f1 - t_f0,
+                                       visible - t_f1), strict=True):
+            stages[key].append(1000 * value)
+    matched = len(stages["send_commit"])
+    if not matched:
+        return ""
+    rows = [f"| {STAGES[k]} | {statistics.median(v):.1f} | {percentile(v, 90):.1f} |"
+            for k, v in stages.items()]
+    return "\n".join([
+        f"Over {matched} of {len(wall)} inserts of the last replicad lag batch, from the daemons' JSON logs "
+        "(same machine clock as the client):", "",
+        "| stage | p50 ms | p90 ms |", "|:---|---:|---:|", *rows])
 
 
 def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
@@ -53,12 +116,15 @@ def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
     p99: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
     ack50: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
     zk: dict[str, list[ZkResult]] = {"replicad": [], "clickhouse": []}
+    wall: list[tuple[float, float, float]] = []
     for i in range(sizes.runs):
         bodies = [to_tsv_fast(make_events(sizes.lag_rows, seed=10_000 * (i + 1) + j))
                   for j in range(sizes.lag_inserts)]
         for pair in ((rd, ch) if i % 2 == 0 else (ch, rd)):
+            if pair.system == "replicad":
+                wall = []
             with ZkMeter(cluster, pair) as meter:
-                acks, lags = batch(pair, bodies, sizes.lag_rows)
+                acks, lags = batch(pair, bodies, sizes.lag_rows, wall if pair.system == "replicad" else None)
             s = pair.system
             p50[s].append(1000 * statistics.median(lags))
             p99[s].append(1000 * percentile(lags, 99))
@@ -79,6 +145,9 @@ def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
                "ms", ack50["replicad"], ack50["clickhouse"], higher_is_better=False, decimals=1),
         *zk_figures(zk, sizes.lag_rows),
     ]
+    breakdown = replicad_breakdown(cluster, wall)
+    if breakdown:
+        ctx.sections.append(("replicad small-insert latency and replication lag, stage by stage", breakdown))
     if ctx.profile and not sizes.quick and (figures[0].ratio or 0) > 1.0:
         profile_lag(cluster, ctx)
     return figures
