@@ -49,6 +49,7 @@ class Context:
     log: Callable[[str], None] = field(default=print)
     sections: list[tuple[str, str]] = field(default_factory=list)  # profiles etc. for the report
     notes: list[str] = field(default_factory=list)
+    clickhouse_version: str = ""
     t0: float = field(default_factory=time.monotonic)
 
     def say(self, text: str) -> None:

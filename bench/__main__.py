@@ -42,6 +42,7 @@ def run_cluster_benches(names: Sequence[str], ctx: Context) -> list[Figure]:
     figures: list[Figure] = []
     ctx.say("starting ZooKeeper, 2 replicad daemons, 2 ClickHouse 18.16 servers")
     with BenchCluster(ctx.work_dir / "cluster") as cluster:
+        ctx.clickhouse_version = cluster.clickhouse_version
         ctx.say(f"cluster up: ZooKeeper {cluster.zk.hosts}; replicad API "
                 f"{cluster.replicad.a.http.port}/{cluster.replicad.b.http.port}; ClickHouse HTTP "
                 f"{cluster.clickhouse.a.http.port}/{cluster.clickhouse.b.http.port}")
@@ -206,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(work_dir, ignore_errors=True)
     report.seconds = time.monotonic() - ctx.t0
     report.notes += ctx.notes
+    if ctx.clickhouse_version:
+        report.clickhouse_version = ctx.clickhouse_version
     if load.summary():
         report.notes.append(load.summary())
     report.sections += ctx.sections
