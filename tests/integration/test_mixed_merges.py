@@ -155,11 +155,14 @@ async def test_mixed_merges_mutations_and_drops(
     # ---- phase 2: replicad restarts (its candidacy goes to the end); ClickHouse leads
     await cluster.stop("rd")
     rd = await cluster.start("rd", writer=LZ4)
-    leaders = [
-        s.replica for s in servers if (await ch(s, "SELECT is_leader FROM system.replicas")).strip() == "1"
-    ]
-    await wait_for(lambda: not cluster.ops["rd"].leader.is_leader, what="replicad not leading")
-    assert len(leaders) == 1
+    leaders: list[str] = []
+
+    async def one_clickhouse_leader() -> bool:
+        flags = [(await ch(s, "SELECT is_leader FROM system.replicas")).strip() for s in servers]
+        leaders[:] = [s.replica for s, flag in zip(servers, flags, strict=True) if flag == "1"]
+        return len(leaders) == 1 and not cluster.ops["rd"].leader.is_leader
+
+    await wait_for(one_clickhouse_leader, what="exactly one leader, a ClickHouse server")
     leader = ch1 if leaders == ["ch1"] else ch2
     other = ch2 if leader is ch1 else ch1
     for i in range(12, 20):
