@@ -27,7 +27,10 @@ caller's queue loading afterwards.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from replicad.errors import (
     KeeperBadVersionError,
@@ -49,6 +52,7 @@ from replicad.replication.executor import remove_parts_from_zookeeper
 from replicad.replication.part_store import PartStore
 
 log = get_logger(__name__)
+T_ = TypeVar("T_")
 
 T = LogEntryType
 #: Queue entries a clone copies from its source (ClickHouse copies only part-producing entries).
@@ -112,6 +116,21 @@ async def choose_source(keeper: Keeper, paths: TablePaths) -> CloneSource | None
     return best
 
 
+async def _gather(calls: list[Awaitable[T_]], window: int = 500) -> list[T_]:
+    """Run the calls with at most ``window`` in flight (ZooKeeper requests are pipelined by kazoo)."""
+    out: list[T_] = []
+    for start in range(0, len(calls), window):
+        out += await asyncio.gather(*calls[start : start + window])
+    return out
+
+
+async def _delete_quietly(keeper: Keeper, path: str) -> None:
+    try:
+        await keeper.delete(path)
+    except KeeperNoNodeError:
+        pass
+
+
 async def _multi_batched(keeper: Keeper, ops: list[Op]) -> None:
     for start in range(0, len(ops), MAX_MULTI_OPS):
         await keeper.multi(ops[start : start + MAX_MULTI_OPS])
@@ -119,11 +138,7 @@ async def _multi_batched(keeper: Keeper, ops: list[Op]) -> None:
 
 async def _clear_own_queue(keeper: Keeper, paths: TablePaths, queue_state: QueueState | None) -> int:
     names = await keeper.get_children(paths.me.queue)
-    for name in names:
-        try:
-            await keeper.delete(paths.me.queue_entry(name))
-        except KeeperNoNodeError:
-            pass
+    await _gather([_delete_quietly(keeper, paths.me.queue_entry(n)) for n in names])
     if queue_state is not None:
         for znode in sorted(queue_state.znode_names()):
             queue_state.remove_entry(znode)
@@ -226,7 +241,7 @@ async def clone_replica(
 
     have = set(kept)
     missing = [p.name for p in wanted if p.name not in have]
-    stats = [await keeper.exists(src.part(n)) for n in missing]
+    stats = await _gather([keeper.exists(src.part(n)) for n in missing])
     ops: list[Op] = []
     for name, st in zip(missing, stats, strict=True):
         create_time = 0 if st is None else st.ctime_ms // 1000

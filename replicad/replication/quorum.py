@@ -113,11 +113,19 @@ async def wait_for_quorum(
             data, _ = await keeper.get(paths.quorum_status, watch=on_change)
         except KeeperNoNodeError:
             break
-        if QuorumEntry.parse(data).part_name != part_name:
+        status = QuorumEntry.parse(data)
+        if status.part_name != part_name:
             break
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise UnknownInsertStatusError("Timeout while waiting for quorum", code=159)
+            # 18.16's text and code (TIMEOUT_EXCEEDED); the part stays and may still reach its quorum later
+            raise UnknownInsertStatusError(
+                f"Timeout while waiting for quorum: part {part_name} is on "
+                f"{status.actual_number_of_replicas} of {status.required_number_of_replicas} replicas "
+                f"({', '.join(status.replicas)}) after "
+                f"{timeout_s:g} s; the insert is not confirmed and may still complete",
+                code=159,
+            )
         try:
             await asyncio.wait_for(changed.wait(), timeout=min(remaining, 1.0))
         except TimeoutError:
