@@ -137,13 +137,18 @@ async def test_mixed_merges_mutations_and_drops(
             theirs = (s.table_dir("db", "events") / name / "checksums.txt").read_bytes()
             assert theirs == part_checksums(rd)[name]
 
-    # replicad's ALTER … DELETE and DROP PARTITION reach both servers
+    # replicad's ALTER … DELETE (its MUTATE_PART entries executed by ClickHouse) and DROP PARTITION
+    before = {s.replica: await ch_events(s) for s in servers}
     await cluster.execute("rd", "ALTER TABLE db.events DELETE WHERE id % 7 = 0", mutations_sync=2)
     totals = await agree(rd, servers)
     assert totals[0] == 480 - len([i for i in _all_ids(12) if i % 7 == 0])
     for s in servers:
         assert (await ch(s, "SELECT count() FROM db.events WHERE id % 7 = 0")).strip() == "0"
         assert (await ch(s, "SELECT count() FROM system.mutations WHERE is_done = 0")).strip() == "0"
+        after = await ch_events(s)
+        key = "ReplicatedPartMutations"
+        mutated = after.get(key, 0) - before[s.replica].get(key, 0)
+        assert mutated >= 1 and after.get("DataAfterMutationDiffersFromReplica", 0) == 0
     await cluster.execute(
         "rd", "ALTER TABLE db.events DROP PARTITION 202610", replication_alter_partitions_sync=2
     )
