@@ -63,7 +63,6 @@ def localize(local: pa.Array, tz: str) -> pa.Array:
 
 _DATE_DIGITS = np.array([0, 1, 2, 3, 5, 6, 8, 9])
 _TIME_DIGITS = np.array([0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18])
-_MONTH_DAYS = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
 
 
 def _fixed_width_rows(arr: pa.Array, width: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.uint8]]:
@@ -95,6 +94,19 @@ def _days_from_civil(y: npt.NDArray[np.int64], m: npt.NDArray[np.int64], d: npt.
     return result
 
 
+def _month_tables() -> tuple[I64, npt.NDArray[np.int32]]:
+    """Day number of the first day, and length, of every month of the years the fast path takes."""
+    year = np.repeat(np.arange(_FIRST_YEAR, _FIRST_YEAR + _YEARS, dtype=np.int64), 12)
+    month = np.tile(np.arange(1, 13, dtype=np.int64), _YEARS)
+    start = _days_from_civil(year, month, np.ones_like(month))
+    following = _days_from_civil(year + (month == 12), month % 12 + 1, np.ones_like(month))
+    return start, (following - start).astype(np.int32)
+
+
+_FIRST_YEAR, _YEARS = 1900, 400
+_MONTH_START, _MONTH_LENGTH = _month_tables()
+
+
 def _parse_fixed(rows: npt.NDArray[np.uint8], with_time: bool) -> tuple[npt.NDArray[np.bool_], I64]:
     """Rows ``YYYY-MM-DD`` (``with_time``: ``YYYY-MM-DD[ T]hh:mm:ss``) -> (well-formed mask, days or local
     seconds).  Only in-range fields count as well-formed (years 1900..2299, real calendar days, hh < 24,
@@ -105,20 +117,19 @@ def _parse_fixed(rows: npt.NDArray[np.uint8], with_time: bool) -> tuple[npt.NDAr
     if with_time:
         good &= ((rows[:, 10] == 32) | (rows[:, 10] == 84)) & (rows[:, 13] == 58) & (rows[:, 16] == 58)
 
-    def num(i: int, k: int) -> I64:
-        v = d[:, i].astype(np.int64)
+    def num(i: int, k: int) -> npt.NDArray[np.int32]:
+        v = d[:, i].astype(np.int32)
         for j in range(i + 1, i + k):
             v *= 10
             v += d[:, j]
         return v
 
     year, month, day = num(0, 4), num(5, 2), num(8, 2)
-    month_ok = (month >= 1) & (month <= 12)
-    month[~month_ok] = 1
-    leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
-    last_day = _MONTH_DAYS[month] + (leap & (month == 2))
-    good &= month_ok & (year >= 1900) & (year <= 2299) & (day >= 1) & (day <= last_day)
-    days = _days_from_civil(year, month, day)
+    year_month = (year - _FIRST_YEAR) * 12 + month - 1
+    in_table = (year >= _FIRST_YEAR) & (year < _FIRST_YEAR + _YEARS) & (month >= 1) & (month <= 12)
+    year_month[~in_table] = 0
+    good &= in_table & (day >= 1) & (day <= _MONTH_LENGTH[year_month])
+    days: I64 = _MONTH_START[year_month] + (day - 1)
     if not with_time:
         return good, days
     hour, minute, sec = num(11, 2), num(14, 2), num(17, 2)

@@ -79,6 +79,22 @@ class IntType(FixedWidthType):
         return convert_integers(self, arr, self.arrow_type)
 
 
+def _plain_ascii(arr: pa.Array, forbidden: bytes) -> pa.Array | None:
+    """``arr`` as UTF-8 text if its values hold only printable ASCII other than space (so that
+    :func:`strip_text` would change nothing) and none of the ``forbidden`` bytes; else None."""
+    if not (pa.types.is_binary(arr.type) or pa.types.is_string(arr.type)):
+        return None
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4)
+    data_buf = arr.buffers()[2]
+    if data_buf is not None and offsets[-1] > offsets[0]:
+        data = np.frombuffer(data_buf, dtype=np.uint8)[offsets[0]:offsets[-1]]
+        if ((data - np.uint8(0x21)) > 0x5D).any():  # outside '!'..'~'
+            return None
+        if any((data == b).any() for b in forbidden):
+            return None
+    return arr if pa.types.is_string(arr.type) else arr.cast(pa.string())
+
+
 def _plain_digits(arr: pa.Array) -> pa.Array | None:
     """``arr`` as UTF-8 text if every non-null value is only ASCII digits (the common case), else None."""
     text = arr
@@ -143,9 +159,11 @@ class FloatType(FixedWidthType):
         if is_stringlike(t) or pa.types.is_dictionary(t):
             if pa.types.is_dictionary(t):
                 arr = arr.dictionary_decode()
-            text = checked(arr, strip_text, self, "is not valid UTF-8 text")
-            # ClickHouse spellings of the special values
-            text = pc.replace_substring_regex(text, r"^(?i)([+-]?)inf$", r"\1inf")
+            text = _plain_ascii(arr, b"nN")  # no whitespace to strip, no "inf" spelling to normalise
+            if text is None:
+                text = checked(arr, strip_text, self, "is not valid UTF-8 text")
+                # ClickHouse spellings of the special values
+                text = pc.replace_substring_regex(text, r"^(?i)([+-]?)inf$", r"\1inf")
             return checked(text, lambda a: a.cast(pa.float64()).cast(self.arrow_type, safe=False),
                            self, "cannot be parsed as a number")
         raise self.wrong_input(arr)

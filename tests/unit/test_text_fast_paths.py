@@ -1,5 +1,5 @@
-"""Insert text fast paths give what the general paths give: plain-digit integers, TSV blocks without any
-backslash (no unescaping), the zero-date prefix test."""
+"""Insert text fast paths give what the general paths give: plain-digit integers, plain ASCII floats, TSV
+blocks without any backslash (no unescaping), the zero-date prefix test."""
 
 from __future__ import annotations
 
@@ -43,6 +43,25 @@ def test_integers_match_general_path(values: list[str | None], type_name: str) -
     with patch.object(types_numeric, "_plain_digits", lambda a: None):  # the general path only
         slow = outcome(type_name, arr)
     assert fast == slow
+
+
+float_text = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.floats(width=32).map(lambda f: f"{f:.6g}"),
+    st.sampled_from(["inf", "-Inf", "+INF", "nan", "NaN", " 1.5", "1.5 ", "", "1e400", "-0", "0x1p3", "1,5",
+                     "١", "1_0", ".5", "5.", "+.5e-3"]),
+)
+
+
+@given(st.lists(float_text | st.none(), max_size=20), st.sampled_from(["Float32", "Float64",
+                                                                      "Nullable(Float64)"]))
+@settings(max_examples=200, deadline=None)
+def test_floats_match_general_path(values: list[str | None], type_name: str) -> None:
+    arr = pa.array([None if v is None else v.encode() for v in values], pa.binary())
+    fast = outcome(type_name, arr)
+    with patch.object(types_numeric, "_plain_ascii", lambda a, forbidden: None):
+        slow = outcome(type_name, arr)
+    assert repr(fast) == repr(slow)  # repr: NaN == NaN
 
 
 def test_invalid_utf8_integer_is_rejected() -> None:
