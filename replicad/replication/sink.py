@@ -21,8 +21,10 @@ import pyarrow as pa
 from replicad.model.block_id import block_id_from_checksums, block_id_from_token, block_token
 from replicad.model.checksums import Checksums
 from replicad.model.partition import PartitionKey, split_by_partition
+from replicad.model.table_metadata import ColumnsDescription
 from replicad.replication.commit import TempPart
 from replicad.sql.expressions import Expr, compile_key
+from replicad.storage.block import ColumnDefaults
 from replicad.storage.layout import TMP_INSERT, TableDataLayout
 from replicad.storage.types import DataType
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart, prepare_block, sort_table
@@ -32,17 +34,40 @@ _tmp_counter = itertools.count(1)
 
 @dataclass(frozen=True)
 class TableSchema:
-    """What the sink needs to know about a table."""
+    """What the sink (and merges, mutations) need to know about a table.
+
+    ``columns``: the physical columns; ``defaults``: ``(column, DEFAULT|MATERIALIZED|ALIAS, expression)``
+    as in the ``columns`` znode (see :func:`column_defaults`).  Given ``defaults``, ``columns`` is put in
+    ClickHouse's physical order (ordinary columns, then MATERIALIZED ones, as a part's columns.txt lists
+    them) and ALIAS columns are dropped (never stored).
+    """
 
     columns: tuple[tuple[str, DataType], ...]
     partition_by: str | None
     order_by: str | None
     primary_key: str | None = None
     tz: str = "UTC"
+    defaults: tuple[tuple[str, str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        kinds = {c: k.upper() for c, k, _e in self.defaults}
+        physical = [c for c in self.columns if kinds.get(c[0]) != "ALIAS"]
+        physical.sort(key=lambda c: kinds.get(c[0]) == "MATERIALIZED")  # stable
+        if [n for n, _t in physical] != [n for n, _t in self.columns]:
+            object.__setattr__(self, "columns", tuple(physical))
 
     @cached_property
     def types(self) -> dict[str, DataType]:
         return dict(self.columns)
+
+    @cached_property
+    def column_defaults(self) -> ColumnDefaults:
+        return ColumnDefaults(self.defaults)
+
+    @cached_property
+    def insertable_columns(self) -> tuple[tuple[str, DataType], ...]:
+        """The columns an INSERT without a column list expects (all but MATERIALIZED)."""
+        return tuple(c for c in self.columns if self.column_defaults.kind(c[0]) != "MATERIALIZED")
 
     @cached_property
     def partition_key(self) -> PartitionKey:
@@ -77,6 +102,12 @@ class InsertContext:
     token: str | None = None
     ordinal: int = 0
     parts: list[TempPart] = field(default_factory=list)
+
+
+def column_defaults(columns_text: str) -> tuple[tuple[str, str, str], ...]:
+    """``TableSchema.defaults`` from the ``columns`` znode text (or ``TableDef.columns_text()``)."""
+    described = ColumnsDescription.parse(columns_text)
+    return tuple((c.name, c.default_kind, c.default_expression) for c in described.columns if c.default_kind)
 
 
 def split_block(table: pa.Table, schema: TableSchema) -> list[PartitionBlock]:
@@ -152,7 +183,8 @@ async def write_block(
 ) -> list[TempPart]:
     """Write one insert block as temporary parts (one per partition); appended to ``ctx.parts`` too."""
     prepared = await asyncio.to_thread(
-        prepare_block, table, list(schema.columns), schema.tz, fill_missing=fill_missing
+        prepare_block, table, list(schema.columns), schema.tz, fill_missing=fill_missing,
+        defaults=schema.column_defaults,
     )
     blocks = await asyncio.to_thread(split_block, prepared, schema)
     out: list[TempPart] = []

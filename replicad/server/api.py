@@ -68,6 +68,7 @@ log = get_logger(__name__)
 MAX_QUERY_BYTES = 1 << 20  # a statement sent in the body (not counting INSERT data)
 READONLY_CODE = 164  # READONLY: GET requests may only read
 NO_SUCH_COLUMN = 16
+ILLEGAL_COLUMN = 44
 
 
 def version() -> str:
@@ -301,13 +302,25 @@ def _spool_dir(cfg: Config) -> str | None:
     return str(path)
 
 
+def _materialized_columns(table: TableService) -> set[str]:
+    """The table's MATERIALIZED columns (from the sink schema's ``defaults``, when the engine has one)."""
+    defaults = getattr(getattr(table, "schema", None), "defaults", ()) or ()
+    return {c for c, kind, _e in defaults if str(kind).upper() == "MATERIALIZED"}
+
+
 def _insert_columns(table: TableService, names: tuple[str, ...] | None) -> list[tuple[str, Any]]:
-    cols = list(table.columns)
+    """The INSERT's input columns: the named ones, or every column but the MATERIALIZED ones (ClickHouse's
+    ``getSampleBlockNonMaterialized``); naming a MATERIALIZED column is refused as 18.16 refuses it."""
+    materialized = _materialized_columns(table)
+    cols = [(n, t) for n, t in table.columns if n not in materialized]
     if names is None:
         return cols
     types = dict(cols)
     out, seen = [], set()
     for n in names:
+        if n in materialized:
+            raise BadInputError(f"Cannot insert column {n}, because it is MATERIALIZED column.",
+                                code=ILLEGAL_COLUMN)
         if n not in types:
             raise BadInputError(f"No such column {n} in table {table.name}", code=NO_SUCH_COLUMN)
         if n in seen:

@@ -2,13 +2,17 @@
 
 * :func:`prepare_block` — a user table (any column order/subset, parser types) -> the table's columns
   in storage Arrow; unknown columns and bad values are :class:`BadInputError` naming column and row.
+  Columns the insert lacks get their ``DEFAULT`` expression, ``MATERIALIZED`` columns are always computed
+  (and refused in the input), as 18.16's AddingDefaultBlockOutputStream does (:class:`ColumnDefaults`).
 * :func:`sort_indices` / :func:`sort_table` — the stable ORDER BY permutation (NaN and NULL last), for
   :meth:`PartWriter.write` (``order=``) or to materialise a sorted table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import decimal
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -17,7 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replicad.errors import BadInputError, ReplicadError
+from replicad.sql.expressions import Expr, compile_expression
+from replicad.sql.expressions_ast import Function, Literal
 from replicad.storage.types import DataType
+
+NO_SUCH_COLUMN_IN_TABLE = 16
+ILLEGAL_COLUMN = 44
+CYCLIC_ALIASES = 174
 
 
 def _combine(col: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -94,34 +104,148 @@ def prepare_block(
     tz: str = "UTC",
     *,
     fill_missing: bool = True,
+    defaults: Iterable[tuple[str, str, str]] | ColumnDefaults = (),
 ) -> pa.Table:
     """Map a user Arrow table onto the table's columns, in storage Arrow and the table's column order.
 
-    Unknown columns are a BadInputError.  Missing columns get the type's default (NULL for Nullable),
-    as ClickHouse does for columns omitted from an INSERT; with ``fill_missing=False`` a missing
-    non-Nullable column is a BadInputError instead.  Values are converted by ``DataType.to_storage``,
-    whose errors name the column and the row.
+    ``columns`` are the physical columns (ordinary and MATERIALIZED); ``defaults`` the table's
+    ``(column, DEFAULT|MATERIALIZED|ALIAS, expression)`` (or a :class:`ColumnDefaults`).  Unknown columns
+    and MATERIALIZED columns in the input are a BadInputError.  A missing column with a DEFAULT
+    expression gets it evaluated over the block; other missing columns get the type's default (NULL for
+    Nullable), as ClickHouse does for columns omitted from an INSERT; with ``fill_missing=False`` a
+    missing non-Nullable column without DEFAULT is a BadInputError instead.  MATERIALIZED columns are
+    always computed.  Expressions are evaluated in dependency order over the converted block.  Values are
+    converted by ``DataType.to_storage``, whose errors name the column and the row.
     """
     known = {name for name, _ in columns}
+    rules = defaults if isinstance(defaults, ColumnDefaults) else ColumnDefaults(defaults)
     seen: set[str] = set()
     for name in table.column_names:
+        if rules.kind(name) == "MATERIALIZED":
+            raise BadInputError(f"Cannot insert column {name}, because it is MATERIALIZED column.",
+                                code=ILLEGAL_COLUMN)
         if name not in known:
             raise BadInputError(
-                f"column {name}: no such column in table (columns: {', '.join(sorted(known))})"
+                f"column {name}: no such column in table (columns: {', '.join(sorted(known))})",
+                code=NO_SUCH_COLUMN_IN_TABLE,
             )
         if name in seen:
             raise BadInputError(f"column {name}: given twice")
         seen.add(name)
     n = table.num_rows
-    out: list[pa.Array] = []
+    given: dict[str, pa.Array] = {}
     for name, dtype in columns:
         if name in seen:
-            out.append(_to_storage(dtype, table.column(name), name, tz))
+            given[name] = _to_storage(dtype, table.column(name), name, tz)
+        elif rules.kind(name) in ("DEFAULT", "MATERIALIZED"):
+            continue
         elif fill_missing or getattr(dtype, "is_nullable", False):
-            out.append(_defaults(dtype, n))
+            given[name] = _defaults(dtype, n)
         else:
             raise BadInputError(f"column {name}: missing (at row 0) and type {dtype.name} has no NULL")
-    return pa.Table.from_arrays(out, schema=pa.schema([pa.field(nm, dt.arrow_type) for nm, dt in columns]))
+    out = rules.complete(given, columns, n, tz)
+    return pa.Table.from_arrays([zero_under_nulls(out[nm]) for nm, _ in columns],
+                                schema=pa.schema([pa.field(nm, dt.arrow_type) for nm, dt in columns]))
+
+
+def zero_under_nulls(arr: pa.Array) -> pa.Array:
+    """``arr`` with the zero value (0, '', zero bytes) stored under its NULL rows, as 18.16's parsers and
+    ``insertDefault`` leave them: the writer writes whatever a Nullable array holds there."""
+    if not arr.null_count or arr.type.num_fields != 0 or pa.types.is_dictionary(arr.type):
+        return arr
+    t = arr.type
+    if pa.types.is_binary(t) or pa.types.is_string(t):
+        zero = pa.scalar(b"" if pa.types.is_binary(t) else "", t)
+    elif pa.types.is_fixed_size_binary(t):
+        zero = pa.scalar(bytes(t.byte_width), t)
+    elif pa.types.is_decimal(t):
+        zero = pa.scalar(decimal.Decimal(0), t)
+    elif pa.types.is_date32(t) or pa.types.is_timestamp(t):
+        zero = pa.scalar(0, pa.int32() if pa.types.is_date32(t) else pa.int64()).cast(t)
+    else:
+        zero = pa.scalar(0, t)
+    filled = arr.fill_null(zero)
+    valid = arr.is_valid()
+    validity = valid.buffers()[1] if valid.offset == 0 else pa.py_buffer(
+        np.packbits(valid.to_numpy(zero_copy_only=False), bitorder="little"))
+    return pa.Array.from_buffers(t, len(arr), [validity, *filled.buffers()[1:]], null_count=arr.null_count,
+                                 offset=filled.offset)
+
+
+class ColumnDefaults:
+    """A table's DEFAULT / MATERIALIZED / ALIAS expressions, compiled, and their evaluation over a block.
+
+    ``defaults`` are ``(column, kind, expression)`` with the expression as the ``columns`` znode stores
+    it (already wrapped in ``CAST(expr, 'Type')`` where its own type differs from the column's).
+    """
+
+    def __init__(self, defaults: Iterable[tuple[str, str, str]] = ()) -> None:
+        self.rules: dict[str, tuple[str, Expr]] = {}
+        for column, kind, text in defaults:
+            kind = kind.upper()
+            if kind in ("DEFAULT", "MATERIALIZED", "ALIAS") and text:
+                self.rules[column] = (kind, compile_expression(text))
+
+    def kind(self, column: str) -> str:
+        rule = self.rules.get(column)
+        return rule[0] if rule else ""
+
+    @cached_property
+    def materialized(self) -> list[str]:
+        return [c for c, (kind, _e) in self.rules.items() if kind == "MATERIALIZED"]
+
+    def complete(
+        self, given: Mapping[str, pa.Array], columns: Sequence[tuple[str, DataType]], n: int, tz: str
+    ) -> dict[str, pa.Array]:
+        """``given`` plus every physical column it lacks: DEFAULT columns and all MATERIALIZED columns
+        computed from their expressions, in dependency order (an expression may read other computed
+        columns, ALIAS columns included)."""
+        types = dict(columns)
+        values: dict[str, pa.Array] = dict(given)
+        wanted = [c for c, _t in columns if c not in values and c in self.rules]
+        state: dict[str, int] = {}  # 1 = being computed, 2 = done
+
+        def compute(column: str) -> None:
+            if state.get(column) == 2:
+                return
+            if state.get(column) == 1:
+                raise BadInputError(f"Cyclic aliases: the DEFAULT/MATERIALIZED expression of column "
+                                    f"{column} depends on itself", code=CYCLIC_ALIASES)
+            state[column] = 1
+            kind, expr = self.rules[column]
+            for dep in expr.columns:
+                if dep not in values and dep in self.rules:
+                    compute(dep)
+            values[column], types[column] = self._evaluate(column, kind, expr, values, types, n, tz)
+            state[column] = 2
+
+        for column in wanted:
+            compute(column)
+        return values
+
+    def _evaluate(
+        self, column: str, kind: str, expr: Expr, values: Mapping[str, pa.Array],
+        types: dict[str, DataType], n: int, tz: str,
+    ) -> tuple[pa.Array, DataType]:
+        block = pa.table({c: values[c] for c in dict.fromkeys(expr.columns) if c in values}) if expr.columns \
+            else pa.table({"_": pa.nulls(n, pa.uint8())})
+        target = types.get(column)
+        try:
+            arr, dtype = expr.evaluate(block, types, tz)
+            if target is not None and dtype.name != target.name:
+                cast = Expr(Function("CAST", (expr.node, Literal(target.name, "string"))))
+                arr, dtype = cast.evaluate(block, types, tz)
+        except BadInputError as e:
+            raise BadInputError(f"column {column}: cannot compute its {kind} expression {expr.text}: {e}",
+                                code=e.code) from None
+        arr = _combine(arr)
+        if len(arr) != n:  # a constant folded to one value
+            arr = pa.repeat(arr[0], n) if len(arr) else _defaults(target or dtype, n)
+        if target is None:
+            return arr, dtype
+        if arr.type != target.arrow_type or (not getattr(target, "is_nullable", False) and arr.null_count):
+            arr = _to_storage(target, pa.chunked_array([arr]), column, tz)
+        return arr, target
 
 
 def _to_storage(dtype: DataType, values: pa.ChunkedArray, column: str, tz: str) -> pa.Array:

@@ -1,8 +1,10 @@
 """Nullable(T) and Array(T).
 
-Streams: Nullable writes ``<c>.null.bin`` (UInt8 per row, 1 = NULL) then T's streams, with T's zero value
-at NULL rows.  Array writes ``<c>.size<level>.bin`` (per-row element counts as UInt64, *not* cumulative
-offsets) then T's streams for all elements; ``level`` counts enclosing arrays (``.size0``, ``.size1``...).
+Streams: Nullable writes ``<c>.null.bin`` (UInt8 per row, 1 = NULL) then T's streams, with the values the
+array holds under its NULL rows (T's zero value for inserted rows; 18.16 keeps old values there after a
+mutation and through merges).  Array writes ``<c>.size<level>.bin`` (per-row element counts as UInt64,
+*not* cumulative offsets) then T's streams for all elements; ``level`` counts enclosing arrays (``.size0``,
+``.size1``...).
 """
 
 from __future__ import annotations
@@ -56,6 +58,18 @@ def with_nulls(arr: pa.Array, is_null: np.ndarray[Any, np.dtype[np.bool_]]) -> p
     return pc.if_else(pa.array(is_null), pa.nulls(len(arr), arr.type), arr)
 
 
+def values_under_nulls(arr: pa.Array) -> pa.Array:
+    """``arr`` without its validity bitmap: the stored values of the NULL rows come out as they are.
+
+    18.16 keeps whatever a Nullable column's nested column holds under a NULL (the old value after
+    ``UPDATE c = NULL``, the source's value through a merge), so the writer writes what the array carries;
+    inserts put the type's zero there (see ``replicad.storage.block.zero_under_nulls``).  Types whose
+    layout is not one validity bitmap over plain buffers are returned unchanged."""
+    if not arr.null_count or arr.type.num_fields != 0 or pa.types.is_dictionary(arr.type):
+        return arr
+    return pa.Array.from_buffers(arr.type, len(arr), [None, *arr.buffers()[1:]], offset=arr.offset)
+
+
 class NullableType(DataType):
     is_nullable = True
 
@@ -83,7 +97,7 @@ class NullableType(DataType):
     def _serialize_into(self, arr: pa.Array, out: dict[str, bytes], array_level: int) -> None:
         nulls = arr.is_null().to_numpy(zero_copy_only=False).astype(np.uint8)
         _append(out, ".null", nulls.tobytes())
-        self.inner._serialize_into(arr, out, array_level)
+        self.inner._serialize_into(values_under_nulls(arr), out, array_level)
 
     def _deserialize_from(
         self, bufs: dict[str, bytes], pos: dict[str, int], n: int, array_level: int

@@ -1,0 +1,198 @@
+"""Column defaults against a real ClickHouse 18.16 server.
+
+* The same DDL (DEFAULT, typed DEFAULT stored as ``CAST(expr, 'Type')``, MATERIALIZED, ALIAS, expressions
+  reading other defaulted columns, a partition key over a DEFAULT column) gives the same default texts as
+  18.16's ``system.columns``; the same rows inserted into 18.16 and written by replicad's sink
+  (``write_block``: prepare_block + PartWriter) give byte-identical parts (LZ4), ALIAS columns absent,
+  MATERIALIZED columns last in columns.txt.
+* Naming a MATERIALIZED column in an insert is refused with 18.16's message and code (44), an ALIAS column
+  is "no such column" (16) — in the sink and in the HTTP layer's column mapping.
+* ``UPDATE n = NULL`` keeps the old value under the NULL in ``n.bin`` (18.16 does); ``mutate_part`` writes
+  the same bytes now that the Nullable serializer writes the values the array holds under NULL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import filecmp
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from replicad.errors import BadInputError
+from replicad.model.table_metadata import ColumnsDescription
+from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
+from replicad.server.api import _insert_columns
+from replicad.sql.ddl import parse_create_table
+from replicad.storage.layout import TableDataLayout
+from replicad.storage.merge import PartSchema
+from replicad.storage.mutate import MutationCommand, mutate_part
+from replicad.storage.reader import PartReader
+from replicad.storage.types import parse_type
+from replicad.storage.types_composite import values_under_nulls
+from replicad.storage.writer import WriterSettings
+from tests.support.clickhouse import ClickHouseError, ClickHouseServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.clickhouse]
+
+DDL = (
+    "CREATE TABLE {name} (a UInt32, b UInt32 DEFAULT a + 1, m String MATERIALIZED toString(b), "
+    "c UInt64 DEFAULT b * 10, d UInt64 ALIAS a * 2, e String, f DEFAULT 5, g UInt16 DEFAULT e_len, "
+    "e_len UInt8 MATERIALIZED length(e), x UInt8 DEFAULT a + 300, s String DEFAULT a, "
+    "n Nullable(Int32) DEFAULT NULL, i8 Int8 DEFAULT -a, fl Float32 DEFAULT a / 3, "
+    "ts DateTime DEFAULT toDateTime(1700000000 + a * 3600), dd Date DEFAULT toDate(ts), "
+    "u UInt64 MATERIALIZED intHash64(a) % 1000, sd String DEFAULT concat(e, '-', toString(g))) "
+    "ENGINE = MergeTree PARTITION BY toYYYYMM(dd) ORDER BY (e, a) SETTINGS index_granularity = 256"
+)
+GRANULARITY = 256
+
+
+@pytest.fixture(scope="module")
+def ch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseServer]:
+    with ClickHouseServer(tmp_path_factory.mktemp("ch18_defaults")) as server:
+        yield server
+
+
+def sink_schema(ddl: str) -> TableSchema:
+    """The sink schema the way the engine builds it: physical columns in declaration order + defaults."""
+    table = parse_create_table(ddl)
+    columns = tuple((c.name, c.type) for c in table.columns if c.is_physical)
+    return TableSchema(columns, table.partition_by, table.order_by, table.primary_key,
+                       defaults=column_defaults(table.columns_text()))
+
+
+def parts_by_partition(ch: ClickHouseServer, table: str) -> dict[str, str]:
+    rows = ch.query_rows(f"SELECT partition_id, name FROM system.parts WHERE table = '{table}' AND active")
+    return {pid: name for pid, name in rows}
+
+
+def write_like_sink(tmp: Path, schema: TableSchema, rows: pa.Table) -> dict[str, Path]:
+    layout = TableDataLayout(tmp, "default", "t")
+    settings = WriterSettings(index_granularity=GRANULARITY, method="lz4", fsync=False)
+    parts = asyncio.run(write_block(rows, schema, layout, settings, InsertContext()))
+    return {p.partition_id: Path(p.path) for p in parts}
+
+
+def assert_same_files(theirs: Path, ours: Path) -> None:
+    names = sorted(os.listdir(theirs))
+    assert sorted(os.listdir(ours)) == names
+    _same, mismatch, errors = filecmp.cmpfiles(theirs, ours, names, shallow=False)
+    assert not mismatch and not errors, f"{theirs.name}: differing files {mismatch + errors}"
+
+
+def tsv(rows: pa.Table) -> bytes:
+    cols = [c.to_pylist() for c in rows.columns]
+    out = []
+    for values in zip(*cols, strict=True):
+        out.append("\t".join("\\N" if v is None else v.decode() if isinstance(v, bytes) else str(v)
+                             for v in values))
+    return ("\n".join(out) + "\n").encode()
+
+
+def test_default_texts_match_system_columns(ch: ClickHouseServer) -> None:
+    ch.query("DROP TABLE IF EXISTS dflt_texts")
+    ch.query(DDL.format(name="dflt_texts"))
+    theirs = ch.query_rows("SELECT name, type, default_kind, default_expression FROM system.columns "
+                           "WHERE database = 'default' AND table = 'dflt_texts'")
+    described = ColumnsDescription.parse(parse_create_table(DDL.format(name="t")).columns_text())
+    ours = [[c.name, c.type, c.default_kind, c.default_expression.replace("'", "\\'")]
+            for c in described.ordered()]
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("given", [("a", "e"), ("a", "b", "e", "s", "n", "ts"), ("e",)])
+def test_inserted_parts_are_byte_identical(
+    ch: ClickHouseServer, tmp_path: Path, given: tuple[str, ...]
+) -> None:
+    table = "dflt_" + "_".join(given)
+    ch.query(f"DROP TABLE IF EXISTS {table}")
+    ch.query(DDL.format(name=table))
+    n = 3000
+    data: dict[str, Any] = {
+        "a": pa.array([(i * 7919) % 2000 for i in range(n)], pa.uint32()),
+        "e": pa.array([("w" * (i % 13) + str(i % 17)).encode() for i in range(n)], pa.binary()),
+        "b": pa.array([i * 3 for i in range(n)], pa.uint32()),
+        "s": pa.array([f"given{i}".encode() for i in range(n)], pa.binary()),
+        "n": pa.array([None if i % 4 == 0 else i - 1500 for i in range(n)], pa.int32()),
+        "ts": pa.array([1710000000 + i * 7200 for i in range(n)], pa.timestamp("s")),
+    }
+    rows = pa.table({c: data[c] for c in given})
+    ch.query(f"INSERT INTO {table} ({', '.join(given)}) FORMAT TabSeparated", data=tsv(rows))
+    ours = write_like_sink(tmp_path, sink_schema(DDL.format(name=table)), rows)
+    theirs = parts_by_partition(ch, table)
+    assert sorted(ours) == sorted(theirs)
+    for pid, path in ours.items():
+        their_dir = ch.table_dir("default", table) / theirs[pid]
+        assert "d.bin" not in os.listdir(their_dir)  # ALIAS: never stored
+        assert_same_files(their_dir, path)
+    got = pa.concat_tables(PartReader(p).read() for p in ours.values())
+    assert got.num_rows == n
+
+
+def test_materialized_and_alias_refused_like_18_16(ch: ClickHouseServer, tmp_path: Path) -> None:
+    ch.query("DROP TABLE IF EXISTS dflt_refuse")
+    ch.query(DDL.format(name="dflt_refuse"))
+    schema = sink_schema(DDL.format(name="dflt_refuse"))
+    engine_table = SimpleNamespace(name="default.dflt_refuse", columns=schema.columns, schema=schema)
+    for column, code in (("m", 44), ("d", 16)):
+        with pytest.raises(ClickHouseError) as theirs:
+            ch.query(f"INSERT INTO dflt_refuse (a, {column}) FORMAT TabSeparated", data=b"1\t2\n")
+        assert theirs.value.code == code
+        with pytest.raises(BadInputError) as api:
+            _insert_columns(engine_table, ("a", column))
+        assert api.value.code == code
+        with pytest.raises(BadInputError) as sink:
+            write_like_sink(tmp_path, schema, pa.table({"a": pa.array([1], pa.uint32()),
+                                                        column: pa.array([2], pa.uint64())}))
+        assert sink.value.code == code
+        if code == 44:
+            assert str(api.value) in str(theirs.value) and str(sink.value) in str(theirs.value)
+    # without a column list 18.16 expects the ordinary (and DEFAULT) columns only
+    insertable = [n for n, _t in _insert_columns(engine_table, None)]
+    theirs_cols = ch.query_rows("SELECT name FROM system.columns WHERE table = 'dflt_refuse' "
+                                "AND default_kind NOT IN ('MATERIALIZED', 'ALIAS')")
+    assert insertable == [r[0] for r in theirs_cols]
+    star = ch.query("SELECT * FROM dflt_refuse FORMAT TSVWithNames").split("\n", 1)[0].split("\t")
+    assert star == insertable
+
+
+def test_update_to_null_keeps_old_values_under_null(ch: ClickHouseServer, tmp_path: Path) -> None:
+    ch.query("DROP TABLE IF EXISTS dflt_null")
+    ch.query("CREATE TABLE dflt_null (k UInt64, n Nullable(Int32), s Nullable(String), "
+             "fs Nullable(FixedString(3))) ENGINE = MergeTree ORDER BY k")
+    # (fs stays as inserted: the evaluator cannot CAST(NULL, 'Nullable(FixedString(3))') yet)
+    null = "\\N"
+    ch.query("INSERT INTO dflt_null FORMAT TabSeparated", data="".join(
+        f"{i}\t{null if i % 5 == 0 else i * 11}\t{null if i % 6 == 0 else 'v' * (i % 9)}\t"
+        f"{null if i % 7 == 0 else 'ab'}\n" for i in range(5000)).encode())
+    table_dir = ch.table_dir("default", "dflt_null")
+    names = (("k", "UInt64"), ("n", "Nullable(Int32)"), ("s", "Nullable(String)"),
+             ("fs", "Nullable(FixedString(3))"))
+    types = tuple((c, parse_type(t)) for c, t in names)
+    schema = PartSchema(types, None, "k")
+    alter = "UPDATE n = NULL, s = NULL WHERE k % 3 = 0"
+    (current,) = parts_by_partition(ch, "dflt_null").values()
+    shutil.copytree(table_dir / current, tmp_path / current)
+    ch.query(f"ALTER TABLE dflt_null {alter}")
+    deadline = time.monotonic() + 30
+    while (result := parts_by_partition(ch, "dflt_null")["all"]) == current:
+        assert time.monotonic() < deadline, "18.16 did not run the mutation"
+        time.sleep(0.05)
+    ours = mutate_part(tmp_path / current, tmp_path / "tmp_mut", schema,
+                       [MutationCommand.update([("n", "NULL"), ("s", "NULL")], "k % 3 = 0")],
+                       WriterSettings(method="lz4", fsync=False))
+    # 18.16 left the old values under the new NULLs (and 0 under the inserted ones)
+    theirs = PartReader(table_dir / result).read()
+    k = theirs.column("k").to_pylist()
+    under = values_under_nulls(theirs.column("n").combine_chunks()).to_pylist()
+    assert under == [0 if i % 5 == 0 else i * 11 for i in k]
+    assert theirs.column("n").null_count == sum(1 for i in k if i % 5 == 0 or i % 3 == 0)
+    assert_same_files(table_dir / result, ours.path)
+    assert PartReader(ours.path).read().equals(PartReader(table_dir / result).read())
