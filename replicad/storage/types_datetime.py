@@ -50,13 +50,13 @@ def localize(local: pa.Array, tz: str) -> pa.Array:
         return pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="raise").cast(pa.int64())
     except pa.ArrowInvalid:
         pass
-    first = pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="earliest").cast(pa.int64())
-    after = pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="latest")
-    gap = pc.fill_null(pc.not_equal(first, after.cast(pa.int64())), False)
-    after, local_gap = after.filter(gap), local.filter(gap)  # few rows: the times inside gaps
+    first = pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="earliest")
+    gap = pc.fill_null(pc.not_equal(pc.local_timestamp(first), local), False)  # no instant shows that time
+    local_gap = local.filter(gap)  # few rows
+    after = pc.assume_timezone(local_gap, tz, ambiguous="earliest", nonexistent="latest")
     offset_after = pc.subtract(pc.local_timestamp(after).cast(pa.int64()), after.cast(pa.int64()))
     shifted = pc.subtract(local_gap.cast(pa.int64()), offset_after)
-    return pc.replace_with_mask(first, gap, shifted)
+    return pc.replace_with_mask(first.cast(pa.int64()), gap, shifted)
 
 
 # ---- fixed-width text ----------------------------------------------------------------------------------

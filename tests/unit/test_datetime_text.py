@@ -8,6 +8,7 @@ from unittest.mock import patch
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -151,3 +152,24 @@ def test_fast_rows_agree_with_the_general_parser_on_a_boundary_grid() -> None:
     good, day_numbers = types_datetime._parse_fixed(fixed, False)
     general = parse_type("Date")._text_to_days(dates.filter(pa.array(good)))  # type: ignore[attr-defined]
     assert general.to_pylist() == day_numbers[good].tolist()
+
+
+def reference_localize(local: pa.Array, tz: str) -> pa.Array:
+    """The straightforward version: both resolutions of a gap for every row."""
+    first = pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="earliest")
+    after = pc.assume_timezone(local, tz, ambiguous="earliest", nonexistent="latest")
+    in_gap = pc.not_equal(first, after)
+    offset_after = pc.subtract(pc.local_timestamp(after).cast(pa.int64()), after.cast(pa.int64()))
+    shifted = pc.subtract(local.cast(pa.int64()), offset_after)
+    return pc.if_else(in_gap, shifted, first.cast(pa.int64()))
+
+
+@pytest.mark.parametrize("tz", ZONES)
+def test_localize_matches_reference(tz: str) -> None:
+    edges = np.array([np.datetime64(d, "s").astype(np.int64) for d in EDGE_DAYS])
+    local = (edges[:, None] + np.arange(0, 5 * 3600, 450)[None, :]).ravel()
+    for rows in (local, local[::7], np.array([1_700_000_000, 1_600_000_000])):
+        arr = pa.array(rows, pa.timestamp("s"))
+        with_null = pa.array([*rows.tolist(), None], pa.timestamp("s"))
+        for a in (arr, with_null):
+            assert types_datetime.localize(a, tz).to_pylist() == reference_localize(a, tz).to_pylist()
