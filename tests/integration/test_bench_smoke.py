@@ -39,7 +39,8 @@ def test_quick_pieces_on_a_real_cluster(tmp_path: Path) -> None:
         # both pairs replicated every row written to them
         for pair in cluster.pairs():
             assert pair.a.count(insert.TABLE) == pair.b.count(insert.TABLE) > 0
-            assert pair.a.count(lag.TABLE) == pair.b.count(lag.TABLE) == (3 + TINY.lag_inserts) * TINY.lag_rows
+            lag_rows = (3 + TINY.lag_inserts) * TINY.lag_rows  # 3 warm-up inserts, then the batch
+            assert pair.a.count(lag.TABLE) == pair.b.count(lag.TABLE) == lag_rows
         # every replica talks to ZooKeeper over its own connection(s), seen in `cons`
         packets = cluster.zk_packets([r for p in cluster.pairs() for r in p.replicas])
         assert len(packets) == 4 and all(v > 0 for v in packets.values()), packets
