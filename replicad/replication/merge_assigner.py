@@ -306,13 +306,18 @@ class MergeAssigner(BackgroundTask):
         patience_s: float = 60.0,
     ) -> list[LogEntry]:
         """Assign the merge(s) OPTIMIZE asks for; [] if none could be (CannotAssignOptimizeError with
-        ``throw_if_noop``).  Retries while the parts it needs are still being merged or fetched."""
+        ``throw_if_noop``).  A partition whose parts are still being fetched, merged or mutated by the queue
+        is waited for (up to ``patience_s``), so that FINAL really leaves one part."""
         if deduplicate:
             raise ReplicadError("OPTIMIZE … DEDUPLICATE is not supported by replicad", code=NOT_IMPLEMENTED)
         deadline = time.monotonic() + patience_s
+        entries: list[LogEntry] = []
+        todo: list[str] | None = None if partition_id is None else [partition_id]
         while True:
-            entries, reason, retriable = await self._optimize_once(partition_id, final)
-            if entries or not retriable or time.monotonic() >= deadline:
+            patient = time.monotonic() < deadline
+            done, reason, todo = await self._optimize_once(partition_id, final, todo, patient)
+            entries += done
+            if not todo or not patient:
                 break
             await asyncio.sleep(0.2)
         if not entries and reason:
@@ -321,7 +326,10 @@ class MergeAssigner(BackgroundTask):
                 raise CannotAssignOptimizeError(reason)
         return entries
 
-    async def _optimize_once(self, partition_id: str | None, final: bool) -> tuple[list[LogEntry], str, bool]:
+    async def _optimize_once(
+        self, partition_id: str | None, final: bool, todo: list[str] | None, patient: bool
+    ) -> tuple[list[LogEntry], str, list[str]]:
+        """One attempt: (entries written, why nothing was for some partition, partitions to try again)."""
         async with self.selecting_lock:
             predicate = await self.load_predicate()
             parts = self.store.active()
@@ -332,35 +340,33 @@ class MergeAssigner(BackgroundTask):
                 limit = self.settings.max_bytes_to_merge_at_max_space_in_pool
                 best = select_merge(candidates, predicate.can_merge, aggressive, limit)
                 if best is None:
-                    return [], "Cannot select parts for optimization", self._merging_pending(None)
+                    pending = self._merging_pending(None)
+                    return [], "Cannot select parts for optimization", ["*"] if pending else []
                 entry = await self.create_merge_entry(predicate, best.parts, best.new_part_name)
                 if entry is None:
-                    return [], "Can't create merge queue node in ZooKeeper", True
-                return [entry], "", False
-            pids = (
-                [partition_id]
-                if partition_id is not None
-                else sorted({c.info.partition_id for c in candidates})
-            )
+                    return [], "Can't create merge queue node in ZooKeeper", ["*"]
+                return [entry], "", []
+            pids = todo if todo is not None else sorted({c.info.partition_id for c in candidates})
             entries: list[LogEntry] = []
             reasons: list[str] = []
-            retriable = False
+            again: list[str] = []
             for pid in pids:
+                if patient and self._merging_pending(pid):
+                    reasons.append(f"Entries producing parts of partition {pid} are still in the queue")
+                    again.append(pid)
+                    continue
                 choice = self._select_partition(candidates, pid, predicate, free, final)
                 if isinstance(choice, NoMerge):
                     if partition_id is not None or not choice.reason.startswith("There are no parts"):
                         reasons.append(choice.reason)
-                    retriable = retriable or self._merging_pending(pid)
                     continue
                 entry = await self.create_merge_entry(predicate, choice.parts, choice.new_part_name)
                 if entry is None:
                     reasons.append("Can't create merge queue node in ZooKeeper")
-                    retriable = True
-                    break
+                    again.append(pid)
+                    continue
                 entries.append(entry)
-            if entries and partition_id is None:
-                retriable = retriable and bool(reasons)
-            return entries, "; ".join(reasons), retriable and not entries
+            return entries, "; ".join(reasons), again
 
     def _select_partition(
         self, candidates: list[MergeCandidate], pid: str, predicate: MergePredicate, free: int, final: bool
