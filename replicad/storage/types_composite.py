@@ -51,10 +51,13 @@ def with_nulls(arr: pa.Array, is_null: np.ndarray[Any, np.dtype[np.bool_]]) -> p
     """``arr`` with rows where ``is_null`` set to NULL."""
     if not is_null.any():
         return arr
-    validity = pa.py_buffer(np.packbits(~is_null, bitorder="little"))
-    bufs = arr.buffers()
-    if arr.type.num_fields == 0 and bufs[0] is None and arr.offset == 0:
-        return pa.Array.from_buffers(arr.type, len(arr), [validity, *bufs[1:]])
+    if arr.type.num_fields == 0 and not arr.null_count and not pa.types.is_dictionary(arr.type):
+        # the values stay as they are under the new NULLs (18.16 keeps them too)
+        valid = ~is_null
+        if arr.offset:
+            valid = np.concatenate([np.zeros(arr.offset, dtype=bool), valid])
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        return pa.Array.from_buffers(arr.type, len(arr), [validity, *arr.buffers()[1:]], offset=arr.offset)
     return pc.if_else(pa.array(is_null), pa.nulls(len(arr), arr.type), arr)
 
 
@@ -68,6 +71,28 @@ def values_under_nulls(arr: pa.Array) -> pa.Array:
     if not arr.null_count or arr.type.num_fields != 0 or pa.types.is_dictionary(arr.type):
         return arr
     return pa.Array.from_buffers(arr.type, len(arr), [None, *arr.buffers()[1:]], offset=arr.offset)
+
+
+def _keeping_nulls(arr: pa.Array | pa.ChunkedArray, select: Callable[[pa.Array], pa.Array]) -> pa.Array:
+    a = as_array(arr)
+    if not a.null_count or a.type.num_fields != 0 or pa.types.is_dictionary(a.type):
+        return select(a)
+    is_null = np.asarray(select(a.is_null()).to_numpy(zero_copy_only=False), dtype=bool)
+    return with_nulls(select(values_under_nulls(a)), is_null)
+
+
+def take_rows(table: pa.Table, indices: pa.Array | np.ndarray[Any, Any]) -> pa.Table:
+    """``table.take(indices)`` keeping the values stored under NULLs (pyarrow's take writes 0 there)."""
+    idx = indices if isinstance(indices, pa.Array) else pa.array(indices)
+    return pa.Table.from_arrays([_keeping_nulls(c, lambda a: a.take(idx)) for c in table.columns],
+                                schema=table.schema)
+
+
+def filter_rows(table: pa.Table, mask: pa.Array | np.ndarray[Any, Any]) -> pa.Table:
+    """``table.filter(mask)`` keeping the values stored under NULLs (pyarrow's filter writes 0 there)."""
+    keep = mask if isinstance(mask, pa.Array) else pa.array(mask, pa.bool_())
+    return pa.Table.from_arrays([_keeping_nulls(c, lambda a: a.filter(keep)) for c in table.columns],
+                                schema=table.schema)
 
 
 class NullableType(DataType):

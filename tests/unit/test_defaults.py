@@ -23,7 +23,7 @@ from replicad.storage.block import ColumnDefaults, prepare_block, zero_under_nul
 from replicad.storage.layout import TableDataLayout
 from replicad.storage.reader import PartReader
 from replicad.storage.types import parse_type
-from replicad.storage.types_composite import values_under_nulls
+from replicad.storage.types_composite import filter_rows, take_rows, values_under_nulls
 from replicad.storage.writer import WriterSettings
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -220,3 +220,25 @@ def test_inserts_store_zero_under_null(rows: list[tuple[int, bool]], type_name: 
     # through prepare_block (the insert path) the bytes under NULL are the type's zero
     out = prepare_block(pa.table({"c": arr}), [("c", dt)])
     assert values_under_nulls(out.column("c").combine_chunks()).to_pylist() == plain.to_pylist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=rows_strategy, type_name=st.sampled_from(NULLABLE_TYPES), seed=st.integers(0, 2**32 - 1))
+def test_take_and_filter_rows_keep_values_under_null(
+    rows: list[tuple[int, bool]], type_name: str, seed: int
+) -> None:
+    arr = _with_garbage(type_name, [v for v, _n in rows], [n for _v, n in rows])
+    table = pa.table({"c": arr, "k": pa.array(range(len(arr)), pa.int64())})
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(arr))
+    taken = take_rows(table, order)
+    assert taken.column("c").to_pylist() == table.column("c").take(order).to_pylist()
+    under = values_under_nulls(arr).to_pylist()
+    assert values_under_nulls(taken.column("c").combine_chunks()).to_pylist() == [under[i] for i in order]
+    mask = rng.random(len(arr)) < 0.5
+    kept = filter_rows(table, mask)
+    assert kept.column("k").to_pylist() == [i for i in range(len(arr)) if mask[i]]
+    assert kept.column("c").is_null().to_pylist() == [bool(arr[i].as_py() is None) for i in range(len(arr))
+                                                      if mask[i]]
+    assert values_under_nulls(kept.column("c").combine_chunks()).to_pylist() == [
+        under[i] for i in range(len(arr)) if mask[i]]
