@@ -47,6 +47,7 @@ from replicad.storage.types import parse_type
 from replicad.storage.types_composite import values_under_nulls
 from replicad.storage.writer import WriterSettings
 from tests.support.clickhouse import ClickHouseError, ClickHouseServer
+from tests.support.replicad_daemon import make_chroot, query, start_daemon
 from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse]
@@ -75,6 +76,16 @@ def sink_schema(ddl: str) -> TableSchema:
     columns = tuple((c.name, c.type) for c in table.columns if c.is_physical)
     return TableSchema(columns, table.partition_by, table.order_by, table.primary_key,
                        defaults=column_defaults(table.columns_text()))
+
+
+def engine_passes_defaults(tmp_path: Path) -> bool:
+    """Whether TableReplica hands the table's column defaults to its sink schema (a replica.py change)."""
+    ddl = ("CREATE TABLE db.p (a UInt8, m UInt8 MATERIALIZED a) ENGINE = ReplicatedMergeTree('/p', 'r') "
+           "ORDER BY a")
+    env = ReplicaEnv(data_path=tmp_path / "probe", interserver=InterserverServer("127.0.0.1", 0),
+                     interserver_host="127.0.0.1")
+    replica = TableReplica(spec_from_ddl(parse_create_table(ddl), {}, "r"), Keeper("127.0.0.1:1"), env)
+    return bool(getattr(replica.schema, "defaults", ()))
 
 
 def parts_by_partition(ch: ClickHouseServer, table: str) -> dict[str, str]:
@@ -225,7 +236,7 @@ async def test_mixed_replica_set_inserts_with_defaults(
                      writer=WriterSettings(fsync=False, method="lz4", threads=1))
     replica = TableReplica(spec_from_ddl(parse_create_table(ddl), {"shard": "01"}, "r2"), keeper, env)
     try:
-        if not getattr(replica.schema, "defaults", ()):
+        if not engine_passes_defaults(tmp_path):
             pytest.skip("replica.py does not pass the column defaults to its sink schema yet")
         await replica.start()
         n = 2000
@@ -254,3 +265,33 @@ async def test_mixed_replica_set_inserts_with_defaults(
         await replica.stop()
         await keeper.close()
         await server.stop(grace_s=0.1)
+
+
+def test_http_inserts_with_defaults_like_18_16(
+    ch: ClickHouseServer, zookeeper: ZooKeeperServer, tmp_path: Path
+) -> None:
+    if not engine_passes_defaults(tmp_path):
+        pytest.skip("replica.py does not pass the column defaults to its sink schema yet")
+    ddl = DDL.format(name="db.hd").replace(
+        "ENGINE = MergeTree", "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/hd', '{replica}')")
+    ch.query("CREATE DATABASE IF NOT EXISTS db")
+    ch.query("DROP TABLE IF EXISTS db.hd")
+    ch.query(DDL.format(name="db.hd"))
+    d = start_daemon(tmp_path, zookeeper, make_chroot(zookeeper, "defaults_http"), "r1", tables=[ddl],
+                     wait_table="db.hd")
+    try:
+        named = "".join(f"{i * 37 % 500}\tval{i % 9}\n" for i in range(300)).encode()
+        full = b"7\t8\t9\tfull\t1\t2\t3\ts\t\\N\t-4\t0.5\t2024-03-01 10:00:00\t2024-03-02\tsd\n"
+        for sql, body in (("INSERT INTO db.hd (a, e) FORMAT TabSeparated", named),
+                          ("INSERT INTO db.hd FORMAT TabSeparated", full)):
+            ch.query(sql, data=body)
+            reply = query(d.url, sql, body)
+            assert reply.status == 200, reply.text
+        for column, code in (("m", 44), ("d", 16)):
+            reply = query(d.url, f"INSERT INTO db.hd (a, {column}) FORMAT TabSeparated", b"1\t2\n")
+            assert reply.status == 400 and reply.exception_code == code, reply.text
+        for select in ("SELECT * FROM db.hd ORDER BY e, a FORMAT TSVWithNames",
+                       "SELECT a, m, e_len, u FROM db.hd ORDER BY e, a FORMAT TSVWithNames"):
+            assert query(d.url, select).text == ch.query(select)
+    finally:
+        d.stop()
