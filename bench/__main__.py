@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 CLUSTER_BENCHES = ("insert", "lag", "fetch")
 STORAGE_BENCHES = ("part_writer", "merge")
 ALL = CLUSTER_BENCHES + STORAGE_BENCHES
+MERGE_TARGET = 0.5
 
 
 def run_cluster_benches(names: Sequence[str], ctx: Context) -> list[Figure]:
@@ -94,6 +95,10 @@ def run_merge(ctx: Context) -> list[Figure]:
                 f"ClickHouse OPTIMIZE FINAL {m['clickhouse_seconds']:.2f}s, byte-identical {m['identical']}")
     mb = runs[0]["mb"]
     identical = all(m["identical"] for m in runs)
+    ours = statistics.median(m["mb"] / m["replicad"]["seconds"] for m in runs)
+    theirs = statistics.median(m["mb"] / m["clickhouse_seconds"] for m in runs)
+    if ctx.profile and ours < MERGE_TARGET * theirs:
+        profile_merge(ctx, args)
     if not identical:
         ctx.notes.append("merge: replicad's merged part differed from 18.16's: "
                          + "; ".join(str(m["differ"]) for m in runs if not m["identical"]))
@@ -101,7 +106,7 @@ def run_merge(ctx: Context) -> list[Figure]:
         Figure("merge_mb", f"Merge {sizes.merge_parts} parts × {sizes.merge_rows / 1e3:g} k rows "
                f"({mb:.0f} MB input)", "MB/s",
                [m["mb"] / m["replicad"]["seconds"] for m in runs],
-               [m["mb"] / m["clickhouse_seconds"] for m in runs], target=0.5, decimals=1,
+               [m["mb"] / m["clickhouse_seconds"] for m in runs], target=MERGE_TARGET, decimals=1,
                note="MB/s of uncompressed input; ClickHouse: OPTIMIZE FINAL of the same parts (lz4), "
                     "replicad: merge_parts of copies in a child process; merged parts byte-identical: "
                     f"{identical} — bench/merge.py"),
@@ -146,6 +151,19 @@ class LoadSampler:
                 f"{min(self.samples):.1f}, median {statistics.median(self.samples):.1f}, max "
                 f"{max(self.samples):.1f} on {os.cpu_count()} cores — wall-clock figures suffer from other "
                 "work on the machine; the CPU-second figures much less")
+
+
+def profile_merge(ctx: Context, args: argparse.Namespace) -> None:
+    """bench/merge.py once more, under py-spy (its merge child process included)."""
+    from bench import merge
+    from bench.cluster import PySpy
+
+    argv = [sys.executable, merge.__file__, "--parts", str(args.parts), "--rows", str(args.rows)]
+    spy = PySpy.record_command(argv, ctx.work_dir / "profiles" / "merge.txt", only_process="--child")
+    ctx.say("profiled bench/merge.py")
+    title = "py-spy of bench/merge.py's merge child process (uncounted run)"
+    section = f"Profile: replicad merge of {args.parts} parts × {args.rows} rows"
+    ctx.sections.append((section, spy.markdown(title)))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -552,10 +552,11 @@ class PySpy:
     innermost frame, ``total`` samples where it was anywhere on the stack.  Idle threads are excluded.
     """
 
-    def __init__(self, pid: int, out_path: Path, rate: int = 200) -> None:
+    def __init__(self, pid: int, out_path: Path, rate: int = 200, only_process: str | None = None) -> None:
         self.pid = pid
         self.out_path = out_path
         self.rate = rate
+        self.only_process = only_process  # keep only samples of processes whose command line has this
         self.proc: subprocess.Popen[bytes] | None = None
         self.error = ""
 
@@ -576,6 +577,23 @@ class PySpy:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(0.5)  # let it attach
         return self
+
+    @classmethod
+    def record_command(cls, argv: Sequence[str], out_path: Path, rate: int = 200, timeout: float = 900.0,
+                       only_process: str | None = None) -> PySpy:
+        """Run ``argv`` under ``py-spy record --subprocesses`` to its end (child processes included)."""
+        spy = cls(0, out_path, rate, only_process)
+        exe = cls.find()
+        if exe is None:
+            spy.error = "py-spy is not installed (pip install py-spy)"
+            return spy
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        run = subprocess.run([exe, "record", "--subprocesses", "--rate", str(rate), "--format", "raw",
+                              "--nonblocking", "--output", str(out_path), "--", *argv],
+                             stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        if not out_path.exists():
+            spy.error = f"py-spy wrote nothing: {run.stderr.decode(errors='replace').strip()[-300:]}"
+        return spy
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is None:
@@ -607,6 +625,12 @@ class PySpy:
             if not stack or not count_text.isdigit():
                 continue
             count = int(count_text)
+            if self.only_process is not None:
+                procs = [f for f in stack.split(";") if f.startswith("process ")]
+                if not procs or self.only_process not in procs[-1]:
+                    continue
+            if "(<frozen importlib._bootstrap>" in stack:
+                continue  # module imports: one-time costs, not the work measured
             frames = [_frame_name(f) for f in stack.split(";") if f and not f.startswith("process ")
                       and not f.startswith("thread ")]
             if not frames:
@@ -630,7 +654,7 @@ class PySpy:
         samples, rows, own_rows = self.top(n)
         if not samples:
             return f"{title}: no samples"
-        lines = [f"{title} — {samples} samples at {self.rate} Hz, all threads, idle excluded. "
+        lines = [f"{title} — {samples} samples at {self.rate} Hz, all threads, idle and imports excluded. "
                  "self = innermost frame; total = anywhere on the stack.", "",
                  "| self % | total % | function (module) |", "|---:|---:|:---|"]
         lines += [f"| {100 * s / samples:.1f} | {100 * t / samples:.1f} | `{f}` |" for f, s, t in rows]
