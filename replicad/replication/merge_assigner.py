@@ -332,6 +332,10 @@ class MergeAssigner(BackgroundTask):
         """One attempt: (entries written, why nothing was for some partition, partitions to try again)."""
         async with self.selecting_lock:
             predicate = await self.load_predicate()
+            if todo is None and (partition_id is not None or final):
+                todo = sorted({p.info.partition_id for p in self.store.active()})
+            # queue first, parts second: a fetch activates its part before its entry leaves the queue
+            pending = {pid for pid in todo or () if patient and self._merging_pending(pid)}
             parts = self.store.active()
             candidates = await asyncio.to_thread(_candidates, parts, time.time())
             free = await self._free_disk()
@@ -340,18 +344,17 @@ class MergeAssigner(BackgroundTask):
                 limit = self.settings.max_bytes_to_merge_at_max_space_in_pool
                 best = select_merge(candidates, predicate.can_merge, aggressive, limit)
                 if best is None:
-                    pending = self._merging_pending(None)
-                    return [], "Cannot select parts for optimization", ["*"] if pending else []
+                    retry = ["*"] if self._merging_pending(None) else []
+                    return [], "Cannot select parts for optimization", retry
                 entry = await self.create_merge_entry(predicate, best.parts, best.new_part_name)
                 if entry is None:
                     return [], "Can't create merge queue node in ZooKeeper", ["*"]
                 return [entry], "", []
-            pids = todo if todo is not None else sorted({c.info.partition_id for c in candidates})
             entries: list[LogEntry] = []
             reasons: list[str] = []
             again: list[str] = []
-            for pid in pids:
-                if patient and self._merging_pending(pid):
+            for pid in todo or ():
+                if pid in pending:
                     reasons.append(f"Entries producing parts of partition {pid} are still in the queue")
                     again.append(pid)
                     continue
