@@ -661,6 +661,7 @@ class TableReplica:
             "fetches_total": self.fetcher.fetches_total,
             "executed_entries": self.executor.executed_total,
             "failed_entries": self.executor.failed_total,
+            "merges_and_mutations": self.ops.status(),
             "tasks": {t.name: (t.last_outcome.to_dict() if t.last_outcome else None) for t in self._tasks},
             "restarting": self.restarting.status(),
             "part_check": self.part_check.status(),
