@@ -47,7 +47,7 @@ from replicad.replication.part_check import PartCheckThread, check_parts_at_star
 from replicad.replication.part_store import PartState, PartStore
 from replicad.replication.quorum import check_quorum_precondition, update_quorum_if_we_have_part
 from replicad.replication.restarting import CONNECTION_ERRORS, RestartingThread
-from replicad.replication.sink import InsertContext, TableSchema, write_block
+from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
 from replicad.replication.table_ops import TableOperations
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
 from replicad.service import (
@@ -135,7 +135,8 @@ class TableReplica:
         s = spec.settings
         self.layout = TableDataLayout(env.data_path, spec.name.database, spec.name.table)
         self.store = PartStore(self.layout, float(s.get("old_parts_lifetime", 480)))
-        self.schema = TableSchema(spec.columns, spec.partition_by, spec.order_by, spec.primary_key, env.tz)
+        self.schema = TableSchema(spec.columns, spec.partition_by, spec.order_by, spec.primary_key, env.tz,
+                                  defaults=column_defaults(spec.columns_text))
         base = env.writer or WriterSettings(fsync=env.fsync)
         self.writer_settings = WriterSettings(
             index_granularity=int(s.get("index_granularity", base.index_granularity)),
@@ -558,7 +559,8 @@ class TableReplica:
     async def select(self, query: SelectQuery) -> QueryResult:
         types = dict(self.spec.columns)
         names = self._needed_columns(query)
-        out_names = list(query.columns) if query.columns is not None else [n for n, _ in self.spec.columns]
+        out_names = list(query.columns) if query.columns is not None else [
+            n for n, _ in self.schema.insertable_columns]
         columns = [(n, types[n]) for n in out_names]
         if not query.order_by:
             return QueryResult(columns, self._stream(names, out_names, query.where, query.limit))

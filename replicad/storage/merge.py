@@ -47,6 +47,7 @@ from replicad.sql.expressions_ast import Function, Literal
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader
 from replicad.storage.types import DataType
+from replicad.storage.types_composite import take_rows
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
 
 #: granules read from each source per batch (4 × 8192 rows; with read-ahead two batches per source)
@@ -380,7 +381,7 @@ def _merge(
             pa.table({f"k{i}": c for i, c in enumerate(cols)}),
             sort_keys=[(f"k{i}", "ascending", "at_end") for i in range(len(cols))],
         )
-        yield table.take(order), [c.take(order) for c in cols]
+        yield take_rows(table, order), [c.take(order) for c in cols]
 
 
 def merge_parts(

@@ -55,6 +55,7 @@ from replicad.storage.part import (
 )
 from replicad.storage.reader import PartReader
 from replicad.storage.types import escape_for_file_name
+from replicad.storage.types_composite import filter_rows
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
 
 CANNOT_UPDATE_COLUMN = 420
@@ -185,7 +186,7 @@ def apply_commands(batch: pa.Table, commands: Sequence[_Compiled], keys: TableKe
             if arr.null_count:
                 keep &= np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
             if not keep.all():
-                batch = batch.filter(pa.array(keep, pa.bool_()))
+                batch = filter_rows(batch, keep)
             continue
         if hit.any():
             batch = _assign(batch, cmd.assignments, hit, keys)
