@@ -658,10 +658,19 @@ class PySpy:
                  "self = innermost frame; total = anywhere on the stack.", "",
                  "| self % | total % | function (module) |", "|---:|---:|:---|"]
         lines += [f"| {100 * s / samples:.1f} | {100 * t / samples:.1f} | `{f}` |" for f, s, t in rows]
-        lines += ["", "Charged to the innermost `replicad` frame (library time counted for its caller):", "",
+        lines += ["", READING_NOTE, "",
+                  "Charged to the innermost `replicad` frame (library time counted for its caller):", "",
                   "| self % | total % | replicad function (module) |", "|---:|---:|:---|"]
         lines += [f"| {100 * s / samples:.1f} | {100 * t / samples:.1f} | `{f}` |" for f, s, t in own_rows]
         return "\n".join(lines)
+
+
+READING_NOTE = (
+    "Reading the frames: `Runner.run` self time (charged to `run_daemon`) is the uvloop event loop's native "
+    "code (socket reads/writes, callbacks); `_WorkItem.run` self time is a builtin handed directly to "
+    "`asyncio.to_thread` (e.g. `f.write`, `os.fsync`); `_worker` / `Condition.wait` are thread-pool "
+    "hand-offs."
+)
 
 
 def _frame_name(frame: str) -> str:
