@@ -10,8 +10,10 @@ the whole table's when it was the last replica, as 18.16 does) and the local dat
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +40,36 @@ class TableExistsError(ReplicadError):
     http_status = 400
 
 
+def merge_tree_defaults(config_settings: Mapping[str, int | float | str]) -> dict[str, str]:
+    """The MergeTree-scope entries of the config's ``settings:`` as text (how DDL ``SETTINGS`` hold them)."""
+    from replicad.settings import SETTINGS, SettingScope
+
+    return {
+        name: str(value)
+        for name, value in config_settings.items()
+        if name in SETTINGS and SETTINGS[name].scope is SettingScope.MERGE_TREE
+    }
+
+
 def spec_from_ddl(
-    table: TableDef, config_macros: dict[str, str], replica: str, default_db: str = "default"
+    table: TableDef,
+    config_macros: dict[str, str],
+    replica: str,
+    default_db: str = "default",
+    config_settings: Mapping[str, int | float | str] | None = None,
 ) -> TableSpec:
-    """The TableSpec of a ReplicatedMergeTree CREATE statement, macros expanded as 18.16 expands them."""
+    """The TableSpec of a ReplicatedMergeTree CREATE statement, macros expanded as 18.16 expands them.
+
+    ``config_settings`` (the config's ``settings:``) are the defaults of the table's MergeTree settings, as
+    ClickHouse's ``<merge_tree>`` section is: the DDL's ``SETTINGS`` override them.  Like ClickHouse, the
+    effective ``index_granularity`` is what the table ``metadata`` znode records.
+    """
     from replicad.keeper.paths import expand_macros
+
+    if config_settings:
+        merged = {**merge_tree_defaults(config_settings), **table.settings}
+        if merged != table.settings:
+            table = dataclasses.replace(table, settings=merged)
 
     if not table.replicated or table.zk_path is None or table.replica_name is None:
         raise BadInputError(
@@ -81,6 +108,7 @@ class ReplicaCatalog:
         replica: str,
         macros: dict[str, str] | None = None,
         supervisor: Supervisor | None = None,
+        settings: Mapping[str, int | float | str] | None = None,
     ) -> None:
         self.data_path = Path(data_path)
         self.keeper = keeper
@@ -88,6 +116,8 @@ class ReplicaCatalog:
         self.replica = replica
         self.macros = dict(macros or {})
         self.supervisor = supervisor
+        #: the config's ``settings:``: defaults under each table's DDL ``SETTINGS``
+        self.settings: dict[str, int | float | str] = dict(settings or {})
         self._tables: dict[TableName, TableReplica] = {}
         self._lock = asyncio.Lock()
 
@@ -146,7 +176,7 @@ class ReplicaCatalog:
         self, ddl: str, *, if_not_exists: bool = False, persist: bool = True
     ) -> TableReplica:
         table = parse_create_table(ddl)
-        spec = spec_from_ddl(table, self.macros, self.replica)
+        spec = spec_from_ddl(table, self.macros, self.replica, config_settings=self.settings)
         async with self._lock:
             existing = self._tables.get(spec.name)
             if existing is not None:
@@ -271,6 +301,7 @@ class ReplicationEngine:
             replica=config.replica,
             macros=dict(config.macros),
             supervisor=supervisor,
+            settings=config.settings,
         )
 
     @property
@@ -290,6 +321,8 @@ class ReplicationEngine:
 
     async def reload(self, config: Config) -> None:
         self.config = config
+        # tables created from now on take the new settings; tables already attached keep theirs
+        self._catalog.settings = dict(config.settings)
         await self._create_config_tables(config)
 
     async def stop_inserts(self) -> None:
