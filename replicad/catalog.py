@@ -24,7 +24,7 @@ from replicad.logging import get_logger
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.replication.fetcher import FetchCredentials
 from replicad.server.interserver import InterserverServer
-from replicad.service import Statement, StatementKind, TableName, TableService
+from replicad.service import Statement, TableName, TableService
 from replicad.sql.ddl import TableDef, parse_create_table
 from replicad.storage.types import escape_for_file_name, unescape_for_file_name
 from replicad.tasks import Supervisor
@@ -343,7 +343,3 @@ class ReplicationEngine:
 
     async def close_keeper(self) -> None:
         await self.keeper.close()
-
-
-def statement_for(kind: StatementKind, name: TableName, text: str, if_exists: bool = False) -> Statement:
-    return Statement(kind, name, text, if_exists=if_exists)

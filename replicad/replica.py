@@ -232,7 +232,6 @@ class TableReplica:
         self._parts_checked = False  # the start-up part check runs once, when the table is loaded
         self._stopping = False
         self._inserts_in_flight = 0
-        self._started_at = 0.0
         self._task_group = f"table:{spec.name}:{id(self):x}"
         #: statements other modules implement (OPTIMIZE, ALTER … DELETE/UPDATE, DROP PARTITION …)
         self.statement_handlers: dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]] = {}
@@ -270,7 +269,6 @@ class TableReplica:
 
     async def start(self) -> None:
         """Load local parts, create/join the table in ZooKeeper, activate, load the queue, start the tasks."""
-        self._started_at = time.time()
         await self.store.load()
         try:
             await self.restarting.startup()

@@ -175,10 +175,6 @@ class ActivePartSet:
         bucket = self._partitions.get(partition_id)
         return [] if bucket is None else list(bucket.names)
 
-    def infos_in_partition(self, partition_id: str) -> list[PartInfo]:
-        bucket = self._partitions.get(partition_id)
-        return [] if bucket is None else list(bucket.infos)
-
     def partition_ids(self) -> list[str]:
         return sorted(self._partitions)
 

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from replicad.errors import KeeperError, KeeperNoNodeError, ReplicadError
 from replicad.keeper.client import Keeper
-from replicad.keeper.ops import Delete, Op, Set
+from replicad.keeper.ops import Op, Set
 from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntryType
@@ -50,16 +50,6 @@ class EntryNotReadyError(ReplicadError):
 
 class UnsupportedEntryError(ReplicadError):
     code = 48  # NOT_IMPLEMENTED
-
-
-def part_remove_ops(paths: TablePaths, part_name: str) -> list[Op]:
-    """18.16's removePartFromZooKeeper: ``checksums``, ``columns``, then the part node."""
-    me = paths.me
-    return [
-        Delete(me.part_checksums(part_name)),
-        Delete(me.part_columns(part_name)),
-        Delete(me.part(part_name)),
-    ]
 
 
 async def remove_parts_from_zookeeper(keeper: Keeper, paths: TablePaths, names: list[str]) -> None:
@@ -109,8 +99,6 @@ class QueueExecutor(BackgroundTask):
         self.is_paused: Callable[[], bool] = lambda: False
         #: told the part of an entry no replica could provide (the part check looks for it)
         self.on_part_missing: Callable[[str], None] | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     # ------------------------------------------------------------------------------------------ scheduling
 
@@ -131,7 +119,6 @@ class QueueExecutor(BackgroundTask):
             znode = selected.queue_entry.znode_name
             if selected.entry.type in _PRODUCING:
                 self._fetches += 1
-            self._idle.clear()
             task = asyncio.get_running_loop().create_task(self._run(selected), name=f"queue-entry:{znode}")
             self._running[znode] = task
             started += 1
@@ -168,8 +155,6 @@ class QueueExecutor(BackgroundTask):
             if not ok:
                 self.failed_total += 1
                 self.state.finish(znode, success=False, now=time.time(), error=error)
-            if not self._running:
-                self._idle.set()
             self.wakeup()
         if ok:
             await self._on_success(znode)
@@ -205,9 +190,6 @@ class QueueExecutor(BackgroundTask):
             except KeeperError as e:
                 log.warning("insert_times_update_failed", error=str(e))
 
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
-
     async def on_stop(self) -> None:
         await self.cancel_running()
 
@@ -231,8 +213,6 @@ class QueueExecutor(BackgroundTask):
             return
         if entry.type in _PRODUCING:
             await self._execute_producing(selected)
-        elif entry.type in (T.DROP_RANGE, T.DROP_PART):
-            await self._execute_drop_range(selected)
         else:
             raise UnsupportedEntryError(f"replicad cannot execute {entry.type.value} entries yet")
 
@@ -283,26 +263,3 @@ class QueueExecutor(BackgroundTask):
     async def _active_holder(self, part_name: str) -> str | None:
         source = await self.fetcher.find_source(part_name)
         return source.replica if source is not None and source.part_name == part_name else None
-
-    async def _execute_drop_range(self, selected: Selected) -> None:
-        entry = selected.entry
-        qe = selected.queue_entry
-        range_name = entry.new_part_name
-        removed, waiting = self.state.remove_part_producing_ops_in_range(range_name, qe.znode_name)
-        for znode in removed:
-            try:
-                await self.keeper.delete(self.paths.me.queue_entry(znode))
-            except KeeperNoNodeError:
-                pass
-        if waiting:
-            raise EntryNotReadyError(f"Waiting for {len(waiting)} entries inside {range_name} to finish")
-        drop = PartInfo.parse(range_name)
-        victims = [p for p in self.store.all_parts() if p.state.value != "Outdated" and drop.contains(p.info)]
-        names = [p.name for p in victims]
-        for p in victims:
-            if entry.detach:
-                await self.store.detach(p.name, "")
-            else:
-                self.store.make_outdated(p.name)
-        await remove_parts_from_zookeeper(self.keeper, self.paths, names)
-        log.info("dropped_range", range=range_name, parts=names, detach=entry.detach)

@@ -164,20 +164,6 @@ class LeaderElection:
             return await self._check_locked()  # it went away meanwhile: look again at once
         return False
 
-    async def current_leader(self) -> str | None:
-        """The replica name the smallest node carries (what 18.16's sendRequestToLeaderReplica reads)."""
-        children = await self.keeper.get_children(self.paths.leader_election)
-        while children:
-            first = min(children)
-            try:
-                data, _ = await self.keeper.get(f"{self.paths.leader_election}/{first}")
-            except KeeperNoNodeError:
-                children.remove(first)
-                continue
-            name = data.decode("utf-8", "replace")
-            return name[: -len(MULTIPLE_LEADERS_SUFFIX)] if name.endswith(MULTIPLE_LEADERS_SUFFIX) else name
-        return None
-
     def status(self) -> dict[str, object]:
         return {
             "is_leader": self.is_leader,

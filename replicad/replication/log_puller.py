@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from replicad.errors import KeeperError, KeeperSessionExpiredError, ZnodeFormatError
 from replicad.keeper.client import Keeper, WatchEvent
@@ -29,12 +29,6 @@ log = get_logger(__name__)
 #: ZooKeeper closes the connection when a request exceeds jute.maxbuffer (1 MB): 18.16's batch size.
 MAX_MULTI_OPS = 100
 QUEUE_UPDATE_ERROR_SLEEP_S = 1.0
-
-
-@dataclass(frozen=True)
-class PulledBatch:
-    entries: list[LogEntry]
-    log_pointer: int
 
 
 def parse_entry(data: bytes, znode_name: str, ctime_ms: int, tz: str) -> LogEntry:
@@ -75,7 +69,6 @@ class LogPuller:
         self.tz = tz
         self._min_unprocessed = min_unprocessed_insert_time
         self.log_pointer = 0
-        self.last_pull_time = 0.0
         self.wake: Callable[[], None] = lambda: None
         #: pull_logs_to_queue_mutex: the merge predicate, SYNC REPLICA and the task pull concurrently
         self._pull_lock = asyncio.Lock()

@@ -104,17 +104,6 @@ class MergePredicate:
     def can_merge(self, left: PartInfo, right: PartInfo) -> bool:
         return self.merge_blocker(left, right) is None
 
-    def single_part_blocker(self, part: PartInfo) -> str | None:
-        """For OPTIMIZE FINAL of a lone part: the checks that apply to one part."""
-        if part.name in self.last_quorum_parts or part.name == self.inprogress_quorum_part:
-            return f"Part {part.name} takes part in a quorum insert"
-        if self.prev_virtual_parts.get_containing_part(part) is None:
-            return f"Entry for part {part.name} hasn't been read from the replication log yet"
-        containing = self.queue.virtual_parts.get_containing_part(part)
-        if containing != part.name:
-            return f"Part {part.name} has already been assigned a merge into {containing}"
-        return None
-
     # -- mutations ---------------------------------------------------------------------------------------
 
     def desired_mutation_version(self, part: PartInfo) -> int | None:

@@ -120,10 +120,6 @@ def with_nullable(dt: DataType, nullable: bool) -> DataType:
     return dtype(f"Nullable({dt.name})")
 
 
-def base_name(dt: DataType) -> str:
-    return info(dt).name
-
-
 # ---- NumberTraits (ClickHouse 18.16) ---------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -147,11 +147,6 @@ def stream_stem(column: str, suffix: str) -> str:
     if _SIZES_SUFFIX.fullmatch(suffix):
         return escape_for_file_name(nested_table_name(column)) + suffix
     return escape_for_file_name(column) + suffix
-
-
-def stream_names(column: str, dtype: DataType) -> list[str]:
-    """File stems of a column's streams, in ClickHouse's order."""
-    return [stream_stem(column, suffix) for suffix in dtype.substreams()]
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -309,7 +304,3 @@ class PartDirectory:
             extra = [f for f in self.files() if f not in checksums.files and f not in UNCHECKED_FILES]
             if extra:
                 raise CorruptedDataError(f"part {self.name}: files not in checksums.txt: {', '.join(extra)}")
-
-    def iter_files(self) -> Iterator[Path]:
-        for name in self.files():
-            yield self.path / name

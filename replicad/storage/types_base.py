@@ -13,18 +13,14 @@ suffix (``""`` = ``<col>.bin``, ``".null"``, ``".size0"`` ...), listed by :meth:
 
 from __future__ import annotations
 
-import struct
 from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from replicad.errors import BadInputError, CorruptedDataError
-
-U8 = npt.NDArray[np.uint8]
 
 # ClickHouse Field type numbers used when a partition key is hashed (FACTS §6.1).
 FIELD_NULL = 0
@@ -95,29 +91,6 @@ def is_stringlike(t: pa.DataType) -> bool:
         or pa.types.is_large_binary(t) or getattr(pa.types, "is_string_view", lambda _t: False)(t)
         or getattr(pa.types, "is_binary_view", lambda _t: False)(t)
     )
-
-
-def to_plain_binary(arr: pa.Array) -> pa.Array:
-    """Any string/binary flavour (also fixed-size binary, dictionary) -> ``pa.binary()``."""
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_decode()
-    if arr.type != pa.binary():
-        arr = arr.cast(pa.binary())
-    return arr
-
-
-def np_buffer(arr: pa.Array, index: int, dtype: Any, length: int, offset_elems: int = 0) -> npt.NDArray[Any]:
-    """Zero-copy numpy view of buffer ``index`` of ``arr`` (``length`` elements after ``arr.offset``)."""
-    buf = arr.buffers()[index]
-    start = arr.offset + offset_elems
-    if buf is None:
-        return np.zeros(length, dtype=dtype)
-    return np.frombuffer(buf, dtype=dtype, count=length, offset=start * np.dtype(dtype).itemsize)
-
-
-def check_size(data: bytes | memoryview, expected: int, what: str) -> None:
-    if len(data) != expected:
-        raise CorruptedDataError(f"{what}: expected {expected} bytes, got {len(data)}")
 
 
 class DataType(ABC):
@@ -263,10 +236,6 @@ class DataType(ABC):
         i = first_true(arr.is_valid()) if len(arr) else 0
         return BadValue(max(i, 0), show_value(arr, max(i, 0)) if len(arr) else "?",
                         f"of input type {arr.type} cannot be stored as {self.name}")
-
-
-def pack_u64(n: int) -> bytes:
-    return struct.pack("<Q", n)
 
 
 def locate_failure(arr: pa.Array, fn: Any) -> int:

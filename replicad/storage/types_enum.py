@@ -55,12 +55,6 @@ class EnumType(FixedWidthType):
         """ClickHouse's Enum default is the smallest code (NULL slots of Nullable(Enum) hold 0 instead)."""
         return self.values[0][1]
 
-    def name_of(self, code: int) -> str:
-        for n, v in self.values:
-            if v == code:
-                return n
-        raise KeyError(code)
-
     def _field_payload(self, arr: pa.Array, i: int, legacy_decimal: bool) -> bytes:
         return bytes([FIELD_INT64]) + struct.pack("<q", int(arr[i].as_py()))
 
