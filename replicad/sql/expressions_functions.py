@@ -218,8 +218,15 @@ def convert(ctx: Context, v: Val, target: str) -> Val:
     elif t.kind == "datetime":
         return dates.to_datetime_val(ctx, v, t.tz or ctx.tz_of(v), t.name)
     base = dtype(t.name)
+    result = with_nullable(base, nullable)
+    # into Nullable(T) the NULL rows stay NULL (CAST(NULL, 'Nullable(T)') has no value to convert); T itself
+    # refuses them, as ClickHouse's "Cannot convert NULL value to non-Nullable type"
+    into_nullable = target.startswith("Nullable(")
+    into = result if into_nullable else base
+    if into_nullable and v.arr.null_count == len(v.arr):
+        return Val(pa.nulls(len(v.arr), base.arrow_type), result)
     try:
-        return Val(base.to_storage(v.arr, "argument of CAST", ctx.tz), with_nullable(base, nullable))
+        return Val(into.to_storage(v.arr, "argument of CAST", ctx.tz), result)
     except BadInputError as e:
         raise type_error(f"Cannot convert {v.dtype.name} to {target}: {e}") from None
 

@@ -156,6 +156,25 @@ def test_inserted_parts_are_byte_identical(
     assert got.num_rows == n
 
 
+def test_default_null_of_decimal_fixedstring_uuid_enum_is_byte_identical(
+    ch: ClickHouseServer, tmp_path: Path
+) -> None:
+    ddl = ("CREATE TABLE {name} (a UInt32, dm Nullable(Decimal(9, 2)) DEFAULT NULL, "
+           "fs Nullable(FixedString(3)) DEFAULT NULL, uu Nullable(UUID) DEFAULT NULL, "
+           "en Nullable(Enum8('a' = 1, 'b' = 2)) DEFAULT NULL) ENGINE = MergeTree ORDER BY a "
+           f"SETTINGS index_granularity = {GRANULARITY}")
+    ch.query("DROP TABLE IF EXISTS dflt_nulls")
+    ch.query(ddl.format(name="dflt_nulls"))
+    rows = pa.table({"a": pa.array([(i * 7919) % 2000 for i in range(1000)], pa.uint32())})
+    ch.query("INSERT INTO dflt_nulls (a) FORMAT TabSeparated", data=tsv(rows))
+    ours = write_like_sink(tmp_path, sink_schema(ddl.format(name="dflt_nulls")), rows)
+    theirs = parts_by_partition(ch, "dflt_nulls")
+    assert sorted(ours) == sorted(theirs) == ["all"]
+    assert_same_files(ch.table_dir("default", "dflt_nulls") / theirs["all"], ours["all"])
+    got = PartReader(ours["all"]).read()
+    assert all(got.column(c).null_count == 1000 for c in ("dm", "fs", "uu", "en"))
+
+
 def test_materialized_and_alias_refused_like_18_16(ch: ClickHouseServer, tmp_path: Path) -> None:
     ch.query("DROP TABLE IF EXISTS dflt_refuse")
     ch.query(DDL.format(name="dflt_refuse"))
@@ -186,18 +205,22 @@ def test_materialized_and_alias_refused_like_18_16(ch: ClickHouseServer, tmp_pat
 def test_update_to_null_keeps_old_values_under_null(ch: ClickHouseServer, tmp_path: Path) -> None:
     ch.query("DROP TABLE IF EXISTS dflt_null")
     ch.query("CREATE TABLE dflt_null (k UInt64, n Nullable(Int32), s Nullable(String), "
-             "fs Nullable(FixedString(3))) ENGINE = MergeTree ORDER BY k")
-    # (fs stays as inserted: the evaluator cannot CAST(NULL, 'Nullable(FixedString(3))') yet)
+             "fs Nullable(FixedString(3)), dm Nullable(Decimal(9, 2)), uu Nullable(UUID), "
+             "en Nullable(Enum8('a' = 1, 'b' = 2))) ENGINE = MergeTree ORDER BY k")
     null = "\\N"
     ch.query("INSERT INTO dflt_null FORMAT TabSeparated", data="".join(
         f"{i}\t{null if i % 5 == 0 else i * 11}\t{null if i % 6 == 0 else 'v' * (i % 9)}\t"
-        f"{null if i % 7 == 0 else 'ab'}\n" for i in range(5000)).encode())
+        f"{null if i % 7 == 0 else 'ab'}\t{null if i % 4 == 0 else f'{i}.{i % 100:02d}'}\t"
+        f"{null if i % 8 == 0 else f'00000000-0000-0000-0000-{i:012x}'}\t"
+        f"{null if i % 9 == 0 else 'ab'[i % 2]}\n" for i in range(5000)).encode())
     table_dir = ch.table_dir("default", "dflt_null")
     names = (("k", "UInt64"), ("n", "Nullable(Int32)"), ("s", "Nullable(String)"),
-             ("fs", "Nullable(FixedString(3))"))
+             ("fs", "Nullable(FixedString(3))"), ("dm", "Nullable(Decimal(9, 2))"), ("uu", "Nullable(UUID)"),
+             ("en", "Nullable(Enum8('a' = 1, 'b' = 2))"))
     types = tuple((c, parse_type(t)) for c, t in names)
     schema = PartSchema(types, None, "k")
-    alter = "UPDATE n = NULL, s = NULL WHERE k % 3 = 0"
+    nulled = ("n", "s", "fs", "dm", "uu", "en")
+    alter = f"UPDATE {', '.join(f'{c} = NULL' for c in nulled)} WHERE k % 3 = 0"
     (current,) = parts_by_partition(ch, "dflt_null").values()
     shutil.copytree(table_dir / current, tmp_path / current)
     ch.query(f"ALTER TABLE dflt_null {alter}")
@@ -206,7 +229,7 @@ def test_update_to_null_keeps_old_values_under_null(ch: ClickHouseServer, tmp_pa
         assert time.monotonic() < deadline, "18.16 did not run the mutation"
         time.sleep(0.05)
     ours = mutate_part(tmp_path / current, tmp_path / "tmp_mut", schema,
-                       [MutationCommand.update([("n", "NULL"), ("s", "NULL")], "k % 3 = 0")],
+                       [MutationCommand.update([(c, "NULL") for c in nulled], "k % 3 = 0")],
                        WriterSettings(method="lz4", fsync=False))
     # 18.16 left the old values under the new NULLs (and 0 under the inserted ones)
     theirs = PartReader(table_dir / result).read()
