@@ -21,8 +21,27 @@ from replicad.sql.expressions_types import NDArray, dtype
 # ---- civil calendar (proleptic Gregorian), vectorised ------------------------------------------------
 
 
+#: below this many values the arithmetic is cheaper than building a table
+_CIVIL_TABLE_MIN_VALUES = 64
+
+
 def civil_from_days(days: NDArray) -> tuple[NDArray, NDArray, NDArray]:
-    """Day numbers -> (year, month 1..12, day 1..31)."""
+    """Day numbers -> (year, month 1..12, day 1..31), int64 arrays.
+
+    A block's dates usually span few days (a partition key's month, a day's inserts): when the min..max
+    range is at most half the values, the calendar is computed once per day of that range and indexed.
+    """
+    if days.ndim == 1 and days.size >= _CIVIL_TABLE_MIN_VALUES and days.dtype.kind in "iu":
+        lo, hi = int(days.min()), int(days.max())
+        if hi - lo + 1 <= days.size // 2:
+            table = _civil_from_days(np.arange(lo, hi + 1, dtype=np.int64))
+            idx = np.subtract(days, lo, dtype=np.intp, casting="unsafe")
+            y, m, d = (np.take(t, idx) for t in table)
+            return y, m, d
+    return _civil_from_days(days)
+
+
+def _civil_from_days(days: NDArray) -> tuple[NDArray, NDArray, NDArray]:
     z = days.astype(np.int64) + 719468
     era = np.floor_divide(z, 146097)
     doe = z - era * 146097
@@ -126,7 +145,12 @@ def _ymd(days: NDArray) -> tuple[NDArray, NDArray, NDArray]:
     return civil_from_days(days)
 
 
-_date_part("toYYYYMM", "UInt32", lambda d, s: _ymd(d)[0] * 100 + _ymd(d)[1])
+def _yyyymm(days: NDArray, _secs: NDArray) -> NDArray:
+    y, m, _d = civil_from_days(days)
+    return np.asarray(y * 100 + m)
+
+
+_date_part("toYYYYMM", "UInt32", _yyyymm)
 
 
 def _yyyymmdd(days: NDArray, _secs: NDArray) -> NDArray:
@@ -151,10 +175,20 @@ _date_part("toHour", "UInt8", lambda d, s: s // 3600)
 _date_part("toMinute", "UInt8", lambda d, s: (s // 60) % 60)
 _date_part("toSecond", "UInt8", lambda d, s: s % 60)
 _date_part("toMonday", "Date", lambda d, s: d - np.mod(d + 3, 7))
-_date_part("toStartOfMonth", "Date",
-           lambda d, s: days_from_civil(_ymd(d)[0], _ymd(d)[1], np.ones_like(d)))
-_date_part("toStartOfQuarter", "Date",
-           lambda d, s: days_from_civil(_ymd(d)[0], ((_ymd(d)[1] - 1) // 3) * 3 + 1, np.ones_like(d)))
+
+
+def _start_of_month(days: NDArray, _secs: NDArray) -> NDArray:
+    y, m, _d = civil_from_days(days)
+    return days_from_civil(y, m, np.ones_like(days))
+
+
+def _start_of_quarter(days: NDArray, _secs: NDArray) -> NDArray:
+    y, m, _d = civil_from_days(days)
+    return days_from_civil(y, ((m - 1) // 3) * 3 + 1, np.ones_like(days))
+
+
+_date_part("toStartOfMonth", "Date", _start_of_month)
+_date_part("toStartOfQuarter", "Date", _start_of_quarter)
 _date_part("toStartOfYear", "Date", _start_of_year)
 _date_part("toRelativeDayNum", "UInt32", lambda d, s: d)
 
