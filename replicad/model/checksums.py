@@ -26,6 +26,7 @@ from typing import Self
 from replicad.errors import CorruptedDataError
 from replicad.model.cityhash import file_hash
 from replicad.model.siphash import SipHash
+from replicad.model.varint import encode_varuint
 from replicad.storage.compression import compress_block, decompress_all
 
 HEADER_PREFIX = b"checksums format version: "
@@ -87,15 +88,6 @@ class _Reader:
 
     def at_end(self) -> bool:
         return self.pos == len(self.data)
-
-
-def _varuint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _name(raw: bytes, r: _Reader) -> str:
@@ -187,13 +179,13 @@ class Checksums:
     # ------------------------------------------------------------------ writing
 
     def v3_body(self) -> bytes:
-        out = bytearray(_varuint(len(self.files)))
+        out = bytearray(encode_varuint(len(self.files)))
         for name, c in self.files.items():
             raw = name.encode()
-            out += _varuint(len(raw)) + raw + _varuint(c.file_size) + c.file_hash
+            out += encode_varuint(len(raw)) + raw + encode_varuint(c.file_size) + c.file_hash
             out.append(1 if c.is_compressed else 0)
             if c.is_compressed:
-                out += _varuint(c.uncompressed_size) + c.uncompressed_hash
+                out += encode_varuint(c.uncompressed_size) + c.uncompressed_hash
         return bytes(out)
 
     def to_bytes(self) -> bytes:
@@ -387,8 +379,8 @@ class MinimalisticChecksums:
     def body(self) -> bytes:
         """The serialization without the version line (as embedded in a part header node)."""
         return (
-            _varuint(self.num_compressed_files)
-            + _varuint(self.num_uncompressed_files)
+            encode_varuint(self.num_compressed_files)
+            + encode_varuint(self.num_uncompressed_files)
             + self.hash_of_all_files
             + self.hash_of_uncompressed_files
             + self.uncompressed_hash_of_compressed_files

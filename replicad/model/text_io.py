@@ -163,24 +163,25 @@ class TextReader:
     def raw(self) -> str:
         return decode(self.raw_bytes())
 
-    def escaped(self) -> str:
-        """``readEscapedString``: up to the next unescaped TAB or LF."""
+    def _unescape(self, stops: tuple[int, ...]) -> tuple[bytes, int, bool]:
+        """The bytes from ``pos`` up to the first unescaped byte of ``stops`` (or the end), backslash escapes
+        resolved: (bytes, where it stopped: a stop byte or the end, whether the data ended inside an escape).
+        """
         data = self.data
         out = bytearray()
         pos = self.pos
         n = len(data)
         while pos < n:
             c = data[pos]
-            if c in (0x09, 0x0A):
-                break
+            if c in stops:
+                return bytes(out), pos, False
             if c != 0x5C:
                 out.append(c)
                 pos += 1
                 continue
             pos += 1
             if pos >= n:
-                self.pos = pos
-                raise self.error("cannot parse escape sequence")
+                return bytes(out), pos, True
             e = data[pos]
             if e == ord("x"):
                 out += self._hex_escape(pos)
@@ -190,8 +191,14 @@ class TextReader:
             else:
                 out += _UNESCAPE.get(e, bytes([e]))
                 pos += 1
-        self.pos = pos
-        return decode(bytes(out))
+        return bytes(out), pos, False
+
+    def escaped(self) -> str:
+        """``readEscapedString``: up to the next unescaped TAB or LF."""
+        out, self.pos, dangling = self._unescape((0x09, 0x0A))
+        if dangling:
+            raise self.error("cannot parse escape sequence")
+        return decode(out)
 
     def _hex_escape(self, pos: int) -> bytes:
         """The byte of a ``\\xHH`` escape whose ``x`` is at ``pos``."""
@@ -203,33 +210,12 @@ class TextReader:
 
     def quoted(self) -> str:
         """``readQuotedString`` (single quotes, backslash escapes)."""
-        data = self.data
         if not self.check(b"'"):
             raise self.error("expected opening quote")
-        out = bytearray()
-        pos = self.pos
-        n = len(data)
-        while pos < n:
-            c = data[pos]
-            if c == 0x27:
-                self.pos = pos + 1
-                return decode(bytes(out))
-            if c != 0x5C:
-                out.append(c)
-                pos += 1
-                continue
-            pos += 1
-            if pos >= n:
-                break
-            e = data[pos]
-            if e == ord("x"):
-                out += self._hex_escape(pos)
-                pos += 3
-            elif e == ord("N"):
-                pos += 1
-            else:
-                out += _UNESCAPE.get(e, bytes([e]))
-                pos += 1
+        out, pos, _dangling = self._unescape((0x27,))
+        if pos < len(self.data):  # at the closing quote
+            self.pos = pos + 1
+            return decode(out)
         self.pos = pos
         raise self.error("expected closing quote")
 

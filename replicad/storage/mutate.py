@@ -52,6 +52,7 @@ from replicad.storage.part import (
     PartDirectory,
     columns_text,
     fsync_dir,
+    write_file,
 )
 from replicad.storage.reader import PartReader
 from replicad.storage.types import escape_for_file_name
@@ -303,14 +304,6 @@ def clone_part(source: PartDirectory, tmp_dir: Path, marks_count: int, fsync: bo
     return _described(tmp_dir, marks_count)
 
 
-def _write_small(path: Path, data: bytes, fsync: bool) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-
-
 def _rewrite_columns(
     source: PartDirectory,
     reader: PartReader,
@@ -352,8 +345,8 @@ def _rewrite_columns(
         checksums = Checksums(files=files)
         have = {n for n, _t in source.column_types} | set(updated)
         text = columns_text([(n, t) for n, t in keys.columns if n in have])
-        _write_small(tmp_dir / COLUMNS_FILE, text.encode("utf-8"), settings.fsync)
-        _write_small(tmp_dir / CHECKSUMS_FILE, checksums.to_bytes(), settings.fsync)
+        write_file(tmp_dir / COLUMNS_FILE, text.encode("utf-8"), settings.fsync)
+        write_file(tmp_dir / CHECKSUMS_FILE, checksums.to_bytes(), settings.fsync)
         if settings.fsync:
             fsync_dir(tmp_dir)
     except BaseException:

@@ -158,6 +158,15 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def write_file(path: str | os.PathLike[str], data: bytes, fsync: bool, *, exclusive: bool = False) -> None:
+    """Write a whole (small) file, fsynced when ``fsync``; ``exclusive``: fail if it exists."""
+    with open(path, "xb" if exclusive else "wb") as f:
+        f.write(data)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def hash_compressed_file(path: str | os.PathLike[str]) -> tuple[int, bytes, int, bytes]:
     """(file size, file hash, uncompressed size, uncompressed hash) of a ``.bin`` file, in one pass.
 

@@ -31,6 +31,8 @@ from typing import BinaryIO, Protocol
 from replicad.errors import CorruptedDataError, InsecurePathError
 from replicad.model.checksums import Checksums, MinimalisticChecksums
 from replicad.model.cityhash import FileHasher
+from replicad.model.varint import encode_varuint
+from replicad.storage.part import write_file
 
 CHECKSUMS_FILE = "checksums.txt"
 COLUMNS_FILE = "columns.txt"
@@ -75,17 +77,8 @@ def check_file_name(name: str) -> str:
     return name
 
 
-def _varuint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _string(b: bytes) -> bytes:
-    return _varuint(len(b)) + b
+    return encode_varuint(len(b)) + b
 
 
 # ---------------------------------------------------------------------------------------------- sending
@@ -250,14 +243,6 @@ class _Body:
         return await self.exactly(n, what)
 
 
-def _write_small(path: Path, data: bytes, fsync: bool) -> None:
-    with open(path, "xb") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-
-
 def _close(f: BinaryIO, fsync: bool) -> None:
     try:
         if fsync:
@@ -272,7 +257,7 @@ async def _receive_file(body: _Body, path: Path, size: int, name: str, fsync: bo
     if size <= _SMALL_FILE:
         data = await body.exactly(size, f"file {name}")
         hasher.update(data)
-        await asyncio.to_thread(_write_small, path, data, fsync)
+        await asyncio.to_thread(write_file, path, data, fsync, exclusive=True)
     else:
         f = await asyncio.to_thread(open, path, "xb")
         try:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replicad.errors import CorruptedDataError
+from replicad.model.varint import encode_varuint
 from replicad.storage.types_base import (
     FIELD_ARRAY,
     FIELD_NULL,
@@ -25,7 +26,6 @@ from replicad.storage.types_base import (
     DataType,
     as_array,
 )
-from replicad.storage.types_string import encode_varuint
 
 
 def _append(out: dict[str, bytes], suffix: str, data: bytes) -> None:

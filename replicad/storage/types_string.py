@@ -23,19 +23,6 @@ from replicad.storage.types_base import (
     is_stringlike,
 )
 
-
-def encode_varuint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 # ---- String ----------------------------------------------------------------------------------------
 
 

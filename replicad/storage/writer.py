@@ -56,6 +56,7 @@ from replicad.storage.part import (
     fsync_dir,
     minmax_file_name,
     stream_stem,
+    write_file,
 )
 from replicad.storage.types import DataType
 
@@ -139,7 +140,7 @@ class _Stream:
             os.fsync(self._bin.fileno())
         self._bin.close()
         marks = bytes(self._marks)
-        _write_file(directory / (self.name + MARKS_EXT), marks, fsync)
+        write_file(directory / (self.name + MARKS_EXT), marks, fsync)
         return {
             self.name + DATA_EXT: Checksum(
                 file_size=out.file_size,
@@ -159,14 +160,6 @@ class _Stream:
 def _plain_checksum(data: bytes) -> Checksum:
     return Checksum(file_size=len(data), file_hash=file_hash(data), is_compressed=False,
                     uncompressed_size=0, uncompressed_hash=bytes(16))
-
-
-def _write_file(path: Path, data: bytes, fsync: bool) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def _combine(col: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -470,7 +463,7 @@ class PartWriter:
             self._pool = None
 
         def put(name: str, data: bytes) -> None:
-            _write_file(self.path / name, data, fsync)
+            write_file(self.path / name, data, fsync)
             files[name] = _plain_checksum(data)
 
         if self.primary_key:
@@ -492,9 +485,9 @@ class PartWriter:
             put(COUNT_FILE, str(self.rows).encode())
 
         text = columns_text(self.columns)
-        _write_file(self.path / COLUMNS_FILE, text.encode("utf-8"), fsync)
+        write_file(self.path / COLUMNS_FILE, text.encode("utf-8"), fsync)
         checksums = Checksums(files=files)
-        _write_file(self.path / CHECKSUMS_FILE, checksums.to_bytes(), fsync)
+        write_file(self.path / CHECKSUMS_FILE, checksums.to_bytes(), fsync)
         if fsync:
             fsync_dir(self.path)
         self._finished = True

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from replicad.errors import BadInputError, CorruptedDataError
 from replicad.model.siphash import SipHash
+from replicad.model.varint import encode_varuint
 from replicad.storage.compression import decompress_all
 from replicad.storage.types import (
     DataType,
@@ -25,7 +26,7 @@ from replicad.storage.types import (
     parse_type,
     unescape_for_file_name,
 )
-from replicad.storage.types_string import decode_strings, encode_varuint
+from replicad.storage.types_string import decode_strings
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ch18_part_basic" / "202611_1_1_0"
 

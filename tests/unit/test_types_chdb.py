@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from replicad.model.varint import encode_varuint
 from replicad.storage.types import DataType, parse_type
-from replicad.storage.types_string import encode_varuint
 
 chdb = pytest.importorskip("chdb")
 
