@@ -115,6 +115,8 @@ class ReplicaEnv:
     #: PARTITION to when this replica leads.  replicad has none; 0 makes such a forward fail at once instead
     #: of reaching whatever else listens on 9000.
     tcp_port: int = 0
+    #: False: never fsync, whatever fsync_after_insert / fsync_part_directory /
+    #: min_compressed_bytes_to_fsync_after_fetch say (tests)
     fsync: bool = True
     writer: WriterSettings | None = None
     max_parallel_fetches: int = 8
@@ -133,18 +135,22 @@ class TableReplica:
         self.supervisor = supervisor
         self.paths = TablePaths.create(spec.zk_path, spec.replica_name)
         s = spec.settings
-        self.layout = TableDataLayout(env.data_path, spec.name.database, spec.name.table)
+        # ClickHouse's durability settings, all off by default (env.fsync=False: never fsync)
+        fsync_files = env.fsync and bool(int(s.get("fsync_after_insert", 0)))
+        fsync_dirs = env.fsync and bool(int(s.get("fsync_part_directory", 0)))
+        fsync_fetched = int(s.get("min_compressed_bytes_to_fsync_after_fetch", 0)) if env.fsync else 0
+        self.layout = TableDataLayout(env.data_path, spec.name.database, spec.name.table, fsync_dirs)
         self.store = PartStore(self.layout, float(s.get("old_parts_lifetime", 480)))
         self.schema = TableSchema(spec.columns, spec.partition_by, spec.order_by, spec.primary_key, env.tz,
                                   defaults=column_defaults(spec.columns_text))
-        base = env.writer or WriterSettings(fsync=env.fsync)
+        base = env.writer or WriterSettings()
         self.writer_settings = WriterSettings(
             index_granularity=int(s.get("index_granularity", base.index_granularity)),
             min_compress_block_size=base.min_compress_block_size,
             max_compress_block_size=base.max_compress_block_size,
             method=base.method,
             level=base.level,
-            fsync=env.fsync,
+            fsync=fsync_files,
             threads=base.threads,
         )
         self.parts_to_throw_insert = int(s.get("parts_to_throw_insert", 300))
@@ -169,7 +175,7 @@ class TableReplica:
             self.store,
             table_columns_text=spec.columns_text,
             credentials=env.credentials,
-            fsync=env.fsync,
+            min_bytes_to_fsync=fsync_fetched,
         )
         self.puller = LogPuller(
             keeper,

@@ -144,6 +144,14 @@ _DEFS: tuple[SettingDef, ...] = (
                since="20.x", check=_bool01),
     SettingDef("index_granularity_bytes", 0, MT, "adaptive granularity (0 = off, as 18.16 writes)",
                since="19.x", check=_zero_only),
+    SettingDef("fsync_after_insert", 0, MT, "fsync every file of a part written here (insert, merge, "
+               "mutation) before it is committed; 0 = leave it to the page cache, as ClickHouse",
+               since="20.x", check=_bool01),
+    SettingDef("fsync_part_directory", 0, MT, "fsync the part directory after writing a part and the table "
+               "directory after renaming it into place", since="20.x", check=_bool01),
+    SettingDef("min_compressed_bytes_to_fsync_after_fetch", 0, MT,
+               "fsync a fetched part's files when it has at least this many bytes (0 = never)",
+               since="20.x", check=_non_negative),
     SettingDef("use_minimalistic_part_header_in_zookeeper", 0, MT,
                "single-node part header (modern default 1); 18.16 cannot read it", since="19.x",
                check=lambda v: None if v == 0 else "18.16 cannot read single-node part headers: only 0"),

@@ -47,6 +47,7 @@ from replicad.model.siphash import SipHash
 from replicad.replication.commit import part_commit_ops
 from replicad.replication.part_store import LocalPart, PartStore
 from replicad.storage.layout import TMP_FETCH
+from replicad.storage.part import fsync_part_files
 from replicad.storage.part_transfer import RECEIVE_MAX_PROTOCOL_VERSION, receive_part
 
 log = get_logger(__name__)
@@ -103,6 +104,7 @@ class PartFetcher:
         timeout_s: float = 1800.0,
         connect_timeout_s: float = 10.0,
         fsync: bool = False,
+        min_bytes_to_fsync: int = 0,
     ) -> None:
         self.keeper = keeper
         self.paths = paths
@@ -111,7 +113,10 @@ class PartFetcher:
         self.columns_version = columns_version
         self.credentials = credentials or FetchCredentials()
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s, sock_read=300)
+        #: fsync every fetched part (``fsync``), or those of at least ``min_bytes_to_fsync`` bytes
+        #: (``min_compressed_bytes_to_fsync_after_fetch``; 0 = never, ClickHouse's default)
         self.fsync = fsync
+        self.min_bytes_to_fsync = min_bytes_to_fsync
         self._session: aiohttp.ClientSession | None = None
         self._fetching: set[str] = set()
         #: (part, replica) -> when fetching that part from that replica last failed
@@ -316,6 +321,9 @@ class PartFetcher:
             raise FetchError(f"Timeout fetching part {part_name} from {address.host}") from e
         if received.body_size == 0:  # pragma: no cover - receive_part refuses empty bodies already
             raise CorruptedDataError(f"Empty answer for part {part_name}")
+        threshold = self.min_bytes_to_fsync
+        if not self.fsync and threshold and received.checksums.total_size >= threshold:
+            await asyncio.to_thread(fsync_part_files, tmp_dir)
         return received.checksums
 
     async def _check_with_replicas(self, part_name: str, columns_text: str, checksums: Checksums) -> set[str]:

@@ -66,6 +66,9 @@ class TableDataLayout:
     data_path: Path
     database: str
     table: str
+    #: ``fsync_part_directory``: fsync a part's directory before renaming it into place and the table
+    #: directory after (power-loss durability of the rename; the rename is atomic either way)
+    fsync_part_directory: bool = False
 
     @property
     def path(self) -> Path:
@@ -124,13 +127,14 @@ class TableDataLayout:
         p.mkdir(parents=True)
         return p
 
-    def commit(self, tmp_dir: str | os.PathLike[str], part_name: str, *, fsync: bool = True) -> Path:
+    def commit(self, tmp_dir: str | os.PathLike[str], part_name: str, *, fsync: bool | None = None) -> Path:
         """Atomically rename a finished temporary directory to ``<table>/<part_name>``.
 
-        The part's files must already be durable (the writer fsyncs them); here the part directory,
-        then after the rename the table directory, are fsynced.  PartDirectoryExistsError if the part
-        already exists.
+        With ``fsync`` (default: ``fsync_part_directory``) the part directory, then after the rename the
+        table directory, are fsynced.  PartDirectoryExistsError if the part already exists.
         """
+        if fsync is None:
+            fsync = self.fsync_part_directory
         src = Path(tmp_dir)
         dst = self.part_path(part_name)
         if dst.exists():

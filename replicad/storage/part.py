@@ -158,6 +158,18 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def fsync_part_files(path: str | os.PathLike[str]) -> None:
+    """fsync every file of a part directory, then the directory itself."""
+    for entry in os.scandir(path):
+        if entry.is_file(follow_symlinks=False):
+            fd = os.open(entry.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fsync_dir(path)
+
+
 def write_file(path: str | os.PathLike[str], data: bytes, fsync: bool, *, exclusive: bool = False) -> None:
     """Write a whole (small) file, fsynced when ``fsync``; ``exclusive``: fail if it exists."""
     with open(path, "xb" if exclusive else "wb") as f:

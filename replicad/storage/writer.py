@@ -83,8 +83,10 @@ class WriterSettings:
     max_compress_block_size: int = 1048576
     method: Method = "zstd"
     level: int = 1
-    #: fsync every file and the directory before :meth:`PartWriter.finish` returns
-    fsync: bool = True
+    #: fsync every file and the directory before :meth:`PartWriter.finish` returns (``fsync_after_insert``;
+    #: off by default, as in ClickHouse: the atomic rename of the finished directory is what keeps a
+    #: crashed process from leaving a half-written part under a part name)
+    fsync: bool = False
     #: worker threads for columns (0 = one per CPU, at most the number of columns; 1 = no pool)
     threads: int = 0
 
