@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import re
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,19 +57,9 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperSer
 
 @pytest.fixture
 def zk_root(zookeeper: ZooKeeperServer, request: pytest.FixtureRequest) -> Iterator[str]:
-    from kazoo.client import KazooClient
-
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)[:80]
-    root = f"/tests/{name}-{uuid.uuid4().hex[:8]}"
     if not zookeeper.running:  # a previous test may have killed it
         zookeeper.start()
-    zk = KazooClient(hosts=zookeeper.hosts)
-    zk.start(15)
-    try:
-        zk.ensure_path(root)
-    finally:
-        zk.stop()
-        zk.close()
+    root = zookeeper.new_chroot(request.node.name)
     yield root
     if _failed(request) and zookeeper.running:
         try:

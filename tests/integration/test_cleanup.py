@@ -8,19 +8,15 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from replicad.errors import KeeperConnectionLossError
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.replica import TableReplica
 from tests.support.table_cluster import ZK_PATH, Cluster, part_checksums, rows, wait_for
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -31,15 +27,6 @@ FAST_CLEANUP: dict[str, Any] = {
     "old_parts_lifetime": 1,
     "temporary_directories_lifetime": 60,
 }
-
-
-@pytest_asyncio.fixture
-async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(zookeeper, zk_root, tmp_path)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def merged_pair(cluster: Cluster) -> tuple[TableReplica, list[str]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import time
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,38 +24,24 @@ from replicad.model.log_entry import LogEntry
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.server.interserver import InterserverServer
 from replicad.service import InsertSettings, TableName
-from replicad.storage.types import parse_type
 from replicad.storage.writer import WriterSettings
+from tests.support import table_cluster
 from tests.support.clickhouse import ClickHouseServer
+from tests.support.table_cluster import ZK_PATH, events_spec
 from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(240)]
 
-ZK_PATH = "/clickhouse/tables/01/events"
 DDL = (
     "CREATE TABLE db.events (id Int32, ctime DateTime, name String) "
     "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/events', '{replica}') "
     "PARTITION BY toYYYYMM(ctime) ORDER BY id"
 )
-METADATA = (
-    "metadata format version: 1\ndate column: \nsampling expression: \nindex granularity: 8192\nmode: 0\n"
-    "sign column: \nprimary key: id\ndata format version: 1\npartition key: toYYYYMM(ctime)\n"
-)
-COLUMNS = "columns format version: 1\n3 columns:\n`id` Int32\n`ctime` DateTime\n`name` String\n"
 
 
 def spec(replica: str) -> TableSpec:
-    cols = (("id", parse_type("Int32")), ("ctime", parse_type("DateTime")), ("name", parse_type("String")))
-    return TableSpec(
-        name=TableName("db", "events"),
-        zk_path=ZK_PATH,
-        replica_name=replica,
-        columns=cols,
-        metadata_text=METADATA,
-        columns_text=COLUMNS,
-        partition_by="toYYYYMM(ctime)",
-        order_by="id",
-    )
+    """The table of DDL (its metadata and columns texts as 18.16 writes them)."""
+    return events_spec(replica, [("id", "Int32"), ("ctime", "DateTime"), ("name", "String")])
 
 
 def tsv(ids: range, month: int) -> bytes:
@@ -72,17 +58,7 @@ def arrow_rows(ids: range, month: int) -> pa.Table:
     )
 
 
-async def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        res = cond()
-        if asyncio.iscoroutine(res):
-            res = await res
-        if res:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
+wait_for = functools.partial(table_cluster.wait_for, timeout=60.0, poll=0.1)
 
 
 async def ch(server: ClickHouseServer, sql: str, data: bytes | None = None) -> str:

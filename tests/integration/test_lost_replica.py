@@ -6,19 +6,16 @@ clones too."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.replica import TableReplica
 from tests.support.table_cluster import ZK_PATH, Cluster, part_checksums, rows, sorted_rows, wait_for
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -29,15 +26,6 @@ SMALL_LOG: dict[str, Any] = {
     "cleanup_delay_period_random_add": 0,
 }
 PATHS = TablePaths.create(ZK_PATH, "test")
-
-
-@pytest_asyncio.fixture
-async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(zookeeper, zk_root, tmp_path)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def in_sync(replicas: list[TableReplica]) -> bool:

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
@@ -24,18 +21,8 @@ from tests.support.table_cluster import (
     sorted_rows,
     wait_for,
 )
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-
-@pytest_asyncio.fixture
-async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(zookeeper, zk_root, tmp_path)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def log_entries(keeper: Keeper) -> list[LogEntry]:

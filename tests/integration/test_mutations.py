@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from replicad.errors import BadInputError
 from replicad.keeper.client import Keeper
@@ -23,18 +20,8 @@ from tests.support.table_cluster import (
     sorted_rows,
     wait_for,
 )
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-
-@pytest_asyncio.fixture
-async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(zookeeper, zk_root, tmp_path)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 def reference(data: list[dict[str, Any]]) -> list[dict[str, Any]]:

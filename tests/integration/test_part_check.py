@@ -6,32 +6,19 @@ declared lost forever without blocking the queue."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.replica import TableReplica
 from tests.support.table_cluster import ZK_PATH, Cluster, part_checksums, rows, sorted_rows, wait_for
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 #: no merges in these tests: the part names stay put
 NO_MERGES: dict[str, Any] = {"max_replicated_merges_in_queue": 1, "cleanup_delay_period": 1}
-
-
-@pytest_asyncio.fixture
-async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(zookeeper, zk_root, tmp_path)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def start_pair(cluster: Cluster) -> tuple[TableReplica, TableReplica]:

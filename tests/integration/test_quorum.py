@@ -7,11 +7,8 @@ are updated as modern replicas do."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from replicad.errors import QuorumError, UnknownInsertStatusError
 from replicad.keeper.client import Keeper
@@ -21,21 +18,11 @@ from replicad.replica import TableReplica
 from replicad.replication.quorum import parallel_status_path, update_quorum
 from replicad.service import InsertSettings
 from tests.support.table_cluster import ZK_PATH, Cluster, rows, wait_for
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 PATHS = TablePaths.create(ZK_PATH, "test")
 STATUS = PATHS.quorum_status
-
-
-@pytest_asyncio.fixture
-async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(zookeeper, zk_root, tmp_path)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 def freeze(replica: TableReplica, frozen: bool = True) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +23,17 @@ from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.server.interserver import InterserverServer
 from replicad.service import InsertSettings, TableName
-from replicad.storage.types import parse_type
-from replicad.storage.writer import WriterSettings
+from tests.support import table_cluster
+from tests.support.table_cluster import METADATA, ZK_PATH, Cluster, events_spec, part_checksums
 from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-ZK_PATH = "/clickhouse/tables/01/events"
-METADATA = (
-    "metadata format version: 1\ndate column: \nsampling expression: \nindex granularity: 8192\nmode: 0\n"
-    "sign column: \nprimary key: id\ndata format version: 1\npartition key: toYYYYMM(ctime)\n"
-)
 COLUMNS = "columns format version: 1\n3 columns:\n`id` Int8\n`ctime` DateTime\n`name` String\n"
 
 
-def spec(replica: str, zk_path: str = ZK_PATH) -> TableSpec:
-    cols = (("id", parse_type("Int8")), ("ctime", parse_type("DateTime")), ("name", parse_type("String")))
-    return TableSpec(
-        name=TableName("db", "events"),
-        zk_path=zk_path,
-        replica_name=replica,
-        columns=cols,
-        metadata_text=METADATA,
-        columns_text=COLUMNS,
-        partition_by="toYYYYMM(ctime)",
-        order_by="id",
-    )
+def spec(replica: str, settings: dict[str, Any] | None = None) -> TableSpec:
+    return events_spec(replica, [("id", "Int8"), ("ctime", "DateTime"), ("name", "String")], settings)
 
 
 def rows(ids: list[int], month: int = 11, name: str = "x") -> pa.Table:
@@ -62,77 +47,21 @@ def rows(ids: list[int], month: int = 11, name: str = "x") -> pa.Table:
     )
 
 
-class Cluster:
-    """In-process replicas sharing one ZooKeeper chroot."""
-
-    def __init__(self, zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> None:
-        self.zookeeper = zookeeper
-        self.zk_root = zk_root
-        self.tmp_path = tmp_path
-        self.replicas: dict[str, TableReplica] = {}
-        self.keepers: dict[str, Keeper] = {}
-        self.servers: dict[str, InterserverServer] = {}
-
-    async def start(self, name: str, **env_kw: Any) -> TableReplica:
-        keeper = Keeper(self.zookeeper.hosts, session_timeout_s=6.0, chroot=self.zk_root)
-        await keeper.start()
-        server = self.servers.get(name)
-        if server is None:
-            server = InterserverServer("127.0.0.1", 0)
-            await server.start()
-            self.servers[name] = server
-        env = ReplicaEnv(
-            data_path=self.tmp_path / name,
-            interserver=server,
-            interserver_host="127.0.0.1",
-            fsync=False,
-            writer=WriterSettings(fsync=False, threads=1),
-            **env_kw,
-        )
-        replica = TableReplica(spec(name), keeper, env)
-        await replica.start()
-        self.replicas[name] = replica
-        self.keepers[name] = keeper
-        return replica
-
-    async def stop(self, name: str, *, keep_server: bool = True) -> None:
-        replica = self.replicas.pop(name)
-        await replica.stop()
-        await self.keepers.pop(name).close()
-        if not keep_server:
-            await self.servers.pop(name).stop()
-
-    async def close(self) -> None:
-        for name in list(self.replicas):
-            await self.stop(name)
-        for server in self.servers.values():
-            await server.stop(grace_s=0.1)
+def new_cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> Cluster:
+    """Replicas of the 3-column table (Int8 ids) with their own merge assigner settings."""
+    return Cluster(zookeeper, zk_root, tmp_path, make_spec=spec, assigner=None)
 
 
 @pytest_asyncio.fixture
 async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(zookeeper, zk_root, tmp_path)
+    c = new_cluster(zookeeper, zk_root, tmp_path)
     try:
         yield c
     finally:
         await c.close()
 
 
-async def wait_for(cond: Callable[[], Awaitable[bool] | bool], timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        res = cond()
-        if not isinstance(res, bool):
-            res = await res
-        if res:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or cond}")
-        await asyncio.sleep(0.05)
-
-
-def part_checksums(replica: TableReplica) -> dict[str, bytes]:
-    return {p.name: (p.path / "checksums.txt").read_bytes() for p in replica.store.active()}
+wait_for = functools.partial(table_cluster.wait_for, timeout=30.0)
 
 
 async def converged(replicas: list[TableReplica], n_parts: int) -> bool:
@@ -197,7 +126,7 @@ async def test_second_process_with_same_replica_name_is_refused(cluster: Cluster
     from replicad.replication.init import ReplicaIsAlreadyActiveError
 
     await cluster.start("r1")
-    other = Cluster(cluster.zookeeper, cluster.zk_root, tmp_path / "other")
+    other = new_cluster(cluster.zookeeper, cluster.zk_root, tmp_path / "other")
     try:
         with pytest.raises(ReplicaIsAlreadyActiveError):
             await other.start("r1")

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import subprocess
 import urllib.parse
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,17 +93,7 @@ def ok(reply: Reply) -> Reply:
 
 def make_chroot(zookeeper: ZooKeeperServer, name: str) -> str:
     """A fresh, created ZooKeeper path to use as a daemon's chroot."""
-    from kazoo.client import KazooClient
-
-    root = f"/tests/{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:60]}-{uuid.uuid4().hex[:8]}"
-    zk = KazooClient(hosts=zookeeper.hosts)
-    zk.start(15)
-    try:
-        zk.ensure_path(root)
-    finally:
-        zk.stop()
-        zk.close()
-    return root
+    return zookeeper.new_chroot(name)
 
 
 def daemon_config(base: Path, zookeeper: ZooKeeperServer, chroot: str, name: str,

@@ -1,16 +1,19 @@
-"""In-process replicad replica sets for the merge / mutation / drop tests.
+"""In-process replicad replica sets (replication, merge / mutation / drop, cleanup, quorum tests).
 
 Each replica is a :class:`TableReplica` with its own Keeper session and DataPartsExchange server.  Its
 merges / mutations / drops side (``TableOperations``) is the one the replica built itself when it has one
-(``replica.ops``), else one attached here after start-up with short pauses for fast tests.
+(``replica.ops``), else one attached here after start-up with short pauses for fast tests.  The table is
+``db.events`` at :data:`ZK_PATH` (:func:`events_spec`); the ``cluster`` fixture of
+``tests/integration/conftest.py`` hands out a :class:`Cluster` of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,28 +36,32 @@ METADATA = (
     "metadata format version: 1\ndate column: \nsampling expression: \nindex granularity: 8192\nmode: 0\n"
     "sign column: \nprimary key: id\ndata format version: 1\npartition key: toYYYYMM(ctime)\n"
 )
-COLUMNS = "columns format version: 1\n4 columns:\n`id` Int32\n`ctime` DateTime\n`name` String\n`v` UInt32\n"
 FAST = AssignerSettings(sleep_s=0.3)
 
 
-def spec(replica: str, settings: dict[str, Any] | None = None) -> TableSpec:
-    cols = (
-        ("id", parse_type("Int32")),
-        ("ctime", parse_type("DateTime")),
-        ("name", parse_type("String")),
-        ("v", parse_type("UInt32")),
+def events_spec(
+    replica: str, columns: Sequence[tuple[str, str]], settings: dict[str, Any] | None = None
+) -> TableSpec:
+    """``db.events`` at ZK_PATH with ``columns`` (name, type): PARTITION BY toYYYYMM(ctime) ORDER BY id."""
+    columns_text = f"columns format version: 1\n{len(columns)} columns:\n" + "".join(
+        f"`{n}` {t}\n" for n, t in columns
     )
     return TableSpec(
         name=TABLE,
         zk_path=ZK_PATH,
         replica_name=replica,
-        columns=cols,
+        columns=tuple((n, parse_type(t)) for n, t in columns),
         metadata_text=METADATA,
-        columns_text=COLUMNS,
+        columns_text=columns_text,
         partition_by="toYYYYMM(ctime)",
         order_by="id",
         settings=dict(settings or {}),
     )
+
+
+def spec(replica: str, settings: dict[str, Any] | None = None) -> TableSpec:
+    return events_spec(replica, [("id", "Int32"), ("ctime", "DateTime"), ("name", "String"), ("v", "UInt32")],
+                       settings)
 
 
 def rows(ids: list[int] | range, month: int = 11, name: str = "x") -> pa.Table:
@@ -95,7 +102,7 @@ async def wait_for(
     deadline = time.monotonic() + timeout
     while True:
         res = cond()
-        if asyncio.iscoroutine(res):
+        if inspect.isawaitable(res):
             res = await res
         if res:
             return
@@ -121,12 +128,26 @@ async def sorted_rows(replica: TableReplica) -> list[dict[str, Any]]:
 
 
 class Cluster:
-    """Replicas sharing one ZooKeeper chroot."""
+    """Replicas sharing one ZooKeeper chroot.
 
-    def __init__(self, zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> None:
+    ``make_spec(name, settings)`` builds each replica's table (default: :func:`spec`); ``assigner`` replaces
+    the merge assigner's settings of each replica (None: the replica keeps its own).
+    """
+
+    def __init__(
+        self,
+        zookeeper: ZooKeeperServer,
+        zk_root: str,
+        tmp_path: Path,
+        *,
+        make_spec: Callable[[str, dict[str, Any] | None], TableSpec] = spec,
+        assigner: AssignerSettings | None = FAST,
+    ) -> None:
         self.zookeeper = zookeeper
         self.zk_root = zk_root
         self.tmp_path = tmp_path
+        self.make_spec = make_spec
+        self.assigner = assigner
         self.replicas: dict[str, TableReplica] = {}
         self.ops: dict[str, TableOperations] = {}
         self.keepers: dict[str, Keeper] = {}
@@ -137,9 +158,10 @@ class Cluster:
         self,
         name: str,
         settings: dict[str, Any] | None = None,
-        assigner: AssignerSettings = FAST,
+        assigner: AssignerSettings | None = None,
         **env_kw: Any,
     ) -> TableReplica:
+        assigner = assigner or self.assigner
         keeper = Keeper(self.zookeeper.hosts, session_timeout_s=6.0, chroot=self.zk_root)
         await keeper.start()
         server = self.servers.get(name)
@@ -155,14 +177,14 @@ class Cluster:
             fsync=False,
             **env_kw,
         )
-        replica = TableReplica(spec(name, settings), keeper, env)
+        replica = TableReplica(self.make_spec(name, settings), keeper, env)
         built = getattr(replica, "ops", None)
         ops = (
             built
             if isinstance(built, TableOperations)
             else TableOperations(replica, assigner_settings=assigner)
         )
-        if built is not None:
+        if built is not None and assigner is not None:
             ops.assigner.settings = assigner
             ops.assigner.period_s = assigner.sleep_s
         await replica.start()

@@ -15,11 +15,13 @@ The jars are found at run time: ``$REPLICAD_ZOOKEEPER_CLASSPATH`` if set, else `
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from tests.support import process
@@ -286,6 +288,20 @@ class ZooKeeperServer:
             if session_id not in self.session_ids():
                 return
         raise RuntimeError(f"could not expire session 0x{session_id:x}")
+
+    def new_chroot(self, name: str) -> str:
+        """A fresh, created path ``/tests/<name>-<random>`` (``name`` made path-safe) to use as a chroot."""
+        from kazoo.client import KazooClient
+
+        root = f"/tests/{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}-{uuid.uuid4().hex[:8]}"
+        zk = KazooClient(hosts=self.hosts)
+        zk.start(15)
+        try:
+            zk.ensure_path(root)
+        finally:
+            zk.stop()
+            zk.close()
+        return root
 
     def dump_tree(self, root: str = "/", *, with_data: bool = True, max_data: int = 200) -> str:
         """The tree under ``root`` as indented text (for failure messages and tests)."""

@@ -1,0 +1,25 @@
+"""Fixtures of the integration tests (the session-wide ZooKeeper and the rest are in ``tests/conftest.py``).
+
+- ``cluster`` (function, async): an empty :class:`tests.support.table_cluster.Cluster` (in-process replicad
+  replicas of ``db.events`` on the test ZooKeeper, data under ``tmp_path/<replica>``); every replica
+  started through it is stopped after the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from tests.support.table_cluster import Cluster
+from tests.support.zookeeper import ZooKeeperServer
+
+
+@pytest_asyncio.fixture
+async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(zookeeper, zk_root, tmp_path)
+    try:
+        yield c
+    finally:
+        await c.close()
