@@ -24,8 +24,10 @@ import base64
 import random
 import shutil
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar, cast
 
 import aiohttp
 
@@ -37,7 +39,7 @@ from replicad.errors import (
     ReplicadError,
 )
 from replicad.keeper.client import Keeper
-from replicad.keeper.ops import Create, Delete, Op
+from replicad.keeper.ops import Create, Delete, Op, ZnodeStat
 from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
@@ -48,9 +50,11 @@ from replicad.replication.commit import part_commit_ops
 from replicad.replication.part_store import LocalPart, PartStore
 from replicad.storage.layout import TMP_FETCH
 from replicad.storage.part import fsync_part_files
-from replicad.storage.part_transfer import RECEIVE_MAX_PROTOCOL_VERSION, receive_part
+from replicad.storage.part_transfer import RECEIVE_MAX_PROTOCOL_VERSION, ReceivedPart, receive_part
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 #: a replica that failed to deliver a part is tried last for this long
 FAILED_SOURCE_PENALTY_S = 60.0
@@ -130,7 +134,10 @@ class PartFetcher:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self.timeout, cookie_jar=aiohttp.DummyCookieJar())
+            # read_bufsize: up to 2 MiB buffered before the socket stops being read (64 KiB by default)
+            self._session = aiohttp.ClientSession(
+                timeout=self.timeout, cookie_jar=aiohttp.DummyCookieJar(), read_bufsize=1 << 20
+            )
         return self._session
 
     # ------------------------------------------------------------------------------------- source choice
@@ -145,14 +152,15 @@ class PartFetcher:
             r for r in await self.keeper.get_children(self.paths.replicas) if r != self.paths.replica_name
         ]
         random.shuffle(replicas)
+        # is_active and parts/<part> of every replica in one pipelined round
+        probes = [self.paths.replica(r).part(part_name) for r in replicas]
         if active:
-            alive = await asyncio.gather(
-                *(self.keeper.exists(self.paths.replica(r).is_active) for r in replicas)
-            )
-            replicas = [r for r, st in zip(replicas, alive, strict=True) if st is not None]
-        exact = await asyncio.gather(
-            *(self.keeper.exists(self.paths.replica(r).part(part_name)) for r in replicas)
-        )
+            probes += [self.paths.replica(r).is_active for r in replicas]
+        stats = await asyncio.gather(*(self.keeper.exists(p) for p in probes))
+        exact, alive = stats[: len(replicas)], stats[len(replicas) :]
+        if active:
+            keep = [i for i, st in enumerate(alive) if st is not None]
+            replicas, exact = [replicas[i] for i in keep], [exact[i] for i in keep]
         found = [(r, part_name) for r, st in zip(replicas, exact, strict=True) if st is not None]
         if not found:
             for replica in replicas:
@@ -171,6 +179,8 @@ class PartFetcher:
                     found.append((replica, best.name))
         if not found:
             return None
+        if len(found) == 1:  # nothing to choose: no need to read the replica's progress
+            return FetchSource(found[0][0], found[0][1], 0, 0)
         progress = await asyncio.gather(*(self._replica_progress(r) for r, _ in found))
         candidates = [FetchSource(r, p, ptr, q) for (r, p), (ptr, q) in zip(found, progress, strict=True)]
 
@@ -185,13 +195,16 @@ class PartFetcher:
 
     async def _replica_progress(self, replica: str) -> tuple[int, int]:
         rp = self.paths.replica(replica)
-        try:
-            raw, _ = await self.keeper.get(rp.log_pointer)
-            pointer = int(raw) if raw.strip() else 0
-        except (KeeperNoNodeError, ValueError):
-            pointer = 0
-        stat = await self.keeper.exists(rp.queue)
+        node, stat = await asyncio.gather(self._get_or_none(rp.log_pointer), self.keeper.exists(rp.queue))
+        raw = node[0].strip() if node is not None else b""
+        pointer = int(raw) if raw.isdigit() else 0
         return pointer, (stat.num_children if stat is not None else 1 << 30)
+
+    async def _get_or_none(self, path: str) -> tuple[bytes, ZnodeStat] | None:
+        try:
+            return await self.keeper.get(path)
+        except KeeperNoNodeError:
+            return None
 
     # ------------------------------------------------------------------------------------- fetch + commit
 
@@ -220,9 +233,10 @@ class PartFetcher:
     async def _fetch(self, part_name: str, source_replica: str) -> tuple[LocalPart, list[LocalPart]]:
         info = PartInfo.parse(part_name)
         src = self.paths.replica(source_replica)
-        raw_host, _ = await self.keeper.get(src.host)
+        (raw_host, _), expected = await asyncio.gather(
+            self.keeper.get(src.host), self._zk_checksums(source_replica, part_name)
+        )
         address = ReplicaAddress.parse(raw_host)
-        expected = await self._zk_checksums(source_replica, part_name)
         tmp_dir = self.store.layout.tmp_path(TMP_FETCH, part_name)
         if tmp_dir.exists():
             log.warning("removing_stale_fetch_dir", dir=str(tmp_dir))
@@ -235,27 +249,31 @@ class PartFetcher:
             port=address.replication_port,
         )
         received = await self._download(address, src.root, part_name, tmp_dir, expected)
-        part, replaced = await self.commit_new_part(tmp_dir, info, received)
+        part, replaced = await self.commit_new_part(tmp_dir, info, received.checksums, received.columns_text)
         self.fetches_total += 1
         log.info("fetched_part", part=part_name, source=source_replica, replaced=[p.name for p in replaced])
         return part, replaced
 
     async def commit_new_part(
-        self, tmp_dir: Path, info: PartInfo, checksums: Checksums
+        self, tmp_dir: Path, info: PartInfo, checksums: Checksums, columns_text: str | None = None
     ) -> tuple[LocalPart, list[LocalPart]]:
         """checkPartChecksumsAndCommit for a part made here (fetched, merged): compare with the replicas that
         have it (CorruptedDataError on a mismatch), rename it into place, register it in ZooKeeper and make
-        it active.  ``tmp_dir`` is removed when anything fails."""
+        it active.  ``columns_text``: the part's columns.txt (read from ``tmp_dir`` when not given).
+        ``tmp_dir`` is removed when anything fails."""
         part_name = info.name
         try:
-            columns_text = (await asyncio.to_thread((tmp_dir / "columns.txt").read_bytes)).decode()
-            await self._check_with_replicas(part_name, columns_text, checksums)
+            if columns_text is None:
+                columns_text = (await asyncio.to_thread((tmp_dir / "columns.txt").read_bytes)).decode()
+            absent = await self._check_with_replicas(part_name, columns_text, checksums)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, tmp_dir, True)
             raise
         part = await self.store.precommit(tmp_dir, info)
         try:
-            await self._commit_to_zookeeper(part_name, columns_text, checksums)
+            # the check above stands for the first attempt: a replica registering the part meanwhile makes
+            # its probe fail, and everything is checked again
+            await self._commit_to_zookeeper(part_name, columns_text, checksums, absent)
         except BaseException:
             await self.store.rollback(part_name)
             raise
@@ -265,8 +283,8 @@ class PartFetcher:
         """Register an active local part missing from ``replicas/<me>/parts`` (checked like a fetched one)."""
         columns_text = part.directory.columns_text
         checksums = part.directory.checksums
-        await self._check_with_replicas(part.name, columns_text, checksums)
-        await self._commit_to_zookeeper(part.name, columns_text, checksums)
+        absent = await self._check_with_replicas(part.name, columns_text, checksums)
+        await self._commit_to_zookeeper(part.name, columns_text, checksums, absent)
         log.warning("registered_local_part", part=part.name)
 
     async def _zk_checksums(self, replica: str, part_name: str) -> MinimalisticChecksums | None:
@@ -292,7 +310,7 @@ class PartFetcher:
         part_name: str,
         tmp_dir: Path,
         expected: MinimalisticChecksums | None,
-    ) -> Checksums:
+    ) -> ReceivedPart:
         params = {
             "endpoint": f"DataPartsExchange:{source_replica_path}",
             "part": part_name,
@@ -324,62 +342,72 @@ class PartFetcher:
         threshold = self.min_bytes_to_fsync
         if not self.fsync and threshold and received.checksums.total_size >= threshold:
             await asyncio.to_thread(fsync_part_files, tmp_dir)
-        return received.checksums
+        return received
 
     async def _check_with_replicas(self, part_name: str, columns_text: str, checksums: Checksums) -> set[str]:
-        """Compare with every replica that registered the part; returns part paths of replicas without it."""
+        """Compare with every replica that registered the part; returns the part paths of the replicas without
+        it.  Two pipelined rounds: every replica's ``columns`` child; then, where it exists, the ``checksums``
+        child and the ``columns`` version again (unchanged = a consistent pair), elsewhere the part node
+        (absent, or a single-node header)."""
         mine = MinimalisticChecksums.from_checksums(checksums)
-        absent: set[str] = set()
-        replicas = await self.keeper.get_children(self.paths.replicas)
+        names = await self.keeper.get_children(self.paths.replicas)
+        if self.paths.replica_name not in names:  # always checked: absent tells whether we registered it
+            names.append(self.paths.replica_name)
+        rps = [self.paths.replica(r) for r in names]
+        columns = await self.keeper.get_many([rp.part_columns(part_name) for rp in rps])
+        second: list[Awaitable[object]] = []
+        for rp, col in zip(rps, columns, strict=True):
+            if col is None:
+                second.append(self._get_or_none(rp.part(part_name)))
+            else:
+                second.append(self._get_or_none(rp.part_checksums(part_name)))
+                second.append(self.keeper.exists(rp.part_columns(part_name)))
+        answers = iter(await asyncio.gather(*second))
         columns_hash = SipHash().update(columns_text.encode()).digest128()
-        for replica in replicas:
-            rp = self.paths.replica(replica)
-            try:
-                theirs_columns, stat_before = await self.keeper.get(rp.part_columns(part_name))
-            except KeeperNoNodeError:
-                header = await self._header(rp.part(part_name))
-                if header is None:
+        absent: set[str] = set()
+        for rp, col in zip(rps, columns, strict=True):
+            if col is None:
+                node = cast("tuple[bytes, ZnodeStat] | None", next(answers))
+                if node is None:
                     absent.add(rp.part(part_name))
-                elif header.columns_hash == columns_hash:
-                    header.checksums.check_equal(mine, True)
+                elif node[0].startswith(b"part header format version:"):
+                    header = PartHeader.parse(node[0])
+                    if header.columns_hash == columns_hash:
+                        header.checksums.check_equal(mine, True)
                 continue
+            raw = cast("tuple[bytes, ZnodeStat] | None", next(answers))
+            after = cast("ZnodeStat | None", next(answers))
+            theirs_columns, stat_before = col
             if theirs_columns.decode() != columns_text:
-                log.info("not_checking_checksums_columns_differ", part=part_name, replica=replica)
+                log.info("not_checking_checksums_columns_differ", part=part_name, replica=rp.name)
                 continue
-            try:
-                raw, _ = await self.keeper.get(rp.part_checksums(part_name))
-            except KeeperNoNodeError:
+            if raw is None or after is None or after.version != stat_before.version:
                 continue
-            after = await self.keeper.exists(rp.part_columns(part_name))
-            if after is None or after.version != stat_before.version:
-                continue
-            MinimalisticChecksums.parse(raw).check_equal(mine, True)
+            MinimalisticChecksums.parse(raw[0]).check_equal(mine, True)
         return absent
 
-    async def _header(self, path: str) -> PartHeader | None:
-        try:
-            data, _ = await self.keeper.get(path)
-        except KeeperNoNodeError:
-            return None
-        if data.startswith(b"part header format version:"):
-            return PartHeader.parse(data)
-        return None
-
-    async def _commit_to_zookeeper(self, part_name: str, columns_text: str, checksums: Checksums) -> None:
+    async def _commit_to_zookeeper(
+        self, part_name: str, columns_text: str, checksums: Checksums, absent: set[str] | None = None
+    ) -> None:
+        """Register the part under ``replicas/<me>/parts``; ``absent``: a check just made (first attempt)."""
         me = self.paths.me
         for _attempt in range(10):
-            absent = await self._check_with_replicas(part_name, columns_text, checksums)
-            if await self.keeper.exists(me.part(part_name)) is not None:
+            check = (
+                self._check_with_replicas(part_name, columns_text, checksums) if absent is None
+                else _value(absent)
+            )
+            known = self.columns_version
+            version = _value(known) if known is not None else self._columns_version()
+            missing, columns_version = await asyncio.gather(check, version)
+            absent = None
+            if me.part(part_name) not in missing:  # our own node is there already
                 log.warning("part_node_already_exists", part=part_name)
                 return
             probes: list[Op] = []
-            for path in sorted(absent):
+            for path in sorted(missing):
                 if path == me.part(part_name):
                     continue
                 probes += [Create(path, b""), Delete(path)]
-            columns_version = self.columns_version
-            if columns_version is None:
-                columns_version = (await self.keeper.get(self.paths.columns))[1].version
             ops = probes + part_commit_ops(self.paths, part_name, columns_text, checksums, columns_version)
             try:
                 await self.keeper.multi(ops)
@@ -392,3 +420,10 @@ class PartFetcher:
         raise ReplicadError(
             f"Could not commit fetched part {part_name}: replicas keep changing", retriable=True
         )
+
+    async def _columns_version(self) -> int:
+        return (await self.keeper.get(self.paths.columns))[1].version
+
+
+async def _value(v: T) -> T:
+    return v

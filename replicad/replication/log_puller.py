@@ -83,8 +83,10 @@ class LogPuller:
 
     async def _pull(self) -> int:
         me = self.paths.me
-        raw_pointer, _ = await self.keeper.get(me.log_pointer)
-        children = await self.keeper.get_children(self.paths.log, watch=self._on_watch)
+        # one pipelined round: the pointer is read before the log is listed, as ZooKeeper answers in order
+        (raw_pointer, _), children = await asyncio.gather(
+            self.keeper.get(me.log_pointer), self.keeper.get_children(self.paths.log, watch=self._on_watch)
+        )
         log_entries = sorted(c for c in children if c.startswith("log-"))
         if not raw_pointer.strip():
             index = sequence_number(log_entries[0]) if log_entries else 0

@@ -3,9 +3,11 @@
 ``GET|POST /?endpoint=DataPartsExchange:<replica_zk_path>&part=<name>&compress=false``
 ``[&client_protocol_version=N]``
 
-A small HTTP/1.1 server on asyncio streams, one request per connection (``Connection: Close``).  It is not
-built on a general web framework on purpose: ClickHouse 18.16's fetcher half-closes its socket right after
-sending the request, which general-purpose servers take for a dropped client.
+A small HTTP/1.1 server on asyncio streams.  It is not built on a general web framework on purpose:
+ClickHouse 18.16's fetcher half-closes its socket right after sending the request, which general-purpose
+servers take for a dropped client.  A connection serves further requests (keep-alive) unless the client
+asks for ``Connection: close`` (as 18.16 does) or a body was cut short; an idle connection is closed after
+``KEEP_ALIVE_TIMEOUT_S`` (longer than the fetchers' own pool timeout, so the client closes first).
 
 Compatible with 18.16 and modern fetchers:
 
@@ -45,6 +47,8 @@ ENDPOINT_PREFIX = "DataPartsExchange:"
 MAX_HEAD = 64 * 1024
 MAX_REQUEST_BODY = 1 << 20
 HEAD_TIMEOUT_S = 30.0
+KEEP_ALIVE_TIMEOUT_S = 30.0
+SEND_BUFFER = 8 << 20  # bytes the transport may hold before drain() waits
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -103,14 +107,23 @@ async def _aclose(it: AsyncIterator[bytes]) -> None:
         await close()
 
 
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n" % len(data) + data + b"\r\n"
+def _chunk(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """One piece of a chunked body, without copying ``data``."""
+    return b"%x\r\n" % len(data), data, b"\r\n"
 
 
-async def read_request(reader: asyncio.StreamReader) -> Request:
+def keep_alive(request: Request) -> bool:
+    """Whether the client lets the connection serve another request after this one."""
+    connection = request.headers.get("connection", "").lower()
+    if request.version == "HTTP/1.0":
+        return "keep-alive" in connection
+    return "close" not in connection
+
+
+async def read_request(reader: asyncio.StreamReader, timeout_s: float = HEAD_TIMEOUT_S) -> Request:
     """Request line and headers; a body (Content-Length or chunked) is read and discarded."""
     try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout_s)
     except asyncio.LimitOverrunError as e:
         raise BadRequest("request head too large") from e
     except asyncio.IncompleteReadError as e:
@@ -172,6 +185,7 @@ class InterserverServer:
         self.requests = 0
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._idle: set[asyncio.Task[None]] = set()  # kept-alive connections waiting for a request
 
     # --------------------------------------------------------------------------------------------- registry
 
@@ -200,6 +214,8 @@ class InterserverServer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         while self._connections and loop.time() < deadline:
+            for t in list(self._idle):
+                t.cancel()
             await asyncio.sleep(0.05)
         for t in list(self._connections):
             t.cancel()
@@ -232,33 +248,55 @@ class InterserverServer:
                 pass
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await read_request(reader)
-        except BadRequest as e:
-            await self._reply(writer, Reply(400, f"{e}\n"))
-            return
+        task = asyncio.current_task()
+        first = True
+        while True:
+            if not first:
+                if reader.at_eof():
+                    return
+                if task is not None:
+                    self._idle.add(task)
+            try:
+                request = await read_request(reader, HEAD_TIMEOUT_S if first else KEEP_ALIVE_TIMEOUT_S)
+            except BadRequest as e:
+                await self._reply(writer, Reply(400, f"{e}\n"))
+                return
+            except (ConnectionResetError, TimeoutError):
+                if first:
+                    raise
+                return  # the client closed its kept-alive connection, or left it idle
+            finally:
+                if task is not None:
+                    self._idle.discard(task)
+            first = False
+            if not await self._handle(request, writer):
+                return
+
+    async def _handle(self, request: Request, writer: asyncio.StreamWriter) -> bool:
+        """Answer one request; True when the connection may serve another one."""
         self.requests += 1
+        keep = keep_alive(request)
         reply = self._route(request)
         if isinstance(reply, Reply):
-            await self._reply(writer, reply)
-            return
+            await self._reply(writer, reply, keep)
+            return keep
         endpoint, part_name, part, version = reply
         self.total_sends += 1
         endpoint.current_sends += 1
         try:
-            await self._send(request, writer, endpoint, part_name, part, version)
+            return await self._send(request, writer, endpoint, part_name, part, version, keep) and keep
         finally:
             self.total_sends -= 1
             endpoint.current_sends -= 1
 
-    async def _reply(self, writer: asyncio.StreamWriter, reply: Reply) -> None:
+    async def _reply(self, writer: asyncio.StreamWriter, reply: Reply, keep: bool = False) -> None:
         body = reply.text.encode()
         head = [f"HTTP/1.1 {reply.status} {reply.reason or _REASONS.get(reply.status, 'Error')}"]
         head += [f"{k}: {v}" for k, v in reply.headers]
         head += [
             f"Content-Length: {len(body)}",
             "Content-Type: text/plain; charset=UTF-8",
-            "Connection: Close",
+            "Connection: Keep-Alive" if keep else "Connection: Close",
         ]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
         await writer.drain()
@@ -343,7 +381,9 @@ class InterserverServer:
         part_name: str,
         part: PartToSend,
         version: int,
-    ) -> None:
+        keep: bool = False,
+    ) -> bool:
+        """Send the part; True when the whole response went out (the connection may be kept)."""
         body = iter_part_body(part.path, part.checksums, version)
         try:
             try:
@@ -352,27 +392,30 @@ class InterserverServer:
                 if isinstance(e, CorruptedDataError) and endpoint.on_broken_part is not None:
                     endpoint.on_broken_part(part_name)
                 log.warning("part_send_failed", part=part_name, error=str(e))
-                await self._reply(writer, Reply(500, f"Cannot send part {part_name}: {e}\n"))
-                return
+                await self._reply(writer, Reply(500, f"Cannot send part {part_name}: {e}\n"), keep)
+                return True
             head = [
                 "HTTP/1.1 200 OK",
                 "Content-Type: application/octet-stream",
                 "Transfer-Encoding: chunked",
-                "Connection: Close",
+                "Connection: Keep-Alive" if keep else "Connection: Close",
             ]
             if "client_protocol_version" in request.query:
                 head.append(f"Set-Cookie: server_protocol_version={version}; Path=/")
-            writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + _chunk(first))
-            await writer.drain()
+            # drain() returns while a piece is still queued: the socket never waits for the next piece
+            writer.transport.set_write_buffer_limits(high=SEND_BUFFER)
+            writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+            writer.writelines(_chunk(first))
             async for piece in body:
+                await writer.drain()
                 if endpoint.blocked:
                     raise ConnectionAbortedError("Transferring part to replica was cancelled")
-                writer.write(_chunk(piece))
-                await writer.drain()
+                writer.writelines(_chunk(piece))
             writer.write(b"0\r\n\r\n")
             await writer.drain()
             self.sent_parts += 1
             log.debug("part_sent", part=part_name, version=version)
+            return True
         except CorruptedDataError as e:
             # Headers are gone already: all we can do is cut the body short (the connection closes).
             if endpoint.on_broken_part is not None:
@@ -382,3 +425,4 @@ class InterserverServer:
             log.info("part_send_aborted", part=part_name, error=str(e))
         finally:
             await _aclose(body)
+        return False

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import re
 import shutil
 import struct
-from collections.abc import AsyncIterator, Generator
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -32,7 +34,7 @@ from replicad.errors import CorruptedDataError, InsecurePathError
 from replicad.model.checksums import Checksums, MinimalisticChecksums
 from replicad.model.cityhash import FileHasher
 from replicad.model.varint import encode_varuint
-from replicad.storage.part import write_file
+from replicad.storage.part import fsync_dir
 
 CHECKSUMS_FILE = "checksums.txt"
 COLUMNS_FILE = "columns.txt"
@@ -53,10 +55,14 @@ TTL_INFOS_HEADER = "ttl format version: 1\n"
 EMPTY_TTL_INFOS = TTL_INFOS_HEADER + "{}"
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 CHUNK_SIZE = 1 << 20
+SEND_CHUNK_SIZE = 4 << 20
+#: the receiver hands the writer thread about this many bytes at a time (4 batches may wait for it)
+BATCH_SIZE = 4 << 20
+BATCHES_PENDING = 4
+MAX_KEPT_FILE = 64 << 20  # checksums.txt and columns.txt are also kept in memory up to this size
 MAX_FILES = 100_000
 MAX_FILE_SIZE = 1 << 40
 MAX_NAME_LENGTH = 255
-_SMALL_FILE = 1 << 16
 _U64 = struct.Struct("<Q")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.%+-]+")
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -165,21 +171,49 @@ async def iter_part_body(
     part_dir: str | os.PathLike[str],
     checksums: Checksums,
     protocol_version: int = 0,
-    chunk_size: int = CHUNK_SIZE,
+    chunk_size: int = SEND_CHUNK_SIZE,
+    read_ahead: int = 2,
 ) -> AsyncIterator[bytes]:
-    """Async version of :func:`iter_part_body_sync`: file reading and hashing run in a worker thread."""
-    gen = iter_part_body_sync(part_dir, checksums, protocol_version, chunk_size)
+    """Async version of :func:`iter_part_body_sync`: one thread reads and hashes the files, up to
+    ``read_ahead`` pieces ahead of the consumer (memory: a few ``chunk_size`` pieces, whatever the part)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Queue[tuple[bytes | None, Exception | None]] = asyncio.Queue()
+    slots = threading.Semaphore(read_ahead)
+    stop = threading.Event()
+
+    def deliver(item: tuple[bytes | None, Exception | None]) -> None:
+        try:
+            loop.call_soon_threadsafe(ready.put_nowait, item)
+        except RuntimeError:  # pragma: no cover - the loop is gone
+            stop.set()
+
+    def produce() -> None:
+        gen = iter_part_body_sync(part_dir, checksums, protocol_version, chunk_size)
+        try:
+            for piece in gen:
+                slots.acquire()
+                if stop.is_set():
+                    return
+                deliver((piece, None))
+            deliver((None, None))
+        except Exception as e:
+            deliver((None, e))
+        finally:
+            gen.close()
+
+    threading.Thread(target=produce, name="part-sender", daemon=True).start()
     try:
         while True:
-            piece = await asyncio.to_thread(next, gen, None)
+            piece, error = await ready.get()
+            if error is not None:
+                raise error
             if piece is None:
                 return
+            slots.release()
             yield piece
     finally:
-        try:
-            gen.close()
-        except ValueError:  # still running in its thread after a cancellation; it is collected later
-            pass
+        stop.set()
+        slots.release()  # a producer waiting for a slot sees ``stop``
 
 
 # --------------------------------------------------------------------------------------------- receiving
@@ -204,24 +238,54 @@ class ReceivedPart:
     uuid: str | None = None
     body_size: int = 0
     extra_files: tuple[str, ...] = field(default=())
+    columns_text: str = ""  # columns.txt (kept from the body)
 
 
 class _Body:
-    """Counts bytes and turns a short read into CorruptedDataError."""
+    """Reads the body through a buffer of its own, so that file data goes on as slices of the stream's own
+    chunks (no copy); counts bytes and turns a short read into CorruptedDataError."""
 
     def __init__(self, stream: AsyncByteStream) -> None:
         self.stream = stream
-        self.count = 0
+        self.count = 0  # bytes consumed
+        self._view = memoryview(b"")
+        self._readany: Callable[[], Awaitable[bytes]] | None = getattr(stream, "readany", None)
+
+    async def _more(self) -> bool:
+        """Refill the (empty) buffer with what the stream has; False at the end of the stream."""
+        data = await (self._readany() if self._readany is not None else self.stream.read(BATCH_SIZE))
+        self._view = memoryview(data)
+        return bool(data)
 
     async def exactly(self, n: int, what: str) -> bytes:
-        try:
-            data = await self.stream.readexactly(n) if n else b""
-        except asyncio.IncompleteReadError as e:
-            raise CorruptedDataError(
-                f"Truncated part body: {what} cut off at byte {self.count + len(e.partial)}"
-            ) from e
+        view = self._view
+        if len(view) >= n:
+            self._view = view[n:]
+            self.count += n
+            return bytes(view[:n])
+        parts = [view]
+        have = len(view)
+        while have < n:
+            if not await self._more():
+                raise CorruptedDataError(f"Truncated part body: {what} cut off at byte {self.count + have}")
+            take = self._view[: n - have]
+            self._view = self._view[len(take) :]
+            parts.append(take)
+            have += len(take)
         self.count += n
-        return data
+        return b"".join(parts)
+
+    async def some(self, n: int, what: str) -> memoryview:
+        """Between 1 and ``n`` bytes: what is buffered (waits only when nothing is)."""
+        if not self._view and not await self._more():
+            raise CorruptedDataError(f"Truncated part body: {what} cut off at byte {self.count}")
+        piece = self._view[:n]
+        self._view = self._view[len(piece) :]
+        self.count += len(piece)
+        return piece
+
+    async def at_eof(self) -> bool:
+        return not self._view and not await self._more()
 
     async def u64(self, what: str) -> int:
         return int(_U64.unpack(await self.exactly(8, what))[0])
@@ -243,41 +307,179 @@ class _Body:
         return await self.exactly(n, what)
 
 
-def _close(f: BinaryIO, fsync: bool) -> None:
-    try:
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    finally:
-        f.close()
+@dataclass(frozen=True)
+class _Write:
+    """Bytes of one file for the writer thread: ``first`` creates the file, ``last`` closes it and checks the
+    hash of everything written against ``sent_hash`` (the hash that followed the file in the body)."""
+
+    name: str
+    pieces: list[memoryview]
+    nbytes: int
+    first: bool
+    last: bool
+    sent_hash: bytes = b""
 
 
-async def _receive_file(body: _Body, path: Path, size: int, name: str, fsync: bool) -> bytes:
-    hasher = FileHasher()
-    if size <= _SMALL_FILE:
-        data = await body.exactly(size, f"file {name}")
-        hasher.update(data)
-        await asyncio.to_thread(write_file, path, data, fsync, exclusive=True)
-    else:
-        f = await asyncio.to_thread(open, path, "xb")
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class _PartSink:
+    """The file side of receiving a part: one thread creates the directory, then writes and hashes every file
+    and compares each file's hash with the one sent after it.  The event loop hands it batches of about
+    BATCH_SIZE bytes and waits while BATCHES_PENDING batches are handed over but not yet written, so memory
+    stays bounded whatever the part's size; a small part is one hand-off."""
+
+    def __init__(self, path: Path, fsync: bool) -> None:
+        self.path = path
+        self.fsync = fsync
+        self.created = False
+        self.error: Exception | None = None
+        self.files: dict[str, ReceivedFile] = {}
+        self._loop = asyncio.get_running_loop()
+        self._jobs: queue.SimpleQueue[list[_Write] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending = 0  # bytes handed over, not yet written (guarded by _lock)
+        self._space: asyncio.Future[None] | None = None  # the loop waits here for _pending to drop
+        self._done: asyncio.Future[None] = self._loop.create_future()
+        self._batch: list[_Write] = []
+        self._batch_bytes = 0
+        self._batch_limit = BATCH_SIZE
+        self._budget = BATCHES_PENDING * BATCH_SIZE
+        self._ended = False
+        self._aborted = False
+        threading.Thread(target=self._run, name="part-receiver", daemon=True).start()
+
+    # ---- event loop side
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    async def add(self, job: _Write) -> None:
+        self._batch.append(job)
+        self._batch_bytes += job.nbytes
+        if self._batch_bytes >= self._batch_limit:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        self._check()
+        if not self._batch:
+            return
+        n = self._batch_bytes
+        while True:
+            with self._lock:
+                if self._pending == 0 or self._pending + n <= self._budget:
+                    self._pending += n
+                    break
+                space = self._space = self._loop.create_future()
+            await space
+            self._check()
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        self._jobs.put(batch)
+
+    async def finish(self) -> dict[str, ReceivedFile]:
+        """Everything written (and fsynced if asked); raises what went wrong in the thread."""
+        await self._flush()
+        self._ended = True
+        self._jobs.put(None)
+        await asyncio.shield(self._done)
+        self._check()
+        return self.files
+
+    async def abort(self) -> None:
+        """Stop the thread (skipping what is still queued) and wait for it."""
+        self._aborted = True
+        if not self._ended:
+            self._ended = True
+            self._jobs.put(None)
+        await asyncio.shield(self._done)
+
+    # ---- thread side
+
+    def _release(self, n: int) -> None:
+        with self._lock:
+            self._pending -= n
+            space, self._space = self._space, None
+        if space is not None:
+            self._loop.call_soon_threadsafe(_resolve, space)
+
+    def _run(self) -> None:
+        f: BinaryIO | None = None
+        hasher = FileHasher()
         try:
-            remaining = size
-            while remaining:
-                piece = await body.exactly(min(CHUNK_SIZE, remaining), f"file {name}")
-                remaining -= len(piece)
-                hasher.update(piece)
-                await asyncio.to_thread(f.write, piece)
+            self.path.mkdir()
+            self.created = True
+        except Exception as e:
+            self.error = e
+        try:
+            while (batch := self._jobs.get()) is not None:
+                for job in batch:
+                    if self.error is None and not self._aborted:
+                        try:
+                            f, hasher = self._write(job, f, hasher)
+                        except Exception as e:
+                            self.error = e
+                self._release(sum(job.nbytes for job in batch))
+            if self.fsync and self.error is None and not self._aborted:
+                fsync_dir(self.path)
+        except Exception as e:  # pragma: no cover - fsync_dir failing
+            self.error = e
         finally:
-            await asyncio.to_thread(_close, f, fsync)
-    return hasher.digest()
+            if f is not None:
+                f.close()
+            try:
+                self._loop.call_soon_threadsafe(_resolve, self._done)
+            except RuntimeError:  # pragma: no cover - the loop is gone
+                pass
+
+    def _write(
+        self, job: _Write, f: BinaryIO | None, hasher: FileHasher
+    ) -> tuple[BinaryIO | None, FileHasher]:
+        if job.first:
+            f = open(self.path / job.name, "xb")
+            hasher = FileHasher()
+        assert f is not None
+        for piece in job.pieces:
+            hasher.update(piece)
+            f.write(piece)
+        if not job.last:
+            return f, hasher
+        try:
+            if self.fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            f.close()
+        digest = hasher.digest()
+        if digest != job.sent_hash:
+            raise CorruptedDataError(f"Checksum mismatch for file {job.name} transferred from other replica")
+        self.files[job.name] = ReceivedFile(hasher.size, digest)
+        return None, hasher
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+async def _receive_file(body: _Body, sink: _PartSink, name: str, size: int) -> bytes | None:
+    """Hand one file's bytes to ``sink`` in batches; returns them for checksums.txt and columns.txt."""
+    what = f"file {name}"
+    keep = name in (CHECKSUMS_FILE, COLUMNS_FILE) and size <= MAX_KEPT_FILE
+    kept: list[memoryview] = []
+    remaining = size
+    first = True
+    pieces: list[memoryview] = []
+    got = 0
+    while remaining:
+        piece = await body.some(min(remaining, BATCH_SIZE - got), what)
+        pieces.append(piece)
+        got += len(piece)
+        remaining -= len(piece)
+        if keep:
+            kept.append(piece)
+        if got >= BATCH_SIZE and remaining:
+            await sink.add(_Write(name, pieces, got, first, False))
+            first, pieces, got = False, [], 0
+    await sink.add(_Write(name, pieces, got, first, True, await body.exactly(16, f"hash of {name}")))
+    return b"".join(kept) if keep else None
 
 
 async def receive_part(
@@ -299,22 +501,27 @@ async def receive_part(
     if not 0 <= server_protocol_version <= RECEIVE_MAX_PROTOCOL_VERSION:
         raise CorruptedDataError(f"Unsupported DataPartsExchange protocol version {server_protocol_version}")
     path = Path(tmp_dir)
-    await asyncio.to_thread(path.mkdir)
+    sink = _PartSink(path, fsync)
     try:
         return await _receive(
-            _Body(stream), path, server_protocol_version, expected_checksums, fsync, max_files, max_file_size
+            _Body(stream), sink, server_protocol_version, expected_checksums, max_files, max_file_size
         )
     except BaseException:
-        await asyncio.shield(asyncio.to_thread(shutil.rmtree, path, True))
+        await asyncio.shield(_discard(sink))
         raise
+
+
+async def _discard(sink: _PartSink) -> None:
+    await sink.abort()
+    if sink.created:  # not when the directory already existed: it is not ours
+        await asyncio.to_thread(shutil.rmtree, sink.path, True)
 
 
 async def _receive(
     body: _Body,
-    path: Path,
+    sink: _PartSink,
     version: int,
     expected: Checksums | MinimalisticChecksums | None,
-    fsync: bool,
     max_files: int,
     max_file_size: int,
 ) -> ReceivedPart:
@@ -340,7 +547,8 @@ async def _receive(
     n_files = await body.u64("number of files")
     if n_files > max_files:
         raise CorruptedDataError(f"Too many files in part body: {n_files}")
-    files: dict[str, ReceivedFile] = {}
+    names: set[str] = set()
+    kept: dict[str, bytes] = {}
     for _ in range(n_files):
         raw = await body.string("file name", 4 * MAX_NAME_LENGTH)
         try:
@@ -348,23 +556,30 @@ async def _receive(
         except UnicodeDecodeError as e:
             raise InsecurePathError(f"Bad file name in part: {raw!r}") from e
         check_file_name(name)
-        if name in files:
+        if name in names:
             raise CorruptedDataError(f"File {name} sent twice in part body")
+        names.add(name)
         size = await body.u64(f"size of {name}")
         if size > max_file_size:
             raise CorruptedDataError(f"File {name} in part body is too large: {size} bytes")
-        digest = await _receive_file(body, path / name, size, name, fsync)
-        sent = await body.exactly(16, f"hash of {name}")
-        if sent != digest:
-            raise CorruptedDataError(f"Checksum mismatch for file {name} transferred from other replica")
-        files[name] = ReceivedFile(size, digest)
-    if await body.stream.read(1):
+        data = await _receive_file(body, sink, name, size)
+        if data is not None:
+            kept[name] = data
+    files = await sink.finish()
+    if not await body.at_eof():
         raise CorruptedDataError(f"Unexpected data after the part body (after byte {body.count})")
 
     for required in (CHECKSUMS_FILE, COLUMNS_FILE):
         if required not in files:
             raise CorruptedDataError(f"No {required} in the transferred part")
-    raw_checksums = await asyncio.to_thread((path / CHECKSUMS_FILE).read_bytes)
+    for name in (CHECKSUMS_FILE, COLUMNS_FILE):
+        if name not in kept:
+            kept[name] = await asyncio.to_thread((sink.path / name).read_bytes)
+    try:
+        columns_text = kept[COLUMNS_FILE].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CorruptedDataError(f"{COLUMNS_FILE} of the transferred part is not UTF-8") from e
+    raw_checksums = kept[CHECKSUMS_FILE]
     checksums = Checksums.parse(raw_checksums)
     for name, c in checksums.files.items():
         got = files.get(name)
@@ -384,6 +599,6 @@ async def _receive(
         expected.check_equal(checksums, True)
     elif expected is not None:
         expected.check_equal(checksums, False)
-    if fsync:
-        await asyncio.to_thread(_fsync_dir, path)
-    return ReceivedPart(path, checksums, files, part_type, sum_size, ttl, uuid, body.count, extra)
+    return ReceivedPart(
+        sink.path, checksums, files, part_type, sum_size, ttl, uuid, body.count, extra, columns_text
+    )
