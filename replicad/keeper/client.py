@@ -7,11 +7,10 @@ kazoo exceptions translated into ``replicad.errors.Keeper*Error``.  Watch callba
 state changes are delivered on the loop as well; a callback may be a plain function or return a
 coroutine (which is then run as a task).
 
-Session states (``SessionState``): ``connected``; ``suspended`` (connection dropped, the session
-may survive); ``lost`` (the session expired or was closed — ephemeral nodes and watches are gone).
-A suspension longer than the session timeout is reported as ``lost`` locally, because by then
-the server has expired the session (or is down): callers should re-initialise as after an expiry.
-kazoo itself reconnects forever; after an expiry it opens a new session (``session_id`` changes).
+Session states (``SessionState``: connected / suspended / lost, a long suspension reported as lost) are
+tracked by :class:`replicad.keeper.session.SessionTracker`, which Keeper extends: after ``lost`` callers
+should re-initialise as after an expiry (ephemeral nodes and watches are gone).  kazoo itself reconnects
+forever; after an expiry it opens a new session (``session_id`` changes).
 
 Requests are refused at once with ``KeeperConnectionLossError`` while not connected, so nothing is
 queued to run at some unknown later time.  A write that fails with ConnectionLoss or
@@ -68,12 +67,12 @@ from replicad.keeper.ops import (
     Op,
     SessionState,
     Set,
-    StateCallback,
     WatchCallback,
     WatchEvent,
     WatchEventType,
     ZnodeStat,
 )
+from replicad.keeper.session import SessionTracker
 from replicad.keeper.watches import ChildrenWatch, SessionEvents
 
 __all__ = [
@@ -129,7 +128,7 @@ def _describe(op: Op) -> str:
     return f"{type(op).__name__.lower()} {op.path}"
 
 
-class Keeper:
+class Keeper(SessionTracker):
     """One ZooKeeper session, used from one asyncio loop.
 
     ``hosts`` is ``"h1:p1,h2:p2"`` with an optional ``/chroot`` suffix; ``chroot`` (if given) is
@@ -149,7 +148,7 @@ class Keeper:
         parts = [p.strip("/") for p in (host_chroot, chroot or "") if p and p.strip("/")]
         self.hosts = host_list
         self.chroot = posixpath.normpath("/" + "/".join(parts)) if parts else ""
-        self.session_timeout_s = session_timeout_s
+        super().__init__(session_timeout_s)
         self.request_timeout_s = request_timeout_s if request_timeout_s is not None else session_timeout_s
         self._zk = KazooClient(
             hosts=host_list + self.chroot,
@@ -162,12 +161,7 @@ class Keeper:
                 "max_delay": reconnect_max_delay_s,
             },
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._state = SessionState.LOST
-        self._listeners: list[StateCallback] = []
-        self._lost_timer: asyncio.TimerHandle | None = None
         self._watches: set[ChildrenWatch] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
         self._closed = False
         #: Requests issued, by kind ("get", "create", "multi", ...): for benchmarks and tests.
@@ -244,10 +238,6 @@ class Keeper:
     # ------------------------------------------------------------------ session state
 
     @property
-    def session_state(self) -> SessionState:
-        return self._state
-
-    @property
     def connected(self) -> bool:
         return self._zk.connected
 
@@ -263,36 +253,6 @@ class Keeper:
     @property
     def requests_total(self) -> int:
         return sum(self.requests.values())
-
-    def add_state_listener(self, callback: StateCallback) -> None:
-        """``callback(state)`` runs on the loop at every transition (it may return a coroutine)."""
-        self._listeners.append(callback)
-
-    def remove_state_listener(self, callback: StateCallback) -> None:
-        if callback in self._listeners:
-            self._listeners.remove(callback)
-
-    async def wait_for_state(self, *states: SessionState, timeout: float | None = None) -> SessionState:
-        """Return when the session is in (or enters) one of ``states``; TimeoutError after ``timeout``."""
-        if self._state in states:
-            return self._state
-        fut: asyncio.Future[SessionState] = self._require_loop().create_future()
-
-        def listener(state: SessionState) -> None:
-            if state in states and not fut.done():
-                fut.set_result(state)
-
-        self.add_state_listener(listener)
-        try:
-            async with asyncio.timeout(timeout):
-                return await fut
-        finally:
-            self.remove_state_listener(listener)
-
-    def session_events(self) -> SessionEvents:
-        """Every state transition from now on, in order: ``async for state in keeper.session_events()``.
-        Subscribes at once (not at the first iteration); ``close()`` the iterator when done."""
-        return SessionEvents(self)
 
     def _on_kazoo_state(self, state: str) -> None:
         """kazoo's listener (connection thread): forward to the loop."""
@@ -311,64 +271,12 @@ class Keeper:
                 for w in list(self._watches):
                     w.rearm()
         elif kstate == KazooState.SUSPENDED:
-            if self._state is SessionState.CONNECTED:
-                self._set_state(SessionState.SUSPENDED)
-                self._cancel_lost_timer()
-                self._lost_timer = self._require_loop().call_later(self.session_timeout_s, self._declare_lost)
+            self._suspended()
         elif kstate == KazooState.LOST:
             self._cancel_lost_timer()
             self._set_state(SessionState.LOST)
 
-    def _declare_lost(self) -> None:
-        self._lost_timer = None
-        if self._state is SessionState.SUSPENDED:
-            log.warning("zookeeper_session_lost_locally: suspended longer than %.1fs", self.session_timeout_s)
-            self._set_state(SessionState.LOST)
-
-    def _cancel_lost_timer(self) -> None:
-        if self._lost_timer is not None:
-            self._lost_timer.cancel()
-            self._lost_timer = None
-
-    def _set_state(self, state: SessionState) -> None:
-        if state is self._state:
-            return
-        self._state = state
-        for cb in list(self._listeners):
-            self.dispatch(cb, state)
-
     # ------------------------------------------------------------------ plumbing
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return self._require_loop()
-
-    def _require_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            raise RuntimeError("Keeper not started")
-        return self._loop
-
-    def _post(self, fn: Callable[..., object], *args: Any) -> None:
-        """Schedule ``fn(*args)`` on the loop from any thread (dropped if the loop is gone)."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # loop closed meanwhile
-            pass
-
-    def dispatch(self, cb: Callable[[T], object], arg: T) -> None:
-        """Run a callback now (on the loop); a returned coroutine becomes a task; errors are logged."""
-        try:
-            res = cb(arg)
-        except Exception:
-            log.exception("keeper_callback_failed: %r", cb)
-            return
-        if asyncio.iscoroutine(res):
-            task = self._require_loop().create_task(res)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
 
     def _submit(self, kind: str, what: str, start: Callable[[], AsyncResult]) -> asyncio.Future[Any]:
         """Issue one request; its future resolves on the loop (raw kazoo value or translated error)."""

@@ -14,12 +14,13 @@ from replicad.keeper.ops import SessionState, WatchEvent, WatchEventType
 
 if TYPE_CHECKING:
     from replicad.keeper.client import Keeper
+    from replicad.keeper.session import SessionTracker
 
 
 class SessionEvents:
     """Async iterator over session state transitions (see ``Keeper.session_events``)."""
 
-    def __init__(self, keeper: Keeper) -> None:
+    def __init__(self, keeper: SessionTracker) -> None:
         self._keeper = keeper
         self._queue: asyncio.Queue[SessionState] = asyncio.Queue()
         keeper.add_state_listener(self._queue.put_nowait)
