@@ -4,24 +4,23 @@ It owns the table's local parts (:class:`PartStore`), its ZooKeeper state (creat
 18.16 does), the DataPartsExchange endpoint, and the background tasks: queue updating (log → queue),
 queue executing (fetches, drops), cleanup (outdated parts, part checks) and restarting (re-activation after
 a ZooKeeper session loss).  Inserts go through :mod:`replicad.replication.sink` and
-:mod:`replicad.replication.commit`; SELECT reads active parts with :class:`PartReader`.
+:mod:`replicad.replication.commit`; SELECT reads the active parts through :mod:`replicad.table_reader`;
+the introspection rows (``system.replicas`` / ``system.parts``) come from :mod:`replicad.replica_status`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from replicad import replica_status
 from replicad.errors import (
-    BadInputError,
-    CorruptedDataError,
     KeeperError,
     KeeperNoNodeError,
     ReadOnlyError,
@@ -44,7 +43,7 @@ from replicad.replication.fetcher import FetchCredentials, PartFetcher
 from replicad.replication.leader import LeaderElection
 from replicad.replication.log_puller import LogPuller, QueueUpdatingTask, load_queue
 from replicad.replication.part_check import PartCheckThread, check_parts_at_startup
-from replicad.replication.part_store import PartState, PartStore
+from replicad.replication.part_store import PartStore
 from replicad.replication.quorum import check_quorum_precondition, update_quorum_if_we_have_part
 from replicad.replication.restarting import CONNECTION_ERRORS, RestartingThread
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
@@ -60,11 +59,10 @@ from replicad.service import (
     StatementKind,
     TableName,
 )
-from replicad.sql.expressions import compile_expression
 from replicad.storage.layout import TableDataLayout
-from replicad.storage.reader import PartReader
 from replicad.storage.types import DataType
 from replicad.storage.writer import WriterSettings
+from replicad.table_reader import TableReader
 from replicad.tasks import BackgroundTask, Supervisor
 
 if TYPE_CHECKING:
@@ -143,6 +141,9 @@ class TableReplica:
         self.store = PartStore(self.layout, float(s.get("old_parts_lifetime", 480)))
         self.schema = TableSchema(spec.columns, spec.partition_by, spec.order_by, spec.primary_key, env.tz,
                                   defaults=column_defaults(spec.columns_text))
+        #: SELECT / count / full reads of the active parts
+        self.reader = TableReader(spec.columns, [n for n, _t in self.schema.insertable_columns], self.store,
+                                  env.tz, on_broken_part=self.enqueue_part_check)
         base = env.writer or WriterSettings()
         self.writer_settings = WriterSettings(
             index_granularity=int(s.get("index_granularity", base.index_granularity)),
@@ -496,115 +497,22 @@ class TableReplica:
 
     # ------------------------------------------------------------------------------------------- select
 
-    def _empty(self, names: Sequence[str]) -> pa.Table:
-        types = dict(self.spec.columns)
-        return pa.Table.from_arrays(
-            [pa.array([], types[n].arrow_type) for n in names],
-            schema=pa.schema([pa.field(n, types[n].arrow_type) for n in names]),
-        )
-
     async def iter_rows(
         self, names: Sequence[str], where: str | None = None, granules_per_batch: int = 16
     ) -> AsyncIterator[pa.Table]:
-        """The active parts' rows, part by part and a few granules at a time, filtered by ``where``.
-
-        Reading and filtering run in a worker thread; the active set is the one at the first batch."""
-        types = dict(self.spec.columns)
-        wanted = {n: types[n] for n in names}
-        expr = compile_expression(where) if where else None
-        tz = self.env.tz
-        for p in self.store.active():
-            try:
-                reader = await asyncio.to_thread(PartReader, p.directory, wanted)
-            except (CorruptedDataError, OSError):
-                self.enqueue_part_check(p.name)  # a broken or vanished part: the part check repairs it
-                raise
-            try:
-                batches = reader.iter_batches(list(names), granules_per_batch)
-
-                def step(it: Iterator[pa.Table] = batches) -> pa.Table | None:
-                    batch = next(it, None)
-                    if batch is None or expr is None:
-                        return batch
-                    return batch.filter(pa.array(expr.mask(batch, types, tz)))
-
-                while True:
-                    try:
-                        batch = await asyncio.to_thread(step)
-                    except (CorruptedDataError, OSError):
-                        self.enqueue_part_check(p.name)
-                        raise
-                    if batch is None:
-                        break
-                    if batch.num_rows:
-                        yield batch
-            finally:
-                reader.close()
+        """The active parts' rows, a few granules at a time, filtered by ``where`` (see TableReader)."""
+        async for batch in self.reader.iter_rows(names, where, granules_per_batch):
+            yield batch
 
     async def read_all(self, columns: Sequence[str] | None = None, where: str | None = None) -> pa.Table:
         """Every (matching) row of the active parts, in storage Arrow."""
-        names = list(columns) if columns is not None else [n for n, _ in self.spec.columns]
-        tables = [t async for t in self.iter_rows(names, where)]
-        return pa.concat_tables(tables) if tables else self._empty(names)
-
-    def _needed_columns(self, query: SelectQuery) -> list[str]:
-        types = dict(self.spec.columns)
-        out: list[str] = list(query.columns) if query.columns is not None else list(types)
-        extra: list[str] = []
-        if query.where:
-            extra += compile_expression(query.where).columns
-        for k in query.order_by:
-            extra += compile_expression(k.expression).columns
-        for c in out + extra:
-            if c not in types:
-                raise BadInputError(f"Missing columns: '{c}' while processing query", code=47)
-        return list(dict.fromkeys(out + extra))
+        return await self.reader.read_all(columns, where)
 
     async def select(self, query: SelectQuery) -> QueryResult:
-        types = dict(self.spec.columns)
-        names = self._needed_columns(query)
-        out_names = list(query.columns) if query.columns is not None else [
-            n for n, _ in self.schema.insertable_columns]
-        columns = [(n, types[n]) for n in out_names]
-        if not query.order_by:
-            return QueryResult(columns, self._stream(names, out_names, query.where, query.limit))
-        table = await self.read_all(names, query.where)
-        keys = []
-        sort_keys = []
-        for i, k in enumerate(query.order_by):
-            arr, _dt = compile_expression(k.expression).evaluate(table, types, self.env.tz)
-            keys.append(arr)
-            sort_keys.append((f"k{i}", "descending" if k.descending else "ascending", "at_end"))
-        key_table = pa.table({f"k{i}": a for i, a in enumerate(keys)})
-        idx = pc.sort_indices(key_table, sort_keys=sort_keys)
-        if query.limit is not None:
-            idx = idx.slice(0, query.limit)
-        return QueryResult.from_table(columns, table.take(idx).select(out_names))
-
-    async def _stream(
-        self, names: list[str], out_names: list[str], where: str | None, limit: int | None
-    ) -> AsyncIterator[pa.RecordBatch]:
-        left = limit
-        if left is not None and left <= 0:
-            return
-        async for table in self.iter_rows(names, where):
-            if left is not None:
-                table = table.slice(0, left)
-                left -= table.num_rows
-            for b in table.select(out_names).to_batches():
-                yield b
-            if left is not None and left <= 0:
-                return
+        return await self.reader.select(query)
 
     async def count(self, where: str | None) -> int:
-        if not where:
-            return sum(p.directory.rows for p in self.store.active())
-        expr = compile_expression(where)
-        names = list(dict.fromkeys(expr.columns)) or [self.spec.columns[0][0]]
-        total = 0
-        async for t in self.iter_rows(names, where):
-            total += t.num_rows
-        return total
+        return await self.reader.count(where)
 
     async def execute(self, statement: Statement) -> ExecuteResult:
         handler = self.statement_handlers.get(statement.kind)
@@ -633,78 +541,16 @@ class TableReplica:
     # ---------------------------------------------------------------------------------------- introspection
 
     def status(self) -> dict[str, Any]:
-        qs = self.queue_state.status()
-        now = time.time()
-        min_unprocessed = self.queue_state.min_unprocessed_insert_time
-        return {
-            "database": self.spec.name.database,
-            "table": self.spec.name.table,
-            "engine": "ReplicatedMergeTree",
-            "is_leader": bool(getattr(self.leader, "is_leader", False)),
-            "is_readonly": self.is_readonly,
-            "is_session_expired": self.keeper.session_state is SessionState.LOST,
-            "future_parts": qs.future_parts,
-            "parts_to_check": len(self.part_check),
-            "zookeeper_path": self.paths.zk_path,
-            "replica_name": self.paths.replica_name,
-            "replica_path": self.paths.me.root,
-            "columns_version": self.structure.columns_version if self.structure else -1,
-            "queue_size": qs.queue_size,
-            "inserts_in_queue": qs.inserts_in_queue,
-            "merges_in_queue": qs.merges_in_queue,
-            "part_mutations_in_queue": qs.part_mutations_in_queue,
-            "queue_oldest_time": qs.queue_oldest_time,
-            "inserts_oldest_time": qs.inserts_oldest_time,
-            "merges_oldest_time": qs.merges_oldest_time,
-            "oldest_part_to_get": qs.oldest_part_to_get,
-            "log_pointer": self.puller.log_pointer,
-            "log_max_index": self._zk_summary.get("log_max_index", 0),
-            "total_replicas": self._zk_summary.get("total_replicas", 0),
-            "active_replicas": self._zk_summary.get("active_replicas", 0),
-            "last_queue_update": qs.last_queue_update,
-            "absolute_delay": int(now - min_unprocessed) if min_unprocessed else 0,
-            "active_parts": len(self.store.active()),
-            "fetches_total": self.fetcher.fetches_total,
-            "executed_entries": self.executor.executed_total,
-            "failed_entries": self.executor.failed_total,
-            "merges_and_mutations": self.ops.status(),
-            "tasks": {t.name: (t.last_outcome.to_dict() if t.last_outcome else None) for t in self._tasks},
-            "restarting": self.restarting.status(),
-            "part_check": self.part_check.status(),
-            "cleanup": self.cleanup.status(),
-        }
+        """The ``system.replicas`` row and replicad's own health fields."""
+        return replica_status.replicas_row(self, self._zk_summary, self._tasks)
 
     async def replicas_summary(self) -> dict[str, int]:
         """``total_replicas`` / ``active_replicas`` / ``log_max_index`` (need ZooKeeper)."""
-        replicas = await self.keeper.get_children(self.paths.replicas)
-        active = 0
-        for r in replicas:
-            if await self.keeper.exists(self.paths.replica(r).is_active) is not None:
-                active += 1
-        log_entries = [c for c in await self.keeper.get_children(self.paths.log) if c.startswith("log-")]
-        log_max = max((int(c[4:]) for c in log_entries), default=0)
-        return {"total_replicas": len(replicas), "active_replicas": active, "log_max_index": log_max}
+        return await replica_status.zookeeper_summary(self.keeper, self.paths)
 
     def parts(self) -> list[dict[str, Any]]:
-        rows = []
-        for p in self.store.all_parts():
-            rows.append(
-                {
-                    "name": p.name,
-                    "partition_id": p.info.partition_id,
-                    "min_block_number": p.info.min_block,
-                    "max_block_number": p.info.max_block,
-                    "level": p.info.level,
-                    "data_version": p.info.data_version,
-                    "active": p.state is PartState.ACTIVE,
-                    "state": p.state.value,
-                    "rows": p.directory.rows,
-                    "bytes_on_disk": p.directory.bytes_on_disk,
-                    "modification_time": int(p.modification_time),
-                    "path": str(p.path),
-                }
-            )
-        return rows
+        """``system.parts`` rows (every part the store knows, active or not)."""
+        return replica_status.parts_rows(self.store)
 
     def queue_rows(self) -> list[dict[str, Any]]:
         return [

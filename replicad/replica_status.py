@@ -1,0 +1,97 @@
+"""The introspection rows of a table replica: ``system.replicas`` (plus replicad's own health fields),
+the ZooKeeper summary behind its replica counts, and ``system.parts``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from replicad.keeper.client import Keeper, SessionState
+from replicad.keeper.paths import TablePaths
+from replicad.replication.part_store import PartState, PartStore
+from replicad.tasks import BackgroundTask
+
+if TYPE_CHECKING:
+    from replicad.replica import TableReplica
+
+
+def replicas_row(
+    r: TableReplica, zk_summary: Mapping[str, int], tasks: Sequence[BackgroundTask]
+) -> dict[str, Any]:
+    """``system.replicas`` of ``r``; ``zk_summary`` as :func:`zookeeper_summary` last answered."""
+    qs = r.queue_state.status()
+    now = time.time()
+    min_unprocessed = r.queue_state.min_unprocessed_insert_time
+    return {
+        "database": r.spec.name.database,
+        "table": r.spec.name.table,
+        "engine": "ReplicatedMergeTree",
+        "is_leader": bool(getattr(r.leader, "is_leader", False)),
+        "is_readonly": r.is_readonly,
+        "is_session_expired": r.keeper.session_state is SessionState.LOST,
+        "future_parts": qs.future_parts,
+        "parts_to_check": len(r.part_check),
+        "zookeeper_path": r.paths.zk_path,
+        "replica_name": r.paths.replica_name,
+        "replica_path": r.paths.me.root,
+        "columns_version": r.structure.columns_version if r.structure else -1,
+        "queue_size": qs.queue_size,
+        "inserts_in_queue": qs.inserts_in_queue,
+        "merges_in_queue": qs.merges_in_queue,
+        "part_mutations_in_queue": qs.part_mutations_in_queue,
+        "queue_oldest_time": qs.queue_oldest_time,
+        "inserts_oldest_time": qs.inserts_oldest_time,
+        "merges_oldest_time": qs.merges_oldest_time,
+        "oldest_part_to_get": qs.oldest_part_to_get,
+        "log_pointer": r.puller.log_pointer,
+        "log_max_index": zk_summary.get("log_max_index", 0),
+        "total_replicas": zk_summary.get("total_replicas", 0),
+        "active_replicas": zk_summary.get("active_replicas", 0),
+        "last_queue_update": qs.last_queue_update,
+        "absolute_delay": int(now - min_unprocessed) if min_unprocessed else 0,
+        "active_parts": len(r.store.active()),
+        "fetches_total": r.fetcher.fetches_total,
+        "executed_entries": r.executor.executed_total,
+        "failed_entries": r.executor.failed_total,
+        "merges_and_mutations": r.ops.status(),
+        "tasks": {t.name: (t.last_outcome.to_dict() if t.last_outcome else None) for t in tasks},
+        "restarting": r.restarting.status(),
+        "part_check": r.part_check.status(),
+        "cleanup": r.cleanup.status(),
+    }
+
+
+async def zookeeper_summary(keeper: Keeper, paths: TablePaths) -> dict[str, int]:
+    """``total_replicas`` / ``active_replicas`` / ``log_max_index`` (need ZooKeeper)."""
+    replicas = await keeper.get_children(paths.replicas)
+    active = 0
+    for r in replicas:
+        if await keeper.exists(paths.replica(r).is_active) is not None:
+            active += 1
+    log_entries = [c for c in await keeper.get_children(paths.log) if c.startswith("log-")]
+    log_max = max((int(c[4:]) for c in log_entries), default=0)
+    return {"total_replicas": len(replicas), "active_replicas": active, "log_max_index": log_max}
+
+
+def parts_rows(store: PartStore) -> list[dict[str, Any]]:
+    """``system.parts`` rows of every part the store knows (active or not)."""
+    rows = []
+    for p in store.all_parts():
+        rows.append(
+            {
+                "name": p.name,
+                "partition_id": p.info.partition_id,
+                "min_block_number": p.info.min_block,
+                "max_block_number": p.info.max_block,
+                "level": p.info.level,
+                "data_version": p.info.data_version,
+                "active": p.state is PartState.ACTIVE,
+                "state": p.state.value,
+                "rows": p.directory.rows,
+                "bytes_on_disk": p.directory.bytes_on_disk,
+                "modification_time": int(p.modification_time),
+                "path": str(p.path),
+            }
+        )
+    return rows

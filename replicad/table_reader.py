@@ -1,0 +1,149 @@
+"""TableReader: the read side of a table replica — SELECT, count() and full reads over the active parts.
+
+Parts are read with :class:`PartReader` a few granules at a time in a worker thread, filtered by the
+WHERE expression there; a part that turns out broken or vanished is handed to the part check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replicad.errors import BadInputError, CorruptedDataError
+from replicad.replication.part_store import PartStore
+from replicad.service import QueryResult, SelectQuery
+from replicad.sql.expressions import compile_expression
+from replicad.storage.reader import PartReader
+from replicad.storage.types import DataType
+
+
+class TableReader:
+    """Reads a table's active parts.  ``columns`` are its stored columns; ``select_star`` the columns of
+    ``SELECT *`` (no MATERIALIZED ones, as ClickHouse); ``on_broken_part(name)`` is told of a part that fails
+    to read."""
+
+    def __init__(
+        self,
+        columns: Sequence[tuple[str, DataType]],
+        select_star: Sequence[str],
+        store: PartStore,
+        tz: str,
+        on_broken_part: Callable[[str], None],
+    ) -> None:
+        self.columns = list(columns)
+        self.types = dict(columns)
+        self.select_star = list(select_star)
+        self.store = store
+        self.tz = tz
+        self.on_broken_part = on_broken_part
+
+    def empty(self, names: Sequence[str]) -> pa.Table:
+        return pa.Table.from_arrays(
+            [pa.array([], self.types[n].arrow_type) for n in names],
+            schema=pa.schema([pa.field(n, self.types[n].arrow_type) for n in names]),
+        )
+
+    async def iter_rows(
+        self, names: Sequence[str], where: str | None = None, granules_per_batch: int = 16
+    ) -> AsyncIterator[pa.Table]:
+        """The active parts' rows, part by part and a few granules at a time, filtered by ``where``.
+
+        Reading and filtering run in a worker thread; the active set is the one at the first batch."""
+        types = self.types
+        wanted = {n: types[n] for n in names}
+        expr = compile_expression(where) if where else None
+        tz = self.tz
+        for p in self.store.active():
+            try:
+                reader = await asyncio.to_thread(PartReader, p.directory, wanted)
+            except (CorruptedDataError, OSError):
+                self.on_broken_part(p.name)  # a broken or vanished part: the part check repairs it
+                raise
+            try:
+                batches = reader.iter_batches(list(names), granules_per_batch)
+
+                def step(it: Iterator[pa.Table] = batches) -> pa.Table | None:
+                    batch = next(it, None)
+                    if batch is None or expr is None:
+                        return batch
+                    return batch.filter(pa.array(expr.mask(batch, types, tz)))
+
+                while True:
+                    try:
+                        batch = await asyncio.to_thread(step)
+                    except (CorruptedDataError, OSError):
+                        self.on_broken_part(p.name)
+                        raise
+                    if batch is None:
+                        break
+                    if batch.num_rows:
+                        yield batch
+            finally:
+                reader.close()
+
+    async def read_all(self, columns: Sequence[str] | None = None, where: str | None = None) -> pa.Table:
+        """Every (matching) row of the active parts, in storage Arrow."""
+        names = list(columns) if columns is not None else [n for n, _ in self.columns]
+        tables = [t async for t in self.iter_rows(names, where)]
+        return pa.concat_tables(tables) if tables else self.empty(names)
+
+    def _needed_columns(self, query: SelectQuery) -> list[str]:
+        types = self.types
+        out: list[str] = list(query.columns) if query.columns is not None else list(types)
+        extra: list[str] = []
+        if query.where:
+            extra += compile_expression(query.where).columns
+        for k in query.order_by:
+            extra += compile_expression(k.expression).columns
+        for c in out + extra:
+            if c not in types:
+                raise BadInputError(f"Missing columns: '{c}' while processing query", code=47)
+        return list(dict.fromkeys(out + extra))
+
+    async def select(self, query: SelectQuery) -> QueryResult:
+        types = self.types
+        names = self._needed_columns(query)
+        out_names = list(query.columns) if query.columns is not None else list(self.select_star)
+        columns = [(n, types[n]) for n in out_names]
+        if not query.order_by:
+            return QueryResult(columns, self._stream(names, out_names, query.where, query.limit))
+        table = await self.read_all(names, query.where)
+        keys = []
+        sort_keys = []
+        for i, k in enumerate(query.order_by):
+            arr, _dt = compile_expression(k.expression).evaluate(table, types, self.tz)
+            keys.append(arr)
+            sort_keys.append((f"k{i}", "descending" if k.descending else "ascending", "at_end"))
+        key_table = pa.table({f"k{i}": a for i, a in enumerate(keys)})
+        idx = pc.sort_indices(key_table, sort_keys=sort_keys)
+        if query.limit is not None:
+            idx = idx.slice(0, query.limit)
+        return QueryResult.from_table(columns, table.take(idx).select(out_names))
+
+    async def _stream(
+        self, names: list[str], out_names: list[str], where: str | None, limit: int | None
+    ) -> AsyncIterator[pa.RecordBatch]:
+        left = limit
+        if left is not None and left <= 0:
+            return
+        async for table in self.iter_rows(names, where):
+            if left is not None:
+                table = table.slice(0, left)
+                left -= table.num_rows
+            for b in table.select(out_names).to_batches():
+                yield b
+            if left is not None and left <= 0:
+                return
+
+    async def count(self, where: str | None) -> int:
+        if not where:
+            return sum(p.directory.rows for p in self.store.active())
+        expr = compile_expression(where)
+        names = list(dict.fromkeys(expr.columns)) or [self.columns[0][0]]
+        total = 0
+        async for t in self.iter_rows(names, where):
+            total += t.num_rows
+        return total
