@@ -239,7 +239,8 @@ class QueueExecutor(BackgroundTask):
         ):
             log.info("skipping_part_with_failed_quorum", part=entry.new_part_name)
             return
-        source = await self.fetcher.find_source(entry.new_part_name)
+        hint = entry.source_replica if entry.type is T.GET_PART else None
+        source = await self.fetcher.find_source(entry.new_part_name, hint=hint)
         if source is None:
             if entry.quorum and entry.type is T.GET_PART:
                 if await try_mark_quorum_failed(self.keeper, self.paths, entry, self._active_holder):

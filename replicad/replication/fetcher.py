@@ -40,7 +40,7 @@ from replicad.errors import (
 )
 from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Create, Delete, Op, ZnodeStat
-from replicad.keeper.paths import TablePaths
+from replicad.keeper.paths import ReplicaPaths, TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
 from replicad.model.checksums import Checksums, MinimalisticChecksums, PartHeader
@@ -58,6 +58,8 @@ T = TypeVar("T")
 
 #: a replica that failed to deliver a part is tried last for this long
 FAILED_SOURCE_PENALTY_S = 60.0
+#: host and checksums read by find_source serve the fetch that follows for this long
+DETAILS_TTL_S = 10.0
 
 
 class NoReplicaHasPartError(ReplicadError):
@@ -78,6 +80,26 @@ class FetchSource:
     part_name: str  # the part to download: the entry's part or a part covering it
     log_pointer: int
     queue_size: int
+
+
+@dataclass(frozen=True)
+class _SourceDetails:
+    """A source replica's ``host`` and its checksums of a part, read by find_source for the fetch."""
+
+    host: bytes
+    checksums: MinimalisticChecksums | None
+    read_at: float
+
+
+@dataclass(frozen=True)
+class _ReplicaState:
+    """What :meth:`PartFetcher._read_replica_state` read: per replica its ``parts/<part>/columns`` node and
+    the answers of the second round (see there), and the table's ``columns`` version."""
+
+    replicas: tuple[ReplicaPaths, ...]
+    columns: tuple[tuple[bytes, ZnodeStat] | None, ...]
+    answers: tuple[object, ...]
+    columns_version: int
 
 
 @dataclass(frozen=True)
@@ -125,6 +147,8 @@ class PartFetcher:
         self._fetching: set[str] = set()
         #: (part, replica) -> when fetching that part from that replica last failed
         self._failed_sources: dict[tuple[str, str], float] = {}
+        #: (part, replica) -> host and checksums read by find_source (used by the fetch that follows)
+        self._details: dict[tuple[str, str], _SourceDetails] = {}
         self.fetches_total = 0
 
     async def close(self) -> None:
@@ -142,15 +166,34 @@ class PartFetcher:
 
     # ------------------------------------------------------------------------------------- source choice
 
-    async def find_source(self, part_name: str, *, active: bool = True) -> FetchSource | None:
+    async def find_source(
+        self, part_name: str, *, active: bool = True, hint: str | None = None
+    ) -> FetchSource | None:
         """The best replica holding ``part_name`` or a part covering it (None: nobody).
 
         Replicas holding the exact part are found with one ``exists`` each; only when none has it are the
-        replicas' part lists read to look for a covering part."""
+        replicas' part lists read to look for a covering part.  ``hint``: the replica that most likely has
+        the part (a GET_PART entry's source replica); it is checked in the same round as the replica list
+        is read, with its host and checksums of the part, and taken when it has the part."""
         target = PartInfo.parse(part_name)
-        replicas = [
-            r for r in await self.keeper.get_children(self.paths.replicas) if r != self.paths.replica_name
-        ]
+        me = self.paths.replica_name
+        if hint and hint != me and not self._recently_failed(part_name, hint):
+            rp = self.paths.replica(hint)
+            names, alive_hint, has_part, host, expected = await asyncio.gather(
+                self.keeper.get_children(self.paths.replicas),
+                self.keeper.exists(rp.is_active),
+                self.keeper.exists(rp.part(part_name)),
+                self._get_or_none(rp.host),
+                self._zk_checksums(hint, part_name),
+            )
+            if hint in names and has_part is not None and host is not None and (alive_hint or not active):
+                if len(self._details) > 1000:
+                    self._details.clear()
+                self._details[(part_name, hint)] = _SourceDetails(host[0], expected, time.monotonic())
+                return FetchSource(hint, part_name, 0, 0)
+        else:
+            names = await self.keeper.get_children(self.paths.replicas)
+        replicas = [r for r in names if r != me]
         random.shuffle(replicas)
         # is_active and parts/<part> of every replica in one pipelined round
         probes = [self.paths.replica(r).part(part_name) for r in replicas]
@@ -188,10 +231,14 @@ class PartFetcher:
 
         def rank(c: FetchSource) -> tuple[bool, int, int, int, int]:
             info = PartInfo.parse(c.part_name)
-            failed = self._failed_sources.get((c.part_name, c.replica), -1e18) > now - FAILED_SOURCE_PENALTY_S
+            failed = self._recently_failed(c.part_name, c.replica, now)
             return (not failed, info.max_block - info.min_block, info.level, c.log_pointer, -c.queue_size)
 
         return max(candidates, key=rank)
+
+    def _recently_failed(self, part_name: str, replica: str, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return self._failed_sources.get((part_name, replica), -1e18) > now - FAILED_SOURCE_PENALTY_S
 
     async def _replica_progress(self, replica: str) -> tuple[int, int]:
         rp = self.paths.replica(replica)
@@ -233,9 +280,13 @@ class PartFetcher:
     async def _fetch(self, part_name: str, source_replica: str) -> tuple[LocalPart, list[LocalPart]]:
         info = PartInfo.parse(part_name)
         src = self.paths.replica(source_replica)
-        (raw_host, _), expected = await asyncio.gather(
-            self.keeper.get(src.host), self._zk_checksums(source_replica, part_name)
-        )
+        details = self._details.pop((part_name, source_replica), None)
+        if details is None or time.monotonic() - details.read_at > DETAILS_TTL_S:
+            (raw_host, _), expected = await asyncio.gather(
+                self.keeper.get(src.host), self._zk_checksums(source_replica, part_name)
+            )
+        else:
+            raw_host, expected = details.host, details.checksums
         address = ReplicaAddress.parse(raw_host)
         tmp_dir = self.store.layout.tmp_path(TMP_FETCH, part_name)
         if tmp_dir.exists():
@@ -248,24 +299,42 @@ class PartFetcher:
             host=address.host,
             port=address.replication_port,
         )
-        received = await self._download(address, src.root, part_name, tmp_dir, expected)
-        part, replaced = await self.commit_new_part(tmp_dir, info, received.checksums, received.columns_text)
+        # What the other replicas registered is read while the part downloads (parts are immutable; one that
+        # registers it later is caught by the commit's probes): only the commit itself follows the download.
+        state = asyncio.ensure_future(self._read_replica_state(part_name))
+        try:
+            received = await self._download(address, src.root, part_name, tmp_dir, expected)
+        except BaseException:
+            state.cancel()
+            await asyncio.gather(state, return_exceptions=True)
+            raise
+        part, replaced = await self.commit_new_part(
+            tmp_dir, info, received.checksums, received.columns_text, state=state
+        )
         self.fetches_total += 1
         log.info("fetched_part", part=part_name, source=source_replica, replaced=[p.name for p in replaced])
         return part, replaced
 
     async def commit_new_part(
-        self, tmp_dir: Path, info: PartInfo, checksums: Checksums, columns_text: str | None = None
+        self,
+        tmp_dir: Path,
+        info: PartInfo,
+        checksums: Checksums,
+        columns_text: str | None = None,
+        *,
+        state: Awaitable[_ReplicaState] | None = None,
     ) -> tuple[LocalPart, list[LocalPart]]:
         """checkPartChecksumsAndCommit for a part made here (fetched, merged): compare with the replicas that
         have it (CorruptedDataError on a mismatch), rename it into place, register it in ZooKeeper and make
-        it active.  ``columns_text``: the part's columns.txt (read from ``tmp_dir`` when not given).
-        ``tmp_dir`` is removed when anything fails."""
+        it active.  ``columns_text``: the part's columns.txt (read from ``tmp_dir`` when not given);
+        ``state``: the replicas' registrations of the part, being read already.  ``tmp_dir`` is removed when
+        anything fails."""
         part_name = info.name
         try:
             if columns_text is None:
                 columns_text = (await asyncio.to_thread((tmp_dir / "columns.txt").read_bytes)).decode()
-            absent = await self._check_with_replicas(part_name, columns_text, checksums)
+            seen = await (state if state is not None else self._read_replica_state(part_name))
+            absent = self._compare(seen, part_name, columns_text, checksums)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, tmp_dir, True)
             raise
@@ -273,7 +342,7 @@ class PartFetcher:
         try:
             # the check above stands for the first attempt: a replica registering the part meanwhile makes
             # its probe fail, and everything is checked again
-            await self._commit_to_zookeeper(part_name, columns_text, checksums, absent)
+            await self._commit_to_zookeeper(part_name, columns_text, checksums, absent, seen.columns_version)
         except BaseException:
             await self.store.rollback(part_name)
             raise
@@ -283,8 +352,9 @@ class PartFetcher:
         """Register an active local part missing from ``replicas/<me>/parts`` (checked like a fetched one)."""
         columns_text = part.directory.columns_text
         checksums = part.directory.checksums
-        absent = await self._check_with_replicas(part.name, columns_text, checksums)
-        await self._commit_to_zookeeper(part.name, columns_text, checksums, absent)
+        seen = await self._read_replica_state(part.name)
+        absent = self._compare(seen, part.name, columns_text, checksums)
+        await self._commit_to_zookeeper(part.name, columns_text, checksums, absent, seen.columns_version)
         log.warning("registered_local_part", part=part.name)
 
     async def _zk_checksums(self, replica: str, part_name: str) -> MinimalisticChecksums | None:
@@ -344,13 +414,16 @@ class PartFetcher:
             await asyncio.to_thread(fsync_part_files, tmp_dir)
         return received
 
-    async def _check_with_replicas(self, part_name: str, columns_text: str, checksums: Checksums) -> set[str]:
-        """Compare with every replica that registered the part; returns the part paths of the replicas without
-        it.  Two pipelined rounds: every replica's ``columns`` child; then, where it exists, the ``checksums``
+    async def _read_replica_state(self, part_name: str) -> _ReplicaState:
+        """What every replica registered for the part, in pipelined rounds: the replica list (and the table's
+        ``columns`` version); every replica's ``columns`` child; then, where it exists, the ``checksums``
         child and the ``columns`` version again (unchanged = a consistent pair), elsewhere the part node
         (absent, or a single-node header)."""
-        mine = MinimalisticChecksums.from_checksums(checksums)
-        names = await self.keeper.get_children(self.paths.replicas)
+        known = self.columns_version
+        names, columns_version = await asyncio.gather(
+            self.keeper.get_children(self.paths.replicas),
+            _value(known) if known is not None else self._columns_version(),
+        )
         if self.paths.replica_name not in names:  # always checked: absent tells whether we registered it
             names.append(self.paths.replica_name)
         rps = [self.paths.replica(r) for r in names]
@@ -362,10 +435,19 @@ class PartFetcher:
             else:
                 second.append(self._get_or_none(rp.part_checksums(part_name)))
                 second.append(self.keeper.exists(rp.part_columns(part_name)))
-        answers = iter(await asyncio.gather(*second))
+        answers = await asyncio.gather(*second)
+        return _ReplicaState(tuple(rps), tuple(columns), tuple(answers), columns_version)
+
+    def _compare(
+        self, seen: _ReplicaState, part_name: str, columns_text: str, checksums: Checksums
+    ) -> set[str]:
+        """Check ``checksums`` against the replicas that registered the part (CorruptedDataError on a
+        mismatch); returns the part paths of the replicas without it."""
+        mine = MinimalisticChecksums.from_checksums(checksums)
+        answers = iter(seen.answers)
         columns_hash = SipHash().update(columns_text.encode()).digest128()
         absent: set[str] = set()
-        for rp, col in zip(rps, columns, strict=True):
+        for rp, col in zip(seen.replicas, seen.columns, strict=True):
             if col is None:
                 node = cast("tuple[bytes, ZnodeStat] | None", next(answers))
                 if node is None:
@@ -387,19 +469,22 @@ class PartFetcher:
         return absent
 
     async def _commit_to_zookeeper(
-        self, part_name: str, columns_text: str, checksums: Checksums, absent: set[str] | None = None
+        self,
+        part_name: str,
+        columns_text: str,
+        checksums: Checksums,
+        absent: set[str] | None = None,
+        columns_version: int | None = None,
     ) -> None:
-        """Register the part under ``replicas/<me>/parts``; ``absent``: a check just made (first attempt)."""
+        """Register the part under ``replicas/<me>/parts``; ``absent`` / ``columns_version``: from a check
+        just made (used by the first attempt)."""
         me = self.paths.me
         for _attempt in range(10):
-            check = (
-                self._check_with_replicas(part_name, columns_text, checksums) if absent is None
-                else _value(absent)
-            )
-            known = self.columns_version
-            version = _value(known) if known is not None else self._columns_version()
-            missing, columns_version = await asyncio.gather(check, version)
-            absent = None
+            if absent is None or columns_version is None:
+                seen = await self._read_replica_state(part_name)
+                absent = self._compare(seen, part_name, columns_text, checksums)
+                columns_version = seen.columns_version
+            missing, absent = absent, None
             if me.part(part_name) not in missing:  # our own node is there already
                 log.warning("part_node_already_exists", part=part_name)
                 return
