@@ -5,10 +5,7 @@ failing after it has sent some batches and being retried — and exactly 1 M row
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +16,7 @@ import yaml
 
 from scripts.run_cluster import Daemon, replica_config, wait_in_sync
 from tests.support.ports import free_port
+from tests.support.spark import local_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -31,23 +29,7 @@ DDL = ("CREATE TABLE IF NOT EXISTS db.events (d Date, ts DateTime, user_id UInt6
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("Java is not installed")
-    pyspark_sql = pytest.importorskip("pyspark.sql")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (pyspark_sql.SparkSession.builder.master("local[2,3]").appName("replicad-spark-integration")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-               .getOrCreate())
-    import replicad.spark
-
-    replicad.spark.register(session)
-    try:
-        yield session
-    finally:
-        session.stop()
+    yield from local_spark("replicad-spark-integration")
 
 
 @pytest.fixture

@@ -12,10 +12,7 @@ import hashlib
 import io
 import itertools
 import json
-import os
 import re
-import shutil
-import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -40,6 +37,7 @@ from replicad.spark.datasource import (
     request,
     spark_schema,
 )
+from tests.support.spark import local_spark
 
 pytestmark = pytest.mark.spark
 TOKEN_RE = re.compile(r"^spark-([0-9a-f]{32})-p(\d+)-b(\d+)$")
@@ -150,22 +148,7 @@ def fake() -> Iterator[FakeServer]:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("Java is not installed")
-    pyspark_sql = pytest.importorskip("pyspark.sql")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (pyspark_sql.SparkSession.builder.master("local[2,3]").appName("replicad-spark-unit")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC").config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
-    import replicad.spark
-
-    replicad.spark.register(session)
-    try:
-        yield session
-    finally:
-        session.stop()
+    yield from local_spark("replicad-spark-unit")
 
 
 def _events(spark: Any, rows: int, partitions: int) -> Any:
