@@ -50,7 +50,12 @@ from replicad.replication.commit import part_commit_ops
 from replicad.replication.part_store import LocalPart, PartStore
 from replicad.storage.layout import TMP_FETCH
 from replicad.storage.part import fsync_part_files
-from replicad.storage.part_transfer import RECEIVE_MAX_PROTOCOL_VERSION, ReceivedPart, receive_part
+from replicad.storage.part_transfer import (
+    RECEIVE_MAX_PROTOCOL_VERSION,
+    PartSink,
+    ReceivedPart,
+    receive_part,
+)
 
 log = get_logger(__name__)
 
@@ -388,6 +393,7 @@ class PartFetcher:
             "compress": "false",
         }
         url = f"{address.base_url}/"
+        sink = PartSink(tmp_dir, self.fsync)  # the directory is made while the request travels
         try:
             async with self._http().post(url, params=params, headers=self.credentials.headers()) as resp:
                 if resp.status == 429:
@@ -400,13 +406,16 @@ class PartFetcher:
                     raise FetchError(f"Fetching part {part_name} failed: HTTP {resp.status}: {text.strip()}")
                 cookie = resp.cookies.get("server_protocol_version")
                 version = int(cookie.value) if cookie is not None and cookie.value.isdigit() else 0
-                received = await receive_part(resp.content, tmp_dir, version, expected, fsync=self.fsync)
-        except aiohttp.ClientError as e:
-            raise FetchError(
-                f"Fetching part {part_name} from {address.host}:{address.replication_port}: {e}"
-            ) from e
-        except TimeoutError as e:
-            raise FetchError(f"Timeout fetching part {part_name} from {address.host}") from e
+                received = await receive_part(resp.content, tmp_dir, version, expected, sink=sink)
+        except BaseException as e:
+            await asyncio.shield(sink.discard())
+            if isinstance(e, aiohttp.ClientError):
+                raise FetchError(
+                    f"Fetching part {part_name} from {address.host}:{address.replication_port}: {e}"
+                ) from e
+            if isinstance(e, TimeoutError):
+                raise FetchError(f"Timeout fetching part {part_name} from {address.host}") from e
+            raise
         if received.body_size == 0:  # pragma: no cover - receive_part refuses empty bodies already
             raise CorruptedDataError(f"Empty answer for part {part_name}")
         threshold = self.min_bytes_to_fsync

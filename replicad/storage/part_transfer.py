@@ -177,40 +177,52 @@ async def iter_part_body(
     """Async version of :func:`iter_part_body_sync`: one thread reads and hashes the files, up to
     ``read_ahead`` pieces ahead of the consumer (memory: a few ``chunk_size`` pieces, whatever the part)."""
     loop = asyncio.get_running_loop()
-    ready: asyncio.Queue[tuple[bytes | None, Exception | None]] = asyncio.Queue()
+    # (piece or None, error or None, last)
+    ready: asyncio.Queue[tuple[bytes | None, Exception | None, bool]] = asyncio.Queue()
     slots = threading.Semaphore(read_ahead)
     stop = threading.Event()
 
-    def deliver(item: tuple[bytes | None, Exception | None]) -> None:
+    def deliver(item: tuple[bytes | None, Exception | None, bool]) -> bool:
+        if item[0] is not None:
+            slots.acquire()
+        if stop.is_set():
+            return False
         try:
             loop.call_soon_threadsafe(ready.put_nowait, item)
         except RuntimeError:  # pragma: no cover - the loop is gone
             stop.set()
+            return False
+        return True
 
     def produce() -> None:
         gen = iter_part_body_sync(part_dir, checksums, protocol_version, chunk_size)
+        held: bytes | None = None  # a short piece is probably the last: it goes with the end mark
         try:
             for piece in gen:
-                slots.acquire()
-                if stop.is_set():
+                if held is not None and not deliver((held, None, False)):
                     return
-                deliver((piece, None))
-            deliver((None, None))
+                held = None
+                if len(piece) < chunk_size:
+                    held = piece
+                elif not deliver((piece, None, False)):
+                    return
+            deliver((held, None, True))
         except Exception as e:
-            deliver((None, e))
+            deliver((None, e, True))
         finally:
             gen.close()
 
     threading.Thread(target=produce, name="part-sender", daemon=True).start()
     try:
         while True:
-            piece, error = await ready.get()
+            piece, error, last = await ready.get()
             if error is not None:
                 raise error
-            if piece is None:
+            if piece is not None:
+                slots.release()
+                yield piece
+            if last:
                 return
-            slots.release()
-            yield piece
     finally:
         stop.set()
         slots.release()  # a producer waiting for a slot sees ``stop``
@@ -325,8 +337,11 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-class _PartSink:
-    """The file side of receiving a part: one thread creates the directory, then writes and hashes every file
+class PartSink:
+    """The file side of receiving a part into ``path`` (which must not exist yet): created before the request
+    is sent, so that the directory is made while the request travels.
+
+    One thread creates the directory, then writes and hashes every file
     and compares each file's hash with the one sent after it.  The event loop hands it batches of about
     BATCH_SIZE bytes and waits while BATCHES_PENDING batches are handed over but not yet written, so memory
     stays bounded whatever the part's size; a small part is one hand-off."""
@@ -396,6 +411,13 @@ class _PartSink:
             self._jobs.put(None)
         await asyncio.shield(self._done)
 
+    async def discard(self) -> None:
+        """Abort and remove the directory (not when it existed before: it is not ours).  Idempotent."""
+        await self.abort()
+        if self.created:
+            self.created = False
+            await asyncio.to_thread(shutil.rmtree, self.path, True)
+
     # ---- thread side
 
     def _release(self, n: int) -> None:
@@ -459,7 +481,7 @@ class _PartSink:
         return None, hasher
 
 
-async def _receive_file(body: _Body, sink: _PartSink, name: str, size: int) -> bytes | None:
+async def _receive_file(body: _Body, sink: PartSink, name: str, size: int) -> bytes | None:
     """Hand one file's bytes to ``sink`` in batches; returns them for checksums.txt and columns.txt."""
     what = f"file {name}"
     keep = name in (CHECKSUMS_FILE, COLUMNS_FILE) and size <= MAX_KEPT_FILE
@@ -491,35 +513,34 @@ async def receive_part(
     fsync: bool = False,
     max_files: int = MAX_FILES,
     max_file_size: int = MAX_FILE_SIZE,
+    sink: PartSink | None = None,
 ) -> ReceivedPart:
     """Read a DataPartsExchange body from ``stream`` into the new directory ``tmp_dir`` and verify it.
 
     ``server_protocol_version`` is the sender's ``server_protocol_version`` cookie (0 when absent, as
     with 18.16).  Raises InsecurePathError for a bad file name and CorruptedDataError for anything else
     wrong (truncation, wrong hash, sizes or files not matching checksums.txt, trailing data, mismatch with
-    ``expected_checksums``); ``tmp_dir`` is then removed.  ``tmp_dir`` must not exist yet."""
+    ``expected_checksums``); ``tmp_dir`` is then removed.  ``tmp_dir`` must not exist yet.  ``sink``: a
+    :class:`PartSink` for ``tmp_dir`` made beforehand (``fsync`` is then the sink's)."""
     if not 0 <= server_protocol_version <= RECEIVE_MAX_PROTOCOL_VERSION:
         raise CorruptedDataError(f"Unsupported DataPartsExchange protocol version {server_protocol_version}")
     path = Path(tmp_dir)
-    sink = _PartSink(path, fsync)
+    if sink is None:
+        sink = PartSink(path, fsync)
+    elif sink.path != path:
+        raise ValueError(f"the sink writes to {sink.path}, not {path}")
     try:
         return await _receive(
             _Body(stream), sink, server_protocol_version, expected_checksums, max_files, max_file_size
         )
     except BaseException:
-        await asyncio.shield(_discard(sink))
+        await asyncio.shield(sink.discard())
         raise
-
-
-async def _discard(sink: _PartSink) -> None:
-    await sink.abort()
-    if sink.created:  # not when the directory already existed: it is not ours
-        await asyncio.to_thread(shutil.rmtree, sink.path, True)
 
 
 async def _receive(
     body: _Body,
-    sink: _PartSink,
+    sink: PartSink,
     version: int,
     expected: Checksums | MinimalisticChecksums | None,
     max_files: int,

@@ -67,14 +67,14 @@ def small_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setattr(part_transfer, "BATCH_SIZE", 4096)
     monkeypatch.setattr(part_transfer, "BATCHES_PENDING", 2)
     pending: list[int] = []
-    real = part_transfer._PartSink._write
+    real = part_transfer.PartSink._write
 
-    def slow(self: part_transfer._PartSink, *args: object) -> object:
+    def slow(self: part_transfer.PartSink, *args: object) -> object:
         pending.append(self._pending)
         time.sleep(0.0005)
         return real(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(part_transfer._PartSink, "_write", slow)
+    monkeypatch.setattr(part_transfer.PartSink, "_write", slow)
     return pending
 
 
@@ -226,3 +226,22 @@ async def test_keep_alive(tmp_path: Path) -> None:
             assert time.monotonic() - t0 < 1.0
     finally:
         await server.stop(grace_s=0.1)
+
+
+async def test_sink_made_before_the_body(tmp_path: Path) -> None:
+    part, cs = make_part(tmp_path, SIZES)
+    body = b"".join(iter_part_body_sync(part, cs, 0))
+    sink = part_transfer.PartSink(tmp_path / "early", False)
+    got = await receive_part(Trickle(body), tmp_path / "early", 0, cs, sink=sink)
+    assert got.checksums == cs
+    # a request that failed before any body: the fetcher discards the sink, and its directory goes
+    unused = part_transfer.PartSink(tmp_path / "unused", False)
+    await unused.discard()
+    await unused.discard()
+    assert not (tmp_path / "unused").exists()
+    # a directory that was there already is not the sink's to remove
+    (tmp_path / "taken").mkdir()
+    taken = part_transfer.PartSink(tmp_path / "taken", False)
+    with pytest.raises(FileExistsError):
+        await receive_part(Trickle(body), tmp_path / "taken", 0, cs, sink=taken)
+    assert (tmp_path / "taken").is_dir()
