@@ -178,27 +178,24 @@ class PartFetcher:
 
         Replicas holding the exact part are found with one ``exists`` each; only when none has it are the
         replicas' part lists read to look for a covering part.  ``hint``: the replica that most likely has
-        the part (a GET_PART entry's source replica); it is checked in the same round as the replica list
-        is read, with its host and checksums of the part, and taken when it has the part."""
+        the part (a GET_PART entry's source replica); it is checked first, in one round with its host and
+        its checksums of the part, and taken when it is active and has the part."""
         target = PartInfo.parse(part_name)
         me = self.paths.replica_name
         if hint and hint != me and not self._recently_failed(part_name, hint):
             rp = self.paths.replica(hint)
-            names, alive_hint, has_part, host, expected = await asyncio.gather(
-                self.keeper.get_children(self.paths.replicas),
+            alive_hint, has_part, host, expected = await asyncio.gather(
                 self.keeper.exists(rp.is_active),
                 self.keeper.exists(rp.part(part_name)),
                 self._get_or_none(rp.host),
                 self._zk_checksums(hint, part_name),
             )
-            if hint in names and has_part is not None and host is not None and (alive_hint or not active):
+            if has_part is not None and host is not None and (alive_hint is not None or not active):
                 if len(self._details) > 1000:
                     self._details.clear()
                 self._details[(part_name, hint)] = _SourceDetails(host[0], expected, time.monotonic())
                 return FetchSource(hint, part_name, 0, 0)
-        else:
-            names = await self.keeper.get_children(self.paths.replicas)
-        replicas = [r for r in names if r != me]
+        replicas = [r for r in await self.keeper.get_children(self.paths.replicas) if r != me]
         random.shuffle(replicas)
         # is_active and parts/<part> of every replica in one pipelined round
         probes = [self.paths.replica(r).part(part_name) for r in replicas]

@@ -58,7 +58,7 @@ CHUNK_SIZE = 1 << 20
 SEND_CHUNK_SIZE = 4 << 20
 #: the receiver hands the writer thread about this many bytes at a time (4 batches may wait for it)
 BATCH_SIZE = 4 << 20
-BATCHES_PENDING = 4
+BATCHES_PENDING = 2
 MAX_KEPT_FILE = 64 << 20  # checksums.txt and columns.txt are also kept in memory up to this size
 MAX_FILES = 100_000
 MAX_FILE_SIZE = 1 << 40
