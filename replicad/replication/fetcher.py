@@ -50,12 +50,8 @@ from replicad.replication.commit import part_commit_ops
 from replicad.replication.part_store import LocalPart, PartStore
 from replicad.storage.layout import TMP_FETCH
 from replicad.storage.part import fsync_part_files
-from replicad.storage.part_transfer import (
-    RECEIVE_MAX_PROTOCOL_VERSION,
-    PartSink,
-    ReceivedPart,
-    receive_part,
-)
+from replicad.storage.part_sink import PartSink
+from replicad.storage.part_transfer import RECEIVE_MAX_PROTOCOL_VERSION, ReceivedPart, receive_part
 
 log = get_logger(__name__)
 

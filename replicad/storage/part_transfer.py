@@ -14,27 +14,28 @@ Body layout (integers little endian, ``String`` = VarUInt length + bytes), by ne
 (zero-copy is never requested, projections are refused).  The sender streams files in chunks and checks
 every file against checksums.txt as it goes; the receiver validates names, streams files to disk with
 bounded memory, checks every hash, requires EOF, then checks the received checksums.txt against the files.
+File I/O and hashing run off the event loop in one thread per transfer: the sender's reads 4 MiB pieces
+ahead of the socket (:func:`iter_part_body`), the receiver's is :class:`replicad.storage.part_sink.PartSink`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import queue
 import re
-import shutil
 import struct
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 from replicad.errors import CorruptedDataError, InsecurePathError
 from replicad.model.checksums import Checksums, MinimalisticChecksums
 from replicad.model.cityhash import FileHasher
 from replicad.model.varint import encode_varuint
-from replicad.storage.part import fsync_dir
+from replicad.storage import part_sink
+from replicad.storage.part_sink import PartSink, ReceivedFile, Write
 
 CHECKSUMS_FILE = "checksums.txt"
 COLUMNS_FILE = "columns.txt"
@@ -56,9 +57,6 @@ EMPTY_TTL_INFOS = TTL_INFOS_HEADER + "{}"
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 CHUNK_SIZE = 1 << 20
 SEND_CHUNK_SIZE = 4 << 20
-#: the receiver hands the writer thread about this many bytes at a time (4 batches may wait for it)
-BATCH_SIZE = 4 << 20
-BATCHES_PENDING = 2
 MAX_KEPT_FILE = 64 << 20  # checksums.txt and columns.txt are also kept in memory up to this size
 MAX_FILES = 100_000
 MAX_FILE_SIZE = 1 << 40
@@ -232,12 +230,6 @@ async def iter_part_body(
 
 
 @dataclass(frozen=True)
-class ReceivedFile:
-    size: int
-    file_hash: bytes
-
-
-@dataclass(frozen=True)
 class ReceivedPart:
     """A fetched part sitting, verified, in ``path`` (a temporary directory the caller then renames)."""
 
@@ -265,7 +257,8 @@ class _Body:
 
     async def _more(self) -> bool:
         """Refill the (empty) buffer with what the stream has; False at the end of the stream."""
-        data = await (self._readany() if self._readany is not None else self.stream.read(BATCH_SIZE))
+        readany = self._readany
+        data = await (readany() if readany is not None else self.stream.read(part_sink.BATCH_SIZE))
         self._view = memoryview(data)
         return bool(data)
 
@@ -319,168 +312,6 @@ class _Body:
         return await self.exactly(n, what)
 
 
-@dataclass(frozen=True)
-class _Write:
-    """Bytes of one file for the writer thread: ``first`` creates the file, ``last`` closes it and checks the
-    hash of everything written against ``sent_hash`` (the hash that followed the file in the body)."""
-
-    name: str
-    pieces: list[memoryview]
-    nbytes: int
-    first: bool
-    last: bool
-    sent_hash: bytes = b""
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-class PartSink:
-    """The file side of receiving a part into ``path`` (which must not exist yet): created before the request
-    is sent, so that the directory is made while the request travels.
-
-    One thread creates the directory, then writes and hashes every file
-    and compares each file's hash with the one sent after it.  The event loop hands it batches of about
-    BATCH_SIZE bytes and waits while BATCHES_PENDING batches are handed over but not yet written, so memory
-    stays bounded whatever the part's size; a small part is one hand-off."""
-
-    def __init__(self, path: Path, fsync: bool) -> None:
-        self.path = path
-        self.fsync = fsync
-        self.created = False
-        self.error: Exception | None = None
-        self.files: dict[str, ReceivedFile] = {}
-        self._loop = asyncio.get_running_loop()
-        self._jobs: queue.SimpleQueue[list[_Write] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._pending = 0  # bytes handed over, not yet written (guarded by _lock)
-        self._space: asyncio.Future[None] | None = None  # the loop waits here for _pending to drop
-        self._done: asyncio.Future[None] = self._loop.create_future()
-        self._batch: list[_Write] = []
-        self._batch_bytes = 0
-        self._batch_limit = BATCH_SIZE
-        self._budget = BATCHES_PENDING * BATCH_SIZE
-        self._ended = False
-        self._aborted = False
-        threading.Thread(target=self._run, name="part-receiver", daemon=True).start()
-
-    # ---- event loop side
-
-    def _check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    async def add(self, job: _Write) -> None:
-        self._batch.append(job)
-        self._batch_bytes += job.nbytes
-        if self._batch_bytes >= self._batch_limit:
-            await self._flush()
-
-    async def _flush(self) -> None:
-        self._check()
-        if not self._batch:
-            return
-        n = self._batch_bytes
-        while True:
-            with self._lock:
-                if self._pending == 0 or self._pending + n <= self._budget:
-                    self._pending += n
-                    break
-                space = self._space = self._loop.create_future()
-            await space
-            self._check()
-        batch, self._batch, self._batch_bytes = self._batch, [], 0
-        self._jobs.put(batch)
-
-    async def finish(self) -> dict[str, ReceivedFile]:
-        """Everything written (and fsynced if asked); raises what went wrong in the thread."""
-        await self._flush()
-        self._ended = True
-        self._jobs.put(None)
-        await asyncio.shield(self._done)
-        self._check()
-        return self.files
-
-    async def abort(self) -> None:
-        """Stop the thread (skipping what is still queued) and wait for it."""
-        self._aborted = True
-        if not self._ended:
-            self._ended = True
-            self._jobs.put(None)
-        await asyncio.shield(self._done)
-
-    async def discard(self) -> None:
-        """Abort and remove the directory (not when it existed before: it is not ours).  Idempotent."""
-        await self.abort()
-        if self.created:
-            self.created = False
-            await asyncio.to_thread(shutil.rmtree, self.path, True)
-
-    # ---- thread side
-
-    def _release(self, n: int) -> None:
-        with self._lock:
-            self._pending -= n
-            space, self._space = self._space, None
-        if space is not None:
-            self._loop.call_soon_threadsafe(_resolve, space)
-
-    def _run(self) -> None:
-        f: BinaryIO | None = None
-        hasher = FileHasher()
-        try:
-            self.path.mkdir()
-            self.created = True
-        except Exception as e:
-            self.error = e
-        try:
-            while (batch := self._jobs.get()) is not None:
-                for job in batch:
-                    if self.error is None and not self._aborted:
-                        try:
-                            f, hasher = self._write(job, f, hasher)
-                        except Exception as e:
-                            self.error = e
-                self._release(sum(job.nbytes for job in batch))
-            if self.fsync and self.error is None and not self._aborted:
-                fsync_dir(self.path)
-        except Exception as e:  # pragma: no cover - fsync_dir failing
-            self.error = e
-        finally:
-            if f is not None:
-                f.close()
-            try:
-                self._loop.call_soon_threadsafe(_resolve, self._done)
-            except RuntimeError:  # pragma: no cover - the loop is gone
-                pass
-
-    def _write(
-        self, job: _Write, f: BinaryIO | None, hasher: FileHasher
-    ) -> tuple[BinaryIO | None, FileHasher]:
-        if job.first:
-            f = open(self.path / job.name, "xb")
-            hasher = FileHasher()
-        assert f is not None
-        for piece in job.pieces:
-            hasher.update(piece)
-            f.write(piece)
-        if not job.last:
-            return f, hasher
-        try:
-            if self.fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        finally:
-            f.close()
-        digest = hasher.digest()
-        if digest != job.sent_hash:
-            raise CorruptedDataError(f"Checksum mismatch for file {job.name} transferred from other replica")
-        self.files[job.name] = ReceivedFile(hasher.size, digest)
-        return None, hasher
-
-
 async def _receive_file(body: _Body, sink: PartSink, name: str, size: int) -> bytes | None:
     """Hand one file's bytes to ``sink`` in batches; returns them for checksums.txt and columns.txt."""
     what = f"file {name}"
@@ -491,16 +322,16 @@ async def _receive_file(body: _Body, sink: PartSink, name: str, size: int) -> by
     pieces: list[memoryview] = []
     got = 0
     while remaining:
-        piece = await body.some(min(remaining, BATCH_SIZE - got), what)
+        piece = await body.some(min(remaining, part_sink.BATCH_SIZE - got), what)
         pieces.append(piece)
         got += len(piece)
         remaining -= len(piece)
         if keep:
             kept.append(piece)
-        if got >= BATCH_SIZE and remaining:
-            await sink.add(_Write(name, pieces, got, first, False))
+        if got >= part_sink.BATCH_SIZE and remaining:
+            await sink.add(Write(name, pieces, got, first, False))
             first, pieces, got = False, [], 0
-    await sink.add(_Write(name, pieces, got, first, True, await body.exactly(16, f"hash of {name}")))
+    await sink.add(Write(name, pieces, got, first, True, await body.exactly(16, f"hash of {name}")))
     return b"".join(kept) if keep else None
 
 

@@ -16,7 +16,7 @@ import pytest
 from replicad.errors import CorruptedDataError
 from replicad.model.checksums import Checksums, plain_checksum
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
-from replicad.storage import part_transfer
+from replicad.storage import part_sink
 from replicad.storage.part_transfer import iter_part_body, iter_part_body_sync, receive_part
 
 REPLICA = "/clickhouse/tables/t/replicas/r1"
@@ -64,17 +64,17 @@ SIZES = {"a.bin": 50_000, "a.mrk": 16, "b.bin": 123_457, "c.bin": 0, "count.txt"
 @pytest.fixture
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Batches of 4 KB, at most 2 pending; the writer thread is slowed down and records what was pending."""
-    monkeypatch.setattr(part_transfer, "BATCH_SIZE", 4096)
-    monkeypatch.setattr(part_transfer, "BATCHES_PENDING", 2)
+    monkeypatch.setattr(part_sink, "BATCH_SIZE", 4096)
+    monkeypatch.setattr(part_sink, "BATCHES_PENDING", 2)
     pending: list[int] = []
-    real = part_transfer.PartSink._write
+    real = part_sink.PartSink._write
 
-    def slow(self: part_transfer.PartSink, *args: object) -> object:
+    def slow(self: part_sink.PartSink, *args: object) -> object:
         pending.append(self._pending)
         time.sleep(0.0005)
         return real(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(part_transfer.PartSink, "_write", slow)
+    monkeypatch.setattr(part_sink.PartSink, "_write", slow)
     return pending
 
 
@@ -231,17 +231,17 @@ async def test_keep_alive(tmp_path: Path) -> None:
 async def test_sink_made_before_the_body(tmp_path: Path) -> None:
     part, cs = make_part(tmp_path, SIZES)
     body = b"".join(iter_part_body_sync(part, cs, 0))
-    sink = part_transfer.PartSink(tmp_path / "early", False)
+    sink = part_sink.PartSink(tmp_path / "early", False)
     got = await receive_part(Trickle(body), tmp_path / "early", 0, cs, sink=sink)
     assert got.checksums == cs
     # a request that failed before any body: the fetcher discards the sink, and its directory goes
-    unused = part_transfer.PartSink(tmp_path / "unused", False)
+    unused = part_sink.PartSink(tmp_path / "unused", False)
     await unused.discard()
     await unused.discard()
     assert not (tmp_path / "unused").exists()
     # a directory that was there already is not the sink's to remove
     (tmp_path / "taken").mkdir()
-    taken = part_transfer.PartSink(tmp_path / "taken", False)
+    taken = part_sink.PartSink(tmp_path / "taken", False)
     with pytest.raises(FileExistsError):
         await receive_part(Trickle(body), tmp_path / "taken", 0, cs, sink=taken)
     assert (tmp_path / "taken").is_dir()
