@@ -44,6 +44,7 @@ from replicad.keeper.paths import ReplicaPaths, TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
 from replicad.model.checksums import Checksums, MinimalisticChecksums, PartHeader
+from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.model.siphash import SipHash
 from replicad.replication.commit import part_commit_ops
@@ -61,6 +62,8 @@ T = TypeVar("T")
 FAILED_SOURCE_PENALTY_S = 60.0
 #: host and checksums read by find_source serve the fetch that follows for this long
 DETAILS_TTL_S = 10.0
+#: source checks started as entries are pulled (beyond that, or for a bigger batch, none are started)
+MAX_PRECHECKS = 16
 
 
 class NoReplicaHasPartError(ReplicadError):
@@ -150,9 +153,14 @@ class PartFetcher:
         self._failed_sources: dict[tuple[str, str], float] = {}
         #: (part, replica) -> host and checksums read by find_source (used by the fetch that follows)
         self._details: dict[tuple[str, str], _SourceDetails] = {}
+        #: (part, replica) -> check of a GET_PART's source started as the entry was pulled, and when
+        self._prechecks: dict[tuple[str, str], tuple[asyncio.Task[bool], float]] = {}
         self.fetches_total = 0
 
     async def close(self) -> None:
+        for task, _ in self._prechecks.values():
+            task.cancel()
+        self._prechecks.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -179,18 +187,18 @@ class PartFetcher:
         target = PartInfo.parse(part_name)
         me = self.paths.replica_name
         if hint and hint != me and not self._recently_failed(part_name, hint):
-            rp = self.paths.replica(hint)
-            alive_hint, has_part, host, expected = await asyncio.gather(
-                self.keeper.exists(rp.is_active),
-                self.keeper.exists(rp.part(part_name)),
-                self._get_or_none(rp.host),
-                self._zk_checksums(hint, part_name),
-            )
-            if has_part is not None and host is not None and (alive_hint is not None or not active):
-                if len(self._details) > 1000:
-                    self._details.clear()
-                self._details[(part_name, hint)] = _SourceDetails(host[0], expected, time.monotonic())
-                return FetchSource(hint, part_name, 0, 0)
+            early = self._prechecks.pop((part_name, hint), None)
+            if early is not None and active and time.monotonic() - early[1] < DETAILS_TTL_S:
+                task = early[0]
+            else:
+                if early is not None:
+                    early[0].cancel()
+                task = asyncio.ensure_future(self._check_hint(part_name, hint, active))
+            try:
+                if await task:
+                    return FetchSource(hint, part_name, 0, 0)
+            except KeeperNoNodeError:
+                pass
         replicas = [r for r in await self.keeper.get_children(self.paths.replicas) if r != me]
         random.shuffle(replicas)
         # is_active and parts/<part> of every replica in one pipelined round
@@ -233,6 +241,43 @@ class PartFetcher:
             return (not failed, info.max_block - info.min_block, info.level, c.log_pointer, -c.queue_size)
 
         return max(candidates, key=rank)
+
+    def precheck_sources(self, entries: list[LogEntry]) -> None:
+        """Start checking the source replicas of new GET_PART entries (called as they are read from the log,
+        so that the check overlaps with copying them into the queue; find_source then uses the result)."""
+        if len(entries) > MAX_PRECHECKS:
+            return  # a backlog: entries are checked one by one as they run
+        now = time.monotonic()
+        for key, (task, started) in list(self._prechecks.items()):
+            if now - started >= DETAILS_TTL_S:
+                task.cancel()
+                del self._prechecks[key]
+        for e in entries:
+            hint = e.source_replica
+            if e.type is not LogEntryType.GET_PART or not hint or hint == self.paths.replica_name:
+                continue
+            if len(self._prechecks) >= MAX_PRECHECKS or (e.new_part_name, hint) in self._prechecks:
+                continue
+            task = asyncio.ensure_future(self._check_hint(e.new_part_name, hint, True))
+            task.add_done_callback(_consume_error)
+            self._prechecks[(e.new_part_name, hint)] = (task, now)
+
+    async def _check_hint(self, part_name: str, hint: str, active: bool) -> bool:
+        """Whether ``hint`` is active (or ``active`` is False) and has the part: one round that also reads its
+        host and its checksums of the part, kept for the fetch that follows."""
+        rp = self.paths.replica(hint)
+        alive, has_part, host, expected = await asyncio.gather(
+            self.keeper.exists(rp.is_active),
+            self.keeper.exists(rp.part(part_name)),
+            self._get_or_none(rp.host),
+            self._zk_checksums(hint, part_name),
+        )
+        if has_part is None or host is None or (alive is None and active):
+            return False
+        if len(self._details) > 1000:
+            self._details.clear()
+        self._details[(part_name, hint)] = _SourceDetails(host[0], expected, time.monotonic())
+        return True
 
     def _recently_failed(self, part_name: str, replica: str, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
@@ -514,3 +559,9 @@ class PartFetcher:
 
 async def _value(v: T) -> T:
     return v
+
+
+def _consume_error(task: asyncio.Task[bool]) -> None:
+    """A precheck nobody awaited must not log 'exception was never retrieved'."""
+    if not task.cancelled():
+        task.exception()

@@ -70,6 +70,9 @@ class LogPuller:
         self._min_unprocessed = min_unprocessed_insert_time
         self.log_pointer = 0
         self.wake: Callable[[], None] = lambda: None
+        #: told the entries read from the log before they are copied into the queue (the fetcher starts
+        #: checking their sources, so that this overlaps with the copy)
+        self.on_read: Callable[[list[LogEntry]], None] | None = None
         #: pull_logs_to_queue_mutex: the merge predicate, SYNC REPLICA and the task pull concurrently
         self._pull_lock = asyncio.Lock()
 
@@ -124,6 +127,8 @@ class LogPuller:
                 current = new_min if new_min is not None else min_insert_time
                 if not current or entry.create_time < current:
                     new_min = entry.create_time
+        if self.on_read is not None:
+            self.on_read(entries)
         last_index = sequence_number(names[-1])
         ops.append(Set(me.log_pointer, str(last_index + 1).encode()))
         if new_min is not None:
