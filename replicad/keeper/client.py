@@ -43,7 +43,7 @@ from kazoo.exceptions import (
     SessionMovedError,
     ZookeeperError,
 )
-from kazoo.handlers.threading import AsyncResult, KazooTimeoutError
+from kazoo.handlers.threading import AsyncResult, KazooTimeoutError, SequentialThreadingHandler
 from kazoo.protocol.states import KazooState, WatchedEvent
 from kazoo.protocol.states import ZnodeStat as _KazooStat
 
@@ -72,6 +72,7 @@ from replicad.keeper.ops import (
     WatchEventType,
     ZnodeStat,
 )
+from replicad.keeper.poll import poll_select
 from replicad.keeper.session import SessionTracker
 from replicad.keeper.watches import ChildrenWatch, SessionEvents
 
@@ -94,6 +95,13 @@ T = TypeVar("T")
 
 #: Requests kept in flight at once by the pipelined helpers (get_many, recursive delete, ...).
 PIPELINE_WINDOW = 1000
+
+
+class _PollHandler(SequentialThreadingHandler):
+    """kazoo's threading handler, its connection thread waiting with poll(2) (see replicad.keeper.poll)."""
+
+    def select(self, *args: Any, **kwargs: Any) -> Any:
+        return poll_select(*args, **kwargs)
 
 
 def _stat(s: _KazooStat) -> ZnodeStat:
@@ -153,6 +161,7 @@ class Keeper(SessionTracker):
         self._zk = KazooClient(
             hosts=host_list + self.chroot,
             timeout=session_timeout_s,
+            handler=_PollHandler(),
             connection_retry={
                 "max_tries": -1,
                 "delay": 0.05,

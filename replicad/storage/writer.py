@@ -72,6 +72,8 @@ __all__ = [
 
 Method = Literal["zstd", "lz4", "none"]
 _MARK = struct.Struct("<QQ")
+#: a write of fewer rows runs in the caller's thread, column after column
+PARALLEL_MIN_ROWS = 8192
 
 
 @dataclass(frozen=True)
@@ -294,9 +296,12 @@ class PartWriter:
         self._finished = False
         self._closed = False
 
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        self.path.mkdir(parents=True)
+        try:
+            self.path.mkdir(parents=True)
+        except FileExistsError:  # an empty directory made for us is used as it is (no rmdir + mkdir)
+            if any(self.path.iterdir()):
+                shutil.rmtree(self.path)
+                self.path.mkdir()
         self._cols: list[_Column] = []
         taken: set[str] = set()
         try:
@@ -306,8 +311,10 @@ class PartWriter:
             self.abort()
             raise
         threads = self.settings.threads or (os.cpu_count() or 1)
-        threads = min(threads, len(self._cols))
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="part-writer") if threads > 1 else None
+        self._threads = min(threads, len(self._cols))
+        #: made by the first write of PARALLEL_MIN_ROWS rows or more: a small part is written by this thread
+        #: alone (starting threads and handing work over would cost more than the work)
+        self._pool: ThreadPoolExecutor | None = None
 
     # ---- writing -------------------------------------------------------------------------------------
 
@@ -372,6 +379,8 @@ class PartWriter:
                 )
             arrays[name] = arr
         segments = self._segments(n)
+        if self._pool is None and self._threads > 1 and n >= PARALLEL_MIN_ROWS:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="part-writer")
 
         if self._pool is None:
             for col in self._cols:
