@@ -1,9 +1,6 @@
 """executeFetch / fetchPart: download a part from another replica over DataPartsExchange and commit it.
 
-Source choice: among the *active* replicas (``is_active`` exists) other than us that hold the part or a part
-covering it in ``replicas/<r>/parts``, the largest covering part wins; ties are broken by the largest
-``log_pointer`` (the replica that has executed most of the log) and then the shortest ``queue``.  A replica
-that failed to deliver the part recently (truncated or corrupt body, HTTP error) is tried last.
+Source choice: :mod:`replicad.replication.fetch_sources`.
 
 Download: ``POST http://<host>:<port>/?endpoint=DataPartsExchange:<zk>/replicas/<src>&part=<name>
 &client_protocol_version=N&compress=false`` (Basic auth when configured); the ``server_protocol_version``
@@ -15,19 +12,25 @@ the same minimalistic checksums (uncompressed hashes of compressed files include
 renamed to the part's name; one multi creates ``replicas/<me>/parts/<name>`` (+ ``columns``/``checksums``),
 preceded by create+remove probes for the replicas that did not have the part (so a part appearing there
 meanwhile is re-checked); the part becomes active and the parts it covers outdated.
+
+Early downloads (live replication): when a small batch of GET_PART entries is read from the log, the download
+of each part from its source replica starts at once, while the entries are still being copied into our
+queue (one ZooKeeper write, the slowest step of pulling).  Only the download: when the queue executor later
+runs the entry and picks the same source, the fetch takes the downloaded directory and goes on with the
+checks and the commit as usual; whatever it does not take is removed after ``EARLY_TTL_S``.  At most
+``MAX_EARLY_FETCHES`` run at a time, beyond the executor's fetch limits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import random
 import shutil
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import aiohttp
 
@@ -35,7 +38,6 @@ from replicad.errors import (
     CorruptedDataError,
     KeeperMultiError,
     KeeperNodeExistsError,
-    KeeperNoNodeError,
     ReplicadError,
 )
 from replicad.keeper.client import Keeper
@@ -44,10 +46,11 @@ from replicad.keeper.paths import ReplicaPaths, TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
 from replicad.model.checksums import Checksums, MinimalisticChecksums, PartHeader
-from replicad.model.log_entry import LogEntry, LogEntryType
+from replicad.model.log_entry import LogEntry
 from replicad.model.part_info import PartInfo
 from replicad.model.siphash import SipHash
 from replicad.replication.commit import part_commit_ops
+from replicad.replication.fetch_sources import MAX_PRECHECKS, FetchSource, SourceFinder
 from replicad.replication.part_store import LocalPart, PartStore
 from replicad.storage.layout import TMP_FETCH
 from replicad.storage.part import fsync_part_files
@@ -58,12 +61,19 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 
-#: a replica that failed to deliver a part is tried last for this long
-FAILED_SOURCE_PENALTY_S = 60.0
-#: host and checksums read by find_source serve the fetch that follows for this long
-DETAILS_TTL_S = 10.0
-#: source checks started as entries are pulled (beyond that, or for a bigger batch, none are started)
-MAX_PRECHECKS = 16
+#: early downloads running at once (each beyond the executor's fetch limits)
+MAX_EARLY_FETCHES = 2
+#: a downloaded part nobody takes is removed after this long
+EARLY_TTL_S = 10.0
+
+__all__ = [
+    "MAX_PRECHECKS",
+    "FetchCredentials",
+    "FetchError",
+    "FetchSource",
+    "NoReplicaHasPartError",
+    "PartFetcher",
+]
 
 
 class NoReplicaHasPartError(ReplicadError):
@@ -76,23 +86,6 @@ class FetchError(ReplicadError):
 
     code = 1000
     retriable = True
-
-
-@dataclass(frozen=True)
-class FetchSource:
-    replica: str
-    part_name: str  # the part to download: the entry's part or a part covering it
-    log_pointer: int
-    queue_size: int
-
-
-@dataclass(frozen=True)
-class _SourceDetails:
-    """A source replica's ``host`` and its checksums of a part, read by find_source for the fetch."""
-
-    host: bytes
-    checksums: MinimalisticChecksums | None
-    read_at: float
 
 
 @dataclass(frozen=True)
@@ -117,6 +110,15 @@ class FetchCredentials:
             return {}
         token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode("ascii")
         return {"Authorization": f"Basic {token}"}
+
+
+@dataclass
+class _Early:
+    """A download started as its GET_PART entry was read: from ``source``, into the part's tmp-fetch_ dir."""
+
+    source: str
+    task: asyncio.Task[tuple[ReceivedPart, _ReplicaState | None] | None]
+    started: float
 
 
 class PartFetcher:
@@ -147,20 +149,21 @@ class PartFetcher:
         #: (``min_compressed_bytes_to_fsync_after_fetch``; 0 = never, ClickHouse's default)
         self.fsync = fsync
         self.min_bytes_to_fsync = min_bytes_to_fsync
+        self.sources = SourceFinder(keeper, paths)
         self._session: aiohttp.ClientSession | None = None
         self._fetching: set[str] = set()
-        #: (part, replica) -> when fetching that part from that replica last failed
-        self._failed_sources: dict[tuple[str, str], float] = {}
-        #: (part, replica) -> host and checksums read by find_source (used by the fetch that follows)
-        self._details: dict[tuple[str, str], _SourceDetails] = {}
-        #: (part, replica) -> check of a GET_PART's source started as the entry was pulled, and when
-        self._prechecks: dict[tuple[str, str], tuple[asyncio.Task[bool], float]] = {}
+        #: part -> its early download
+        self._early: dict[str, _Early] = {}
+        self.max_early_fetches = MAX_EARLY_FETCHES
         self.fetches_total = 0
+        self.early_fetches_taken = 0
 
     async def close(self) -> None:
-        for task, _ in self._prechecks.values():
-            task.cancel()
-        self._prechecks.clear()
+        self.sources.close()
+        early, self._early = list(self._early.values()), {}
+        for e in early:
+            e.task.cancel()
+        await asyncio.gather(*(self._drop_early(e) for e in early))
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -178,123 +181,91 @@ class PartFetcher:
     async def find_source(
         self, part_name: str, *, active: bool = True, hint: str | None = None
     ) -> FetchSource | None:
-        """The best replica holding ``part_name`` or a part covering it (None: nobody).
-
-        Replicas holding the exact part are found with one ``exists`` each; only when none has it are the
-        replicas' part lists read to look for a covering part.  ``hint``: the replica that most likely has
-        the part (a GET_PART entry's source replica); it is checked first, in one round with its host and
-        its checksums of the part, and taken when it is active and has the part."""
-        target = PartInfo.parse(part_name)
-        me = self.paths.replica_name
-        if hint and hint != me and not self._recently_failed(part_name, hint):
-            early = self._prechecks.pop((part_name, hint), None)
-            if early is not None and active and time.monotonic() - early[1] < DETAILS_TTL_S:
-                task = early[0]
-            else:
-                if early is not None:
-                    early[0].cancel()
-                task = asyncio.ensure_future(self._check_hint(part_name, hint, active))
-            try:
-                if await task:
-                    return FetchSource(hint, part_name, 0, 0)
-            except KeeperNoNodeError:
-                pass
-        replicas = [r for r in await self.keeper.get_children(self.paths.replicas) if r != me]
-        random.shuffle(replicas)
-        # is_active and parts/<part> of every replica in one pipelined round
-        probes = [self.paths.replica(r).part(part_name) for r in replicas]
-        if active:
-            probes += [self.paths.replica(r).is_active for r in replicas]
-        stats = await asyncio.gather(*(self.keeper.exists(p) for p in probes))
-        exact, alive = stats[: len(replicas)], stats[len(replicas) :]
-        if active:
-            keep = [i for i, st in enumerate(alive) if st is not None]
-            replicas, exact = [replicas[i] for i in keep], [exact[i] for i in keep]
-        found = [(r, part_name) for r, st in zip(replicas, exact, strict=True) if st is not None]
-        if not found:
-            for replica in replicas:
-                try:
-                    parts = await self.keeper.get_children(self.paths.replica(replica).parts)
-                except KeeperNoNodeError:
-                    continue
-                best: PartInfo | None = None
-                for name in parts:
-                    info = PartInfo.try_parse(name)
-                    if info is None or not info.contains(target):
-                        continue
-                    if best is None or info.contains(best):
-                        best = info
-                if best is not None:
-                    found.append((replica, best.name))
-        if not found:
-            return None
-        if len(found) == 1:  # nothing to choose: no need to read the replica's progress
-            return FetchSource(found[0][0], found[0][1], 0, 0)
-        progress = await asyncio.gather(*(self._replica_progress(r) for r, _ in found))
-        candidates = [FetchSource(r, p, ptr, q) for (r, p), (ptr, q) in zip(found, progress, strict=True)]
-
-        now = time.monotonic()
-
-        def rank(c: FetchSource) -> tuple[bool, int, int, int, int]:
-            info = PartInfo.parse(c.part_name)
-            failed = self._recently_failed(c.part_name, c.replica, now)
-            return (not failed, info.max_block - info.min_block, info.level, c.log_pointer, -c.queue_size)
-
-        return max(candidates, key=rank)
+        """See :meth:`replicad.replication.fetch_sources.SourceFinder.find`."""
+        return await self.sources.find(part_name, active=active, hint=hint)
 
     def precheck_sources(self, entries: list[LogEntry]) -> None:
-        """Start checking the source replicas of new GET_PART entries (called as they are read from the log,
-        so that the check overlaps with copying them into the queue; find_source then uses the result)."""
-        if len(entries) > MAX_PRECHECKS:
-            return  # a backlog: entries are checked one by one as they run
-        now = time.monotonic()
-        for key, (task, started) in list(self._prechecks.items()):
-            if now - started >= DETAILS_TTL_S:
-                task.cancel()
-                del self._prechecks[key]
-        for e in entries:
-            hint = e.source_replica
-            if e.type is not LogEntryType.GET_PART or not hint or hint == self.paths.replica_name:
+        """Entries just read from the log (before they are copied into the queue): their sources are checked
+        and, for a small batch, their parts downloaded early (see the module docstring)."""
+        checks = self.sources.precheck(entries)
+        if not checks or len(entries) > self.max_early_fetches:
+            return
+        self._expire_early()
+        for (part_name, source), check in checks.items():
+            if len(self._early) >= self.max_early_fetches:
+                break
+            if part_name in self._fetching or part_name in self._early or self._have(part_name):
                 continue
-            if len(self._prechecks) >= MAX_PRECHECKS or (e.new_part_name, hint) in self._prechecks:
-                continue
-            task = asyncio.ensure_future(self._check_hint(e.new_part_name, hint, True))
+            task = asyncio.ensure_future(self._early_download(part_name, source, check))
             task.add_done_callback(_consume_error)
-            self._prechecks[(e.new_part_name, hint)] = (task, now)
+            self._early[part_name] = _Early(source, task, time.monotonic())
 
-    async def _check_hint(self, part_name: str, hint: str, active: bool) -> bool:
-        """Whether ``hint`` is active (or ``active`` is False) and has the part: one round that also reads its
-        host and its checksums of the part, kept for the fetch that follows."""
-        rp = self.paths.replica(hint)
-        alive, has_part, host, expected = await asyncio.gather(
-            self.keeper.exists(rp.is_active),
-            self.keeper.exists(rp.part(part_name)),
-            self._get_or_none(rp.host),
-            self._zk_checksums(hint, part_name),
-        )
-        if has_part is None or host is None or (alive is None and active):
-            return False
-        if len(self._details) > 1000:
-            self._details.clear()
-        self._details[(part_name, hint)] = _SourceDetails(host[0], expected, time.monotonic())
-        return True
+    def _have(self, part_name: str) -> bool:
+        part = self.store.get(part_name)
+        if part is not None and part.state.value != "Outdated":
+            return True
+        return self.store.active_containing(PartInfo.parse(part_name)) is not None
 
-    def _recently_failed(self, part_name: str, replica: str, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        return self._failed_sources.get((part_name, replica), -1e18) > now - FAILED_SOURCE_PENALTY_S
+    # ------------------------------------------------------------------------------------- early downloads
 
-    async def _replica_progress(self, replica: str) -> tuple[int, int]:
-        rp = self.paths.replica(replica)
-        node, stat = await asyncio.gather(self._get_or_none(rp.log_pointer), self.keeper.exists(rp.queue))
-        raw = node[0].strip() if node is not None else b""
-        pointer = int(raw) if raw.isdigit() else 0
-        return pointer, (stat.num_children if stat is not None else 1 << 30)
+    async def _early_download(
+        self, part_name: str, source: str, check: Awaitable[bool]
+    ) -> tuple[ReceivedPart, _ReplicaState | None] | None:
+        """Download ``part_name`` from ``source``; None when the source turns out not to have it.
 
-    async def _get_or_none(self, path: str) -> tuple[bytes, ZnodeStat] | None:
-        try:
-            return await self.keeper.get(path)
-        except KeeperNoNodeError:
+        When the source's address is known already, the download starts at once (the check's reads queue
+        behind the copy of the entries in our ZooKeeper session); the source's checksums in ZooKeeper are then
+        compared by the commit, as with every replica that has the part."""
+        host = self.sources.known_host(source)
+        if host is None and not await check:
             return None
+        received, state = await self._download_from(part_name, source, early=True, host=host)
+        try:
+            return received, await state
+        except asyncio.CancelledError:
+            await asyncio.shield(asyncio.to_thread(shutil.rmtree, received.path, True))
+            raise
+        except Exception:  # read again by the commit
+            return received, None
+
+    async def _drop_early(self, early: _Early) -> None:
+        """Wait for an early download to end and remove what it left (a part nobody took)."""
+        try:
+            result = await early.task
+        except BaseException:  # cancelled or failed: receive_part removed its directory
+            return
+        if result is not None:
+            await asyncio.to_thread(shutil.rmtree, result[0].path, True)
+
+    def _expire_early(self) -> None:
+        now = time.monotonic()
+        for name, early in list(self._early.items()):
+            if now - early.started >= EARLY_TTL_S:
+                del self._early[name]
+                early.task.cancel()
+                drop = asyncio.ensure_future(self._drop_early(early))
+                drop.add_done_callback(_consume_error)
+
+    async def _take_early(
+        self, part_name: str, source: str
+    ) -> tuple[ReceivedPart, _ReplicaState | None] | None:
+        """The early download of ``part_name`` when it came from ``source`` and succeeded; any other early
+        download of the part is stopped and its directory removed first."""
+        early = self._early.pop(part_name, None)
+        if early is None:
+            return None
+        if early.source != source:
+            early.task.cancel()
+            await self._drop_early(early)
+            return None
+        try:
+            result = await early.task
+        except Exception as e:
+            log.info("early_fetch_failed", part=part_name, source=source, error=str(e))
+            return None
+        if result is not None:
+            self.early_fetches_taken += 1
+        return result
 
     # ------------------------------------------------------------------------------------- fetch + commit
 
@@ -310,26 +281,48 @@ class PartFetcher:
         try:
             result = await self._fetch(part_name, source_replica)
         except BaseException:
-            self._failed_sources[(part_name, source_replica)] = time.monotonic()
-            if len(self._failed_sources) > 10_000:
-                self._failed_sources.clear()
+            self.sources.failed(part_name, source_replica)
             raise
         else:
-            self._failed_sources.pop((part_name, source_replica), None)
+            self.sources.succeeded(part_name, source_replica)
             return result
         finally:
             self._fetching.discard(part_name)
 
     async def _fetch(self, part_name: str, source_replica: str) -> tuple[LocalPart, list[LocalPart]]:
         info = PartInfo.parse(part_name)
-        src = self.paths.replica(source_replica)
-        details = self._details.pop((part_name, source_replica), None)
-        if details is None or time.monotonic() - details.read_at > DETAILS_TTL_S:
-            (raw_host, _), expected = await asyncio.gather(
-                self.keeper.get(src.host), self._zk_checksums(source_replica, part_name)
-            )
+        early = await self._take_early(part_name, source_replica)
+        state: Awaitable[_ReplicaState] | None
+        if early is not None:
+            received, seen = early
+            state = _value(seen) if seen is not None else None
         else:
+            received, state = await self._download_from(part_name, source_replica)
+        part, replaced = await self.commit_new_part(
+            received.path, info, received.checksums, received.columns_text, state=state
+        )
+        self.fetches_total += 1
+        log.info("fetched_part", part=part_name, source=source_replica, replaced=[p.name for p in replaced])
+        return part, replaced
+
+    async def _download_from(
+        self, part_name: str, source_replica: str, *, early: bool = False, host: bytes | None = None
+    ) -> tuple[ReceivedPart, asyncio.Future[_ReplicaState]]:
+        """Download into ``tmp-fetch_<part>``; also returns the read of what the other replicas registered,
+        started alongside (parts are immutable; one that registers it later is caught by the commit's
+        probes): only the commit itself follows the download.  ``host``: the source's address, known
+        already (its checksums in ZooKeeper are then not read first)."""
+        src = self.paths.replica(source_replica)
+        expected: MinimalisticChecksums | None = None
+        if host is not None:
+            raw_host = host
+        elif (details := self.sources.take_details(part_name, source_replica)) is not None:
             raw_host, expected = details.host, details.checksums
+        else:
+            (raw_host, _), expected = await asyncio.gather(
+                self.keeper.get(src.host), self.sources.zk_checksums(source_replica, part_name)
+            )
+            self.sources.remember_host(source_replica, raw_host)
         address = ReplicaAddress.parse(raw_host)
         tmp_dir = self.store.layout.tmp_path(TMP_FETCH, part_name)
         if tmp_dir.exists():
@@ -341,9 +334,8 @@ class PartFetcher:
             source=source_replica,
             host=address.host,
             port=address.replication_port,
+            early=early,
         )
-        # What the other replicas registered is read while the part downloads (parts are immutable; one that
-        # registers it later is caught by the commit's probes): only the commit itself follows the download.
         state = asyncio.ensure_future(self._read_replica_state(part_name))
         try:
             received = await self._download(address, src.root, part_name, tmp_dir, expected)
@@ -351,12 +343,7 @@ class PartFetcher:
             state.cancel()
             await asyncio.gather(state, return_exceptions=True)
             raise
-        part, replaced = await self.commit_new_part(
-            tmp_dir, info, received.checksums, received.columns_text, state=state
-        )
-        self.fetches_total += 1
-        log.info("fetched_part", part=part_name, source=source_replica, replaced=[p.name for p in replaced])
-        return part, replaced
+        return received, state
 
     async def commit_new_part(
         self,
@@ -399,22 +386,6 @@ class PartFetcher:
         absent = self._compare(seen, part.name, columns_text, checksums)
         await self._commit_to_zookeeper(part.name, columns_text, checksums, absent, seen.columns_version)
         log.warning("registered_local_part", part=part.name)
-
-    async def _zk_checksums(self, replica: str, part_name: str) -> MinimalisticChecksums | None:
-        """The source's checksums for the part as recorded in ZooKeeper (old child node or new header)."""
-        rp = self.paths.replica(replica)
-        try:
-            data, _ = await self.keeper.get(rp.part_checksums(part_name))
-            return MinimalisticChecksums.parse(data)
-        except KeeperNoNodeError:
-            pass
-        try:
-            data, _ = await self.keeper.get(rp.part(part_name))
-        except KeeperNoNodeError:
-            return None
-        if data.startswith(b"part header format version:"):
-            return PartHeader.parse(data).checksums
-        return None
 
     async def _download(
         self,
@@ -478,9 +449,9 @@ class PartFetcher:
         second: list[Awaitable[object]] = []
         for rp, col in zip(rps, columns, strict=True):
             if col is None:
-                second.append(self._get_or_none(rp.part(part_name)))
+                second.append(self.sources.get_or_none(rp.part(part_name)))
             else:
-                second.append(self._get_or_none(rp.part_checksums(part_name)))
+                second.append(self.sources.get_or_none(rp.part_checksums(part_name)))
                 second.append(self.keeper.exists(rp.part_columns(part_name)))
         answers = await asyncio.gather(*second)
         return _ReplicaState(tuple(rps), tuple(columns), tuple(answers), columns_version)
@@ -561,7 +532,7 @@ async def _value(v: T) -> T:
     return v
 
 
-def _consume_error(task: asyncio.Task[bool]) -> None:
-    """A precheck nobody awaited must not log 'exception was never retrieved'."""
+def _consume_error(task: asyncio.Future[Any]) -> None:
+    """A task nobody awaited must not log 'exception was never retrieved'."""
     if not task.cancelled():
         task.exception()

@@ -49,8 +49,7 @@ from replicad.server.routing import (
     SelectRoute,
     StatementRoute,
     parse_full,
-    route,
-    select_from_parsed,
+    resolve,
 )
 from replicad.service import (
     Catalog,
@@ -238,7 +237,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
         extra = await _read_rest(request.content, b"")
         if extra.strip():
             text = text + "\n" + extra
-    r = route(text, params.get("database") or "default")
+    r = resolve(text, params.get("database") or "default")
     if request.method != "POST" and not isinstance(r, SelectRoute):
         raise BadInputError("Cannot execute a query that writes with a GET request: use POST",
                             code=READONLY_CODE)
@@ -248,8 +247,6 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
             prefix = (r.inline_data + "\n").encode() + prefix
         return await _insert(request, state, r, given, query_id, prefix, headers)
     if isinstance(r, SelectRoute):
-        if r.constant is None:
-            r = select_from_parsed(parse_full(text), r, params.get("database") or "default")
         return await _select(request, state, r, params, headers)
     return await _statement(state, r, text, given, headers)
 

@@ -8,6 +8,7 @@ compiled by the engine (``replicad.sql.expressions``); the full statement parse,
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from dataclasses import dataclass
@@ -316,3 +317,26 @@ def _clauses(sql: str) -> dict[str, str]:
             raise _syntax(f"{kw} given twice", sql)
         out[kw] = sql[end:stop]
     return out
+
+
+#: statements longer than this are parsed every time (and not kept)
+MAX_CACHED_TEXT = 4096
+
+
+def _resolve(text: str, default_database: str) -> Route:
+    r = route(text, default_database)
+    if isinstance(r, SelectRoute) and r.constant is None:
+        r = select_from_parsed(parse_full(text), r, default_database)
+    return r
+
+
+_resolve_cached = functools.lru_cache(maxsize=512)(_resolve)
+
+
+def resolve(text: str, default_database: str = "default") -> Route:
+    """:func:`route`, with a SELECT rebuilt from its full parse (:func:`select_from_parsed`).  Routes are
+    immutable and depend on the text alone, so those of statements other than INSERT (whose text may carry
+    the data) are kept in an LRU cache: pollers and dashboards send the same few queries again and again."""
+    if len(text) > MAX_CACHED_TEXT or text.lstrip()[:6].upper() == "INSERT":
+        return _resolve(text, default_database)
+    return _resolve_cached(text, default_database)

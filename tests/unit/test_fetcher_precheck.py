@@ -50,7 +50,9 @@ def make(tmp_path: Path) -> tuple[PartFetcher, FakeKeeper]:
         paths.me.root: b"",
     })
     store = PartStore(TableDataLayout(tmp_path, "db", "t"))
-    return PartFetcher(keeper, paths, store, table_columns_text=""), keeper  # type: ignore[arg-type]
+    fetcher = PartFetcher(keeper, paths, store, table_columns_text="")  # type: ignore[arg-type]
+    fetcher.max_early_fetches = 0  # checks only: no downloads (there is no replica "a" to download from)
+    return fetcher, keeper
 
 
 async def test_precheck_is_used_by_find_source(tmp_path: Path) -> None:
@@ -58,16 +60,16 @@ async def test_precheck_is_used_by_find_source(tmp_path: Path) -> None:
     mine = LogEntry.get_part("all_2_2_0", source_replica="b")  # our own insert: nothing to check
     theirs = LogEntry.get_part("all_1_1_0", source_replica="a")
     fetcher.precheck_sources([mine, theirs])
-    assert list(fetcher._prechecks) == [("all_1_1_0", "a")]
+    assert list(fetcher.sources._prechecks) == [("all_1_1_0", "a")]
     await asyncio.sleep(0.01)
     before = len(keeper.requests)
     assert before >= 4
     source = await fetcher.find_source("all_1_1_0", hint="a")
     assert source is not None and (source.replica, source.part_name) == ("a", "all_1_1_0")
     assert len(keeper.requests) == before  # answered from the check made at pull time
-    assert ("all_1_1_0", "a") in fetcher._details  # host and checksums for the fetch
+    assert ("all_1_1_0", "a") in fetcher.sources._details  # host and checksums for the fetch
     # without a precheck the same answer costs one round of requests
-    fetcher._details.clear()
+    fetcher.sources._details.clear()
     source = await fetcher.find_source("all_1_1_0", hint="a")
     assert source is not None and source.replica == "a" and len(keeper.requests) > before
     await fetcher.close()
@@ -77,7 +79,7 @@ async def test_no_prechecks_for_a_backlog_and_fallback(tmp_path: Path) -> None:
     fetcher, keeper = make(tmp_path)
     backlog = [LogEntry.get_part(f"all_{i}_{i}_0", source_replica="a") for i in range(1, MAX_PRECHECKS + 2)]
     fetcher.precheck_sources(backlog)
-    assert not fetcher._prechecks and not keeper.requests
+    assert not fetcher.sources._prechecks and not keeper.requests
     # a hint that does not have the part: the replicas are searched as usual (and nobody has it)
     fetcher.precheck_sources([LogEntry.get_part("all_5_5_0", source_replica="a")])
     assert await fetcher.find_source("all_5_5_0", hint="a") is None
