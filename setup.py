@@ -12,5 +12,10 @@ setup(
             sources=["replicad/native/strings.c"],
             extra_compile_args=["-O3"],
         ),
+        Extension(
+            "replicad.native._siphash",
+            sources=["replicad/native/siphash.c"],
+            extra_compile_args=["-O3"],
+        ),
     ]
 )
