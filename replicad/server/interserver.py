@@ -21,7 +21,10 @@ Compatible with 18.16 and modern fetchers:
 * too many parallel sends → 429, ``Retry-After: 10``, empty body;
 * an unknown endpoint or part → 404 with a message (18.16 answers 200 with an empty body, which every fetcher
   treats as a failed fetch anyway); the part name is validated (PartInfo) before anything is looked up;
-* the body is sent chunked: an error after the headers shows up as a truncated body, which fetchers detect.
+* a small part (its files add up to at most ``part_transfer.SMALL_PART_BYTES``) is read and checked whole
+  in the loop's default executor before anything is answered, then sent with ``Content-Length`` in one
+  write: a broken part always gets a 500 with the error.  A larger part is streamed chunked, its files read
+  while the body goes out: an error after the headers shows up as a truncated body, which fetchers detect.
 """
 
 from __future__ import annotations
@@ -39,7 +42,12 @@ from replicad.errors import BadPartNameError, CorruptedDataError
 from replicad.logging import get_logger
 from replicad.model.checksums import Checksums
 from replicad.model.part_info import PartInfo
-from replicad.storage.part_transfer import SEND_MAX_PROTOCOL_VERSION, iter_part_body
+from replicad.storage.part_transfer import (
+    SEND_MAX_PROTOCOL_VERSION,
+    build_part_body,
+    is_small_part,
+    iter_part_body,
+)
 
 log = get_logger(__name__)
 
@@ -384,27 +392,18 @@ class InterserverServer:
         keep: bool = False,
     ) -> bool:
         """Send the part; True when the whole response went out (the connection may be kept)."""
+        if is_small_part(part.checksums):
+            return await self._send_small(request, writer, endpoint, part_name, part, version, keep)
         body = iter_part_body(part.path, part.checksums, version)
         try:
             try:
                 first = await anext(body)
             except (OSError, CorruptedDataError) as e:
-                if isinstance(e, CorruptedDataError) and endpoint.on_broken_part is not None:
-                    endpoint.on_broken_part(part_name)
-                log.warning("part_send_failed", part=part_name, error=str(e))
-                await self._reply(writer, Reply(500, f"Cannot send part {part_name}: {e}\n"), keep)
+                await self._send_failed(writer, endpoint, part_name, e, keep)
                 return True
-            head = [
-                "HTTP/1.1 200 OK",
-                "Content-Type: application/octet-stream",
-                "Transfer-Encoding: chunked",
-                "Connection: Keep-Alive" if keep else "Connection: Close",
-            ]
-            if "client_protocol_version" in request.query:
-                head.append(f"Set-Cookie: server_protocol_version={version}; Path=/")
             # drain() returns while a piece is still queued: the socket never waits for the next piece
             writer.transport.set_write_buffer_limits(high=SEND_BUFFER)
-            writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+            writer.write(_ok_head(request, version, keep, "Transfer-Encoding: chunked"))
             writer.writelines(_chunk(first))
             async for piece in body:
                 await writer.drain()
@@ -426,3 +425,56 @@ class InterserverServer:
         finally:
             await _aclose(body)
         return False
+
+    async def _send_small(
+        self,
+        request: Request,
+        writer: asyncio.StreamWriter,
+        endpoint: Endpoint,
+        part_name: str,
+        part: PartToSend,
+        version: int,
+        keep: bool,
+    ) -> bool:
+        """A small part: the whole body is built (and checked) before the head, then one write, one drain."""
+        try:
+            body = await asyncio.to_thread(build_part_body, part.path, part.checksums, version)
+        except (OSError, CorruptedDataError) as e:
+            await self._send_failed(writer, endpoint, part_name, e, keep)
+            return True
+        if endpoint.blocked:
+            await self._reply(writer, Reply(500, "Transferring part to replica was cancelled\n"), keep)
+            return True
+        head = _ok_head(request, version, keep, f"Content-Length: {len(body)}")
+        writer.transport.set_write_buffer_limits(high=SEND_BUFFER)
+        try:
+            writer.write(head + body)
+            await writer.drain()
+        except (OSError, ConnectionError) as e:
+            log.info("part_send_aborted", part=part_name, error=str(e))
+            return False
+        self.sent_parts += 1
+        log.debug("part_sent", part=part_name, version=version, bytes=len(body))
+        return True
+
+    async def _send_failed(
+        self, writer: asyncio.StreamWriter, endpoint: Endpoint, part_name: str, error: Exception, keep: bool
+    ) -> None:
+        """Nothing was answered yet: a 500 with the error (a damaged part is reported to its replica)."""
+        if isinstance(error, CorruptedDataError) and endpoint.on_broken_part is not None:
+            endpoint.on_broken_part(part_name)
+        log.warning("part_send_failed", part=part_name, error=str(error))
+        await self._reply(writer, Reply(500, f"Cannot send part {part_name}: {error}\n"), keep)
+
+
+def _ok_head(request: Request, version: int, keep: bool, framing: str) -> bytes:
+    """The 200 head of a part's body; ``framing``: its Content-Length or Transfer-Encoding header."""
+    head = [
+        "HTTP/1.1 200 OK",
+        "Content-Type: application/octet-stream",
+        framing,
+        "Connection: Keep-Alive" if keep else "Connection: Close",
+    ]
+    if "client_protocol_version" in request.query:
+        head.append(f"Set-Cookie: server_protocol_version={version}; Path=/")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")

@@ -11,11 +11,14 @@ Body layout (integers little endian, ``String`` = VarUInt length + bytes), by ne
               (ClickHouse hashing-buffer hash of the bytes).
 
 18.16 speaks only v0 (no cookie, ignores client_protocol_version).  We send v0..v3; we receive v0..v10
-(zero-copy is never requested, projections are refused).  The sender streams files in chunks and checks
-every file against checksums.txt as it goes; the receiver validates names, streams files to disk with
-bounded memory, checks every hash, requires EOF, then checks the received checksums.txt against the files.
-File I/O and hashing run off the event loop in one thread per transfer: the sender's reads 4 MiB pieces
-ahead of the socket (:func:`iter_part_body`), the receiver's is :class:`replicad.storage.part_sink.PartSink`.
+(zero-copy is never requested, projections are refused).  The sender checks every file against
+checksums.txt as it reads it; the receiver validates names, streams files to disk with bounded memory,
+checks every hash, requires EOF, then checks the received checksums.txt against the files.
+File I/O and hashing run off the event loop.  A small part (:func:`is_small_part`: its files add up to at
+most ``SMALL_PART_BYTES``) is built whole in one blocking call (:func:`build_part_body`, which the server
+runs in the loop's default executor); a larger one is streamed by a thread of its own that reads 4 MiB
+pieces ahead of the socket (:func:`iter_part_body`).  The receiver's thread is
+:class:`replicad.storage.part_sink.PartSink`.
 """
 
 from __future__ import annotations
@@ -57,10 +60,12 @@ EMPTY_TTL_INFOS = TTL_INFOS_HEADER + "{}"
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 CHUNK_SIZE = 1 << 20
 SEND_CHUNK_SIZE = 4 << 20
+SMALL_PART_BYTES = 1 << 20  # a part whose files add up to at most this is sent in one piece
 MAX_KEPT_FILE = 64 << 20  # checksums.txt and columns.txt are also kept in memory up to this size
 MAX_FILES = 100_000
 MAX_FILE_SIZE = 1 << 40
 MAX_NAME_LENGTH = 255
+_WHOLE_BODY = 1 << 62  # a chunk size no body reaches
 _U64 = struct.Struct("<Q")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.%+-]+")
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -123,12 +128,13 @@ def iter_part_body_sync(
     file changing size underneath) raises CorruptedDataError naming the file before its trailing hash
     is produced, so the receiver sees a truncated body rather than a wrong part."""
     base = Path(part_dir)
+    dir_text = os.fspath(part_dir)  # plain string joins: a Path per file costs more than reading a small one
     names = files_to_send(checksums)
     buf = bytearray(body_header(checksums, protocol_version))
     buf += _U64.pack(len(names))
     for name in names:
         expected = checksums.files.get(name)
-        with open(base / check_file_name(name), "rb") as f:
+        with open(os.path.join(dir_text, check_file_name(name)), "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
             if expected is not None and size != expected.file_size:
                 raise CorruptedDataError(
@@ -163,6 +169,24 @@ def iter_part_body_sync(
             buf = bytearray()
     if buf:
         yield bytes(buf)
+
+
+def is_small_part(checksums: Checksums) -> bool:
+    """Whether the part is sent whole (:func:`build_part_body`) rather than streamed: its files listed in
+    checksums.txt add up to at most ``SMALL_PART_BYTES`` (checksums.txt and columns.txt themselves are
+    small and not counted)."""
+    return checksums.total_size <= SMALL_PART_BYTES
+
+
+def build_part_body(
+    part_dir: str | os.PathLike[str], checksums: Checksums, protocol_version: int = 0
+) -> bytes:
+    """The whole response body in one blocking call, for a small part (memory: the body).
+
+    The same bytes as :func:`iter_part_body_sync` joined, with the same checks: CorruptedDataError when
+    a file does not match checksums.txt, OSError when one cannot be read."""
+    # one piece: every file is read in a single call and the body is copied out of its buffer once
+    return b"".join(iter_part_body_sync(part_dir, checksums, protocol_version, _WHOLE_BODY))
 
 
 async def iter_part_body(

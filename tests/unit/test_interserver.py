@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import shutil
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +21,8 @@ from hypothesis import strategies as st
 
 from replicad.model.checksums import Checksums
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend, read_request
-from replicad.storage.part_transfer import receive_part
+from replicad.storage import part_transfer
+from replicad.storage.part_transfer import iter_part_body_sync, receive_part
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ch18_part_basic"
 PART_DIR = FIXTURES / "202611_1_1_0"
@@ -166,6 +168,136 @@ async def test_client_credentials_refused_without_server_auth(server: Interserve
 async def test_ping(server: InterserverServer) -> None:
     raw = await asyncio.to_thread(raw_request, server.port, "/ping")
     assert split_response(raw)[:1] == (200,) and raw.endswith(b"Ok.\n")
+
+
+# ------------------------------------------------------------------- small parts: one Content-Length write
+
+
+def read_responses(port: int, requests: list[tuple[str, str]]) -> list[tuple[int, dict[str, str], bytes]]:
+    """Several requests on one connection, each answer read by its framing (Content-Length or chunked).
+
+    Fails when the server closes the connection early or sends anything after the last answer."""
+    out = []
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        buf = bytearray()
+
+        def need(n: int) -> None:
+            while len(buf) < n:
+                chunk = c.recv(65536)
+                if not chunk:
+                    raise EOFError(f"connection closed with {len(buf)} of {n} bytes")
+                buf.extend(chunk)
+
+        def line() -> bytes:
+            while b"\r\n" not in buf:
+                need(len(buf) + 1)
+            i = buf.index(b"\r\n")
+            text = bytes(buf[:i])
+            del buf[: i + 2]
+            return text
+
+        for request_target, extra in requests:
+            c.sendall(f"POST {request_target} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
+            status = int(line().split(b" ")[1])
+            headers = {}
+            while header := line():
+                k, _, v = header.decode("latin-1").partition(":")
+                headers[k.strip().lower()] = v.strip()
+            if "content-length" in headers:
+                n = int(headers["content-length"])
+                need(n)
+                body = bytes(buf[:n])
+                del buf[:n]
+            else:
+                assert headers["transfer-encoding"] == "chunked"
+                body = b""
+                while size := int(line(), 16):
+                    need(size + 2)
+                    body += bytes(buf[:size])
+                    assert buf[size : size + 2] == b"\r\n"
+                    del buf[: size + 2]
+                assert line() == b""
+            out.append((status, headers, body))
+        c.shutdown(socket.SHUT_WR)
+        assert c.recv(1) == b""  # nothing after the last answer, and the server closes
+    return out
+
+
+@pytest.mark.parametrize("version", [None, "3"])
+async def test_small_part_is_one_content_length_body(
+    server: InterserverServer, monkeypatch: pytest.MonkeyPatch, version: str | None
+) -> None:
+    params = {} if version is None else {"client_protocol_version": version}
+    expected = b"".join(iter_part_body_sync(PART_DIR, part().checksums, int(version or 0)))
+    [(status, headers, body)] = await asyncio.to_thread(
+        read_responses, server.port, [(target(**params), "Connection: close\r\n")]
+    )
+    assert status == 200 and "transfer-encoding" not in headers
+    assert int(headers["content-length"]) == len(body)
+    assert body == expected
+    if version is None:
+        assert "set-cookie" not in headers
+        assert body == (FIXTURES / "dpe_v0_response_202611_0_0_0.bin").read_bytes()
+    else:
+        assert headers["set-cookie"] == "server_protocol_version=3; Path=/"
+
+    # the same part over the threshold: streamed chunked, the same bytes once de-chunked
+    monkeypatch.setattr(part_transfer, "SMALL_PART_BYTES", part().checksums.total_size - 1)
+    [(status, chunked_headers, chunked)] = await asyncio.to_thread(
+        read_responses, server.port, [(target(**params), "Connection: close\r\n")]
+    )
+    assert status == 200 and chunked_headers["transfer-encoding"] == "chunked"
+    assert "content-length" not in chunked_headers
+    assert chunked == body
+    assert chunked_headers.get("set-cookie") == headers.get("set-cookie")
+    assert server.sent_parts == 2
+
+
+async def test_broken_small_part_gets_500_and_the_connection_goes_on(
+    server: InterserverServer, tmp_path: Path
+) -> None:
+    broken_dir = tmp_path / "202611_1_1_0"
+    shutil.copytree(PART_DIR, broken_dir)
+    data = bytearray((broken_dir / "name.bin").read_bytes())
+    data[7] ^= 0x10
+    (broken_dir / "name.bin").write_bytes(data)
+    reported: list[str] = []
+    good, broken = part(), PartToSend(broken_dir, part().checksums)
+    parts = {"202611_0_0_0": good, "202611_1_1_0": broken}
+    server.register(REPLICA, Endpoint(parts.get, on_broken_part=reported.append))
+    expected = (FIXTURES / "dpe_v0_response_202611_0_0_0.bin").read_bytes()
+    answers = await asyncio.to_thread(
+        read_responses,
+        server.port,
+        [
+            (target(), ""),
+            (target(), ""),  # two small parts in a row on one kept-alive connection
+            (target(part="202611_1_1_0"), ""),
+            (target(), "Connection: close\r\n"),
+        ],
+    )
+    assert [(s, b == expected) for s, _h, b in answers] == [(200, True)] * 2 + [(500, False), (200, True)]
+    assert [h["connection"] for _s, h, _b in answers] == ["Keep-Alive"] * 3 + ["Close"]
+    _status, headers, text = answers[2]
+    assert text.decode() == (
+        "Cannot send part 202611_1_1_0: Checksum mismatch for file name.bin in part 202611_1_1_0\n"
+    )
+    assert int(headers["content-length"]) == len(text)
+    assert reported == ["202611_1_1_0"]
+    assert (server.sent_parts, server.requests) == (3, 4)
+
+
+async def test_small_part_send_cancelled_while_it_was_read(server: InterserverServer) -> None:
+    ep = server.endpoints[f"DataPartsExchange:{REPLICA}"]
+
+    def lookup(name: str) -> PartToSend:
+        ep.blocked = True  # SYSTEM STOP REPLICATED SENDS while the body is being built
+        return part()
+
+    ep.lookup = lookup
+    status, _headers, body = await fetch(server.port, target())
+    assert (status, body) == (500, b"Transferring part to replica was cancelled\n")
+    assert server.sent_parts == 0
 
 
 @settings(max_examples=200, deadline=None)

@@ -19,10 +19,13 @@ from replicad.model.checksums import Checksum, Checksums, plain_checksum
 from replicad.model.cityhash import file_hash
 from replicad.storage.part_transfer import (
     EMPTY_TTL_INFOS,
+    SMALL_PART_BYTES,
     ReceivedPart,
     body_header,
+    build_part_body,
     check_file_name,
     files_to_send,
+    is_small_part,
     iter_part_body,
     iter_part_body_sync,
     receive_part,
@@ -250,6 +253,39 @@ def test_sender_detects_damaged_files(tmp_path: Path) -> None:
         body_of(part, CHECKSUMS)
     with pytest.raises(ValueError):
         body_header(CHECKSUMS, 8)
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_whole_body_of_a_small_part(version: int) -> None:
+    assert is_small_part(CHECKSUMS)
+    assert build_part_body(PART, CHECKSUMS, version) == body_of(PART, CHECKSUMS, version, 1000)
+    if version == 0:
+        assert build_part_body(PART, CHECKSUMS, 0) == REAL_RESPONSE
+
+
+def test_small_part_threshold() -> None:
+    def sized(*sizes: int) -> Checksums:
+        return Checksums({f"f{i}.bin": Checksum(n, b"\0" * 16) for i, n in enumerate(sizes)})
+
+    assert is_small_part(sized()) and is_small_part(sized(SMALL_PART_BYTES))
+    assert is_small_part(sized(SMALL_PART_BYTES - 10, 10))
+    assert not is_small_part(sized(SMALL_PART_BYTES - 10, 11))
+
+
+def test_whole_body_checks_files(tmp_path: Path) -> None:
+    part = tmp_path / "p"
+    shutil.copytree(PART, part)
+    data = bytearray((part / "name.bin").read_bytes())
+    data[100] ^= 1
+    (part / "name.bin").write_bytes(data)
+    with pytest.raises(CorruptedDataError, match=r"Checksum mismatch for file name\.bin in part p"):
+        build_part_body(part, CHECKSUMS, 3)
+    (part / "name.bin").write_bytes(data[:-1])
+    with pytest.raises(CorruptedDataError, match=r"Unexpected size of file name\.bin in part p"):
+        build_part_body(part, CHECKSUMS, 0)
+    os.remove(part / "id.bin")
+    with pytest.raises(FileNotFoundError):
+        build_part_body(part, CHECKSUMS, 0)
 
 
 def test_check_file_name() -> None:
