@@ -60,6 +60,8 @@ class PartStore:
         self._parts: dict[str, LocalPart] = {}
         #: bumped on every change of the active set (SELECT snapshots, status)
         self.version = 0
+        self._active: list[LocalPart] = []
+        self._active_version = -1  # the version ``_active`` was sorted at
 
     # ---------------------------------------------------------------------------------------- loading
 
@@ -87,7 +89,14 @@ class PartStore:
         return self._parts.get(name)
 
     def active(self) -> list[LocalPart]:
-        return sorted((p for p in self._parts.values() if p.state is PartState.ACTIVE), key=lambda p: p.info)
+        """The active parts in part order (kept between changes: the store also holds every outdated part
+        for ``old_parts_lifetime``, and a polled ``count()`` would scan them all each time)."""
+        if self._active_version != self.version:
+            self._active = sorted(
+                (p for p in self._parts.values() if p.state is PartState.ACTIVE), key=lambda p: p.info
+            )
+            self._active_version = self.version
+        return list(self._active)
 
     def active_names(self) -> list[str]:
         return [p.name for p in self.active()]

@@ -1,4 +1,5 @@
-"""Receiving a part's files: one writer thread per part, fed by the event loop in bounded batches.
+"""Receiving a part's files: one writer thread per part (a pooled daemon thread), fed by the event loop in
+bounded batches.
 
 :class:`PartSink` is the file side of :func:`replicad.storage.part_transfer.receive_part`: the loop parses
 the DataPartsExchange body and hands each file's bytes over as :class:`Write` jobs (slices of the network
@@ -13,6 +14,7 @@ import os
 import queue
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -44,6 +46,41 @@ class Write:
     first: bool
     last: bool
     sent_hash: bytes = b""
+
+
+class _Workers:
+    """Daemon threads kept between parts: starting a thread per part made the event loop wait for each new
+    thread to come up (``Thread.start`` blocks until it runs), the slowest step of receiving a small part on a
+    busy machine.  A worker is started only when none is idle; workers never exit."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self.started = 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                self.started += 1
+                threading.Thread(target=self._work, name=f"{self.name}-{self.started}", daemon=True).start()
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job()
+            except BaseException:  # pragma: no cover - jobs report their own errors
+                pass
+            with self._lock:
+                self._idle += 1
+
+
+_WORKERS = _Workers("part-receiver")
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -78,7 +115,7 @@ class PartSink:
         self._budget = BATCHES_PENDING * BATCH_SIZE
         self._ended = False
         self._aborted = False
-        threading.Thread(target=self._run, name="part-receiver", daemon=True).start()
+        _WORKERS.submit(self._run)
 
     # ---- event loop side
 
