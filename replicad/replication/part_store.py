@@ -58,6 +58,9 @@ class PartStore:
         self.layout = layout
         self.old_parts_lifetime_s = old_parts_lifetime_s
         self._parts: dict[str, LocalPart] = {}
+        #: the parts that are not outdated (active or pre-committed): the store keeps every outdated part
+        #: for ``old_parts_lifetime``, and the queries below would otherwise scan them all
+        self._live: dict[str, LocalPart] = {}
         #: bumped on every change of the active set (SELECT snapshots, status)
         self.version = 0
         self._active: list[LocalPart] = []
@@ -73,7 +76,7 @@ class PartStore:
         covered = await asyncio.to_thread(self.layout.covered_parts)
         for info in active:
             directory = PartDirectory.at(self.layout.part_path(info.name))
-            self._parts[info.name] = LocalPart(
+            self._parts[info.name] = self._live[info.name] = LocalPart(
                 info, directory, PartState.ACTIVE, directory.path.stat().st_mtime
             )
         for name in covered:
@@ -89,11 +92,10 @@ class PartStore:
         return self._parts.get(name)
 
     def active(self) -> list[LocalPart]:
-        """The active parts in part order (kept between changes: the store also holds every outdated part
-        for ``old_parts_lifetime``, and a polled ``count()`` would scan them all each time)."""
+        """The active parts in part order (kept between changes)."""
         if self._active_version != self.version:
             self._active = sorted(
-                (p for p in self._parts.values() if p.state is PartState.ACTIVE), key=lambda p: p.info
+                (p for p in self._live.values() if p.state is PartState.ACTIVE), key=lambda p: p.info
             )
             self._active_version = self.version
         return list(self._active)
@@ -111,9 +113,7 @@ class PartStore:
     def active_containing(self, info: PartInfo) -> LocalPart | None:
         """The active (or pre-committed) part equal to or covering ``info``."""
         best: LocalPart | None = None
-        for p in self._parts.values():
-            if p.state is PartState.OUTDATED:
-                continue
+        for p in self._live.values():
             if p.info == info or p.info.contains(info):
                 if best is None or p.info.contains(best.info):
                     best = p
@@ -123,7 +123,7 @@ class PartStore:
         """Active parts strictly covered by ``info``."""
         return [
             p
-            for p in self._parts.values()
+            for p in self._live.values()
             if p.state is PartState.ACTIVE and p.info != info and info.contains(p.info)
         ]
 
@@ -137,20 +137,24 @@ class PartStore:
             raise DuplicatePartError(f"Part {name} already exists")
         if existing is not None:  # an outdated leftover of the same name: drop it first
             await self._remove_dir(existing)
-        path = await asyncio.to_thread(self.layout.commit, tmp_dir, name)
-        part = LocalPart(info, PartDirectory.at(path), PartState.PRECOMMITTED)
-        self._parts[name] = part
+
+        def commit() -> PartDirectory:  # rename, and read its metadata files in the same worker-thread trip
+            return PartDirectory.at(self.layout.commit(tmp_dir, name)).preload()
+
+        part = LocalPart(info, await asyncio.to_thread(commit), PartState.PRECOMMITTED)
+        self._parts[name] = self._live[name] = part
         return part
 
     def activate(self, name: str) -> list[LocalPart]:
         """Make a pre-committed part active; active parts it covers become outdated (returned)."""
-        part = self._parts[name]
+        part = self._live[name] = self._parts[name]
         part.state = PartState.ACTIVE
         replaced = self.covered_by(part.info)
         now = time.time()
         for p in replaced:
             p.state = PartState.OUTDATED
             p.remove_time = now
+            self._live.pop(p.name, None)
         self.version += 1
         return replaced
 
@@ -164,6 +168,7 @@ class PartStore:
     async def detach(self, name: str, prefix: str) -> Path | None:
         """Move a part to ``detached/<prefix>_<name>`` and forget it."""
         part = self._parts.pop(name, None)
+        self._live.pop(name, None)
         if part is None:
             return None
         self.version += 1
@@ -174,6 +179,7 @@ class PartStore:
         if part is not None and part.state is not PartState.OUTDATED:
             part.state = PartState.OUTDATED
             part.remove_time = time.time()
+            self._live.pop(name, None)
             self.version += 1
 
     async def remove_outdated(self, name: str) -> bool:
@@ -187,6 +193,7 @@ class PartStore:
     async def _remove_dir(self, part: LocalPart) -> None:
         if self._parts.get(part.name) is part:
             del self._parts[part.name]
+            self._live.pop(part.name, None)
             self.version += 1
         await asyncio.to_thread(self.layout.remove_part, part.name)
 

@@ -236,6 +236,16 @@ class PartDirectory:
         """Names of the regular files in the directory, sorted."""
         return sorted(e.name for e in os.scandir(self.path) if e.is_file())
 
+    def preload(self) -> PartDirectory:
+        """Read checksums.txt, columns.txt and count.txt now (blocking; call it in a worker thread), so that
+        the event loop later finds them cached.  A file that cannot be read is left to fail on first use."""
+        for read in (lambda: self.checksums, lambda: self.columns_text, lambda: self.rows):
+            try:
+                read()
+            except (CorruptedDataError, OSError, ValueError):
+                pass
+        return self
+
     # ---- metadata files ------------------------------------------------------------------------------
 
     @cached_property
