@@ -186,6 +186,7 @@ class TableReplica:
             min_unprocessed_insert_time=lambda: self.queue_state.min_unprocessed_insert_time,
         )
         self.puller.on_read = self.fetcher.precheck_sources
+        self.fetcher.early_allowed = lambda: not self.executor.is_paused()
         self.queue_updating = QueueUpdatingTask(f"{spec.name}:queue_updating", self.puller)
         self.executor = QueueExecutor(
             f"{spec.name}:queue_executing",

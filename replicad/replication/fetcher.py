@@ -27,7 +27,7 @@ import asyncio
 import base64
 import shutil
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -63,8 +63,9 @@ T = TypeVar("T")
 
 #: early downloads running at once (each beyond the executor's fetch limits)
 MAX_EARLY_FETCHES = 2
-#: a downloaded part nobody takes is removed after this long
-EARLY_TTL_S = 10.0
+#: a downloaded part is taken only this soon after its download started (else removed: the source may have
+#: gone since, and the queue executor no longer runs into that as it would have)
+EARLY_TTL_S = 3.0
 
 __all__ = [
     "MAX_PRECHECKS",
@@ -155,6 +156,8 @@ class PartFetcher:
         #: part -> its early download
         self._early: dict[str, _Early] = {}
         self.max_early_fetches = MAX_EARLY_FETCHES
+        #: whether early downloads may start (the replica wires it to "the queue executor is not paused")
+        self.early_allowed: Callable[[], bool] = lambda: True
         self.fetches_total = 0
         self.early_fetches_taken = 0
 
@@ -188,7 +191,7 @@ class PartFetcher:
         """Entries just read from the log (before they are copied into the queue): their sources are checked
         and, for a small batch, their parts downloaded early (see the module docstring)."""
         checks = self.sources.precheck(entries)
-        if not checks or len(entries) > self.max_early_fetches:
+        if not checks or len(entries) > self.max_early_fetches or not self.early_allowed():
             return
         self._expire_early()
         for (part_name, source), check in checks.items():
@@ -254,7 +257,7 @@ class PartFetcher:
         early = self._early.pop(part_name, None)
         if early is None:
             return None
-        if early.source != source:
+        if early.source != source or time.monotonic() - early.started > EARLY_TTL_S:
             early.task.cancel()
             await self._drop_early(early)
             return None

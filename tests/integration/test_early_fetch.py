@@ -70,3 +70,16 @@ async def test_failed_early_download_falls_back_to_the_queue(cluster: Cluster) -
     await wait_for(lambda: holds([r1, r2], 1), what="the part on r2")
     assert r2.fetcher.early_fetches_taken == 0
     assert await r2.count(None) == 3 and leftovers(r2) == []
+
+
+async def test_no_early_download_while_the_executor_is_paused(cluster: Cluster) -> None:
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    r2.executor.is_paused = lambda: True
+    await r1.insert_table(rows([1, 2, 3]))
+    await wait_for(lambda: len(r2.queue_state) == 1, what="the entry in r2's queue")
+    assert not r2.fetcher._early and leftovers(r2) == [] and r2.store.active_names() == []
+    r2.executor.is_paused = lambda: False
+    r2.executor.wakeup()
+    await wait_for(lambda: holds([r1, r2], 1), what="the part on r2")
+    assert r2.fetcher.early_fetches_taken == 0
