@@ -46,7 +46,7 @@ from replicad.keeper.paths import ReplicaPaths, TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
 from replicad.model.checksums import Checksums, MinimalisticChecksums, PartHeader
-from replicad.model.log_entry import LogEntry
+from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.model.siphash import SipHash
 from replicad.replication.commit import part_commit_ops
@@ -121,6 +121,9 @@ class _Early:
     task: asyncio.Task[tuple[ReceivedPart, _ReplicaState | None] | None]
     started: float
 
+    def stale(self) -> bool:
+        return time.monotonic() - self.started > EARLY_TTL_S
+
 
 class PartFetcher:
     """Fetches parts of one table from its peers."""
@@ -184,24 +187,55 @@ class PartFetcher:
     async def find_source(
         self, part_name: str, *, active: bool = True, hint: str | None = None
     ) -> FetchSource | None:
-        """See :meth:`replicad.replication.fetch_sources.SourceFinder.find`."""
+        """See :meth:`replicad.replication.fetch_sources.SourceFinder.find`.  A part downloaded early from
+        ``hint`` is taken from there: the download proved that the replica has the part (whether it is still
+        active no longer matters, the bytes are here; the commit checks them against every replica's
+        registration)."""
+        early = self._early.get(part_name)
+        if hint and early is not None and early.source == hint and not early.stale():
+            try:
+                if await asyncio.shield(early.task) is not None:
+                    return FetchSource(hint, part_name, 0, 0)
+            except Exception:  # the fetch drops it; look for a source as usual
+                pass
         return await self.sources.find(part_name, active=active, hint=hint)
 
     def precheck_sources(self, entries: list[LogEntry]) -> None:
-        """Entries just read from the log (before they are copied into the queue): their sources are checked
-        and, for a small batch, their parts downloaded early (see the module docstring)."""
-        checks = self.sources.precheck(entries)
-        if not checks or len(entries) > self.max_early_fetches or not self.early_allowed():
-            return
-        self._expire_early()
-        for (part_name, source), check in checks.items():
-            if len(self._early) >= self.max_early_fetches:
-                break
-            if part_name in self._fetching or part_name in self._early or self._have(part_name):
-                continue
-            task = asyncio.ensure_future(self._early_download(part_name, source, check))
-            task.add_done_callback(_consume_error)
-            self._early[part_name] = _Early(source, task, time.monotonic())
+        """Entries just read from the log (before they are copied into the queue): for a small batch, each
+        GET_PART's download starts at once when its source's address is known (see the module docstring);
+        the sources of the others are checked, and their downloads start after the check."""
+        early_ok = len(entries) <= self.max_early_fetches and self.early_allowed()
+        if early_ok:
+            self._expire_early()
+        rest: list[LogEntry] = []
+        for e in entries:
+            source = e.source_replica
+            host = self.sources.known_host(source) if source else None
+            if early_ok and host is not None and e.type is LogEntryType.GET_PART and self._may_start(e):
+                self._start_early(e.new_part_name, source, None)
+            else:
+                rest.append(e)
+        checks = self.sources.precheck(rest)
+        if early_ok:
+            for (part_name, source), check in checks.items():
+                if self._may_start_part(part_name):
+                    self._start_early(part_name, source, check)
+
+    def _may_start(self, entry: LogEntry) -> bool:
+        return entry.source_replica != self.paths.replica_name and self._may_start_part(entry.new_part_name)
+
+    def _may_start_part(self, part_name: str) -> bool:
+        return (
+            len(self._early) < self.max_early_fetches
+            and part_name not in self._fetching
+            and part_name not in self._early
+            and not self._have(part_name)
+        )
+
+    def _start_early(self, part_name: str, source: str, check: Awaitable[bool] | None) -> None:
+        task = asyncio.ensure_future(self._early_download(part_name, source, check))
+        task.add_done_callback(_consume_error)
+        self._early[part_name] = _Early(source, task, time.monotonic())
 
     def _have(self, part_name: str) -> bool:
         part = self.store.get(part_name)
@@ -212,7 +246,7 @@ class PartFetcher:
     # ------------------------------------------------------------------------------------- early downloads
 
     async def _early_download(
-        self, part_name: str, source: str, check: Awaitable[bool]
+        self, part_name: str, source: str, check: Awaitable[bool] | None
     ) -> tuple[ReceivedPart, _ReplicaState | None] | None:
         """Download ``part_name`` from ``source``; None when the source turns out not to have it.
 
@@ -220,7 +254,7 @@ class PartFetcher:
         behind the copy of the entries in our ZooKeeper session); the source's checksums in ZooKeeper are then
         compared by the commit, as with every replica that has the part."""
         host = self.sources.known_host(source)
-        if host is None and not await check:
+        if host is None and (check is None or not await check):
             return None
         received, state = await self._download_from(part_name, source, early=True, host=host)
         try:
@@ -257,7 +291,7 @@ class PartFetcher:
         early = self._early.pop(part_name, None)
         if early is None:
             return None
-        if early.source != source or time.monotonic() - early.started > EARLY_TTL_S:
+        if early.source != source or early.stale():
             early.task.cancel()
             await self._drop_early(early)
             return None
