@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 DEFAULT_WAIT_S = 600.0
+#: merge selection runs after new log entries are pulled (as 18.16's pullLogsToQueue schedules it), at most
+#: this often: a stream of small inserts would otherwise reload the merge predicate for every one of them
+MERGE_SELECTING_MIN_INTERVAL_S = 0.2
 
 
 async def wait_for_log_entry(
@@ -148,6 +151,8 @@ class TableOperations:
         self.mutations.wake = self.mutations_updating.wakeup
         self.mutations.on_new.extend([self.assigner.wakeup, self.mutations_finalizing.wakeup])
         self._mutations_session: int | None = None
+        self._assigner_woken_at = 0.0
+        self._assigner_wake_pending = False
 
     # ------------------------------------------------------------------------------------------ wiring
 
@@ -171,6 +176,29 @@ class TableOperations:
                 self.mutations_finalizing.wakeup()
 
         executor.on_parts_changed = parts_changed
+        pulled_before = self.replica.puller.on_entries
+
+        def pulled(entries: list[LogEntry]) -> None:  # new parts may be mergeable now
+            pulled_before(entries)
+            if entries and self.leader.is_leader:
+                self._wake_assigner_soon()
+
+        self.replica.puller.on_entries = pulled
+
+    def _wake_assigner_soon(self) -> None:
+        if self._assigner_wake_pending:
+            return
+        delay = self._assigner_woken_at + MERGE_SELECTING_MIN_INTERVAL_S - time.monotonic()
+        if delay <= 0:
+            self._wake_assigner()
+            return
+        self._assigner_wake_pending = True
+        asyncio.get_running_loop().call_later(delay, self._wake_assigner)
+
+    def _wake_assigner(self) -> None:
+        self._assigner_wake_pending = False
+        self._assigner_woken_at = time.monotonic()
+        self.assigner.wakeup()
 
     def _on_leader_change(self, leading: bool) -> None:
         if leading:

@@ -10,6 +10,7 @@ import pytest
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry, LogEntryType
+from replicad.replication.merge_assigner import AssignerSettings
 from tests.support.table_cluster import (
     ZK_PATH,
     Cluster,
@@ -213,3 +214,22 @@ async def test_leader_killed_mid_merge(cluster: Cluster, keeper: Keeper) -> None
     for r in (r1, r2, r3):
         assert [x["id"] for x in await sorted_rows(r)] == sorted(expected)
     assert leaders(cluster) == ["r2"]
+
+
+async def test_new_entries_wake_the_merge_selection(cluster: Cluster) -> None:
+    """As 18.16 schedules merge selection after pulling new log entries: with the periodic selection an hour
+    away, a stream of inserts still gets merged."""
+    slow = AssignerSettings(sleep_s=3600.0)
+    r1 = await cluster.start("r1", assigner=slow)
+    r2 = await cluster.start("r2", assigner=slow)
+    await wait_for(lambda: len(leaders(cluster)) == 1, what="a leader")
+    for i in range(40):
+        await r1.insert_table(rows([i]))
+    ops = cluster.ops[leaders(cluster)[0]]
+    await wait_for(lambda: ops.assigner.assigned_merges > 0, what="a merge assigned after the inserts")
+
+    async def merged() -> bool:
+        return len(r2.store.active_names()) < 40 and await converged([r1, r2])
+
+    await wait_for(merged, what="merged parts on both replicas")
+    assert await r2.count(None) == 40
