@@ -38,6 +38,7 @@ from replicad.errors import (
     UnknownTableError,
 )
 from replicad.logging import get_logger
+from replicad.memory import RELEASE_AFTER_BYTES, release_unused_memory
 from replicad.server import fault_injection
 from replicad.server import status as status_mod
 from replicad.server.formats import InputSpec, parse_body
@@ -279,6 +280,8 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
         finally:
             await parsed.batches.aclose()  # type: ignore[attr-defined]
             state.metrics.body_bytes.inc(parsed.body.bytes_read)
+            if parsed.body.bytes_read >= RELEASE_AFTER_BYTES:
+                await asyncio.to_thread(release_unused_memory)
     m = state.metrics
     m.inserted_rows.labels(name).inc(summary.written_rows)
     m.inserted_bytes.labels(name).inc(summary.written_bytes)
