@@ -17,6 +17,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from replicad.errors import KeeperNoNodeError
 from replicad.keeper.client import Keeper
@@ -51,8 +52,8 @@ class SourceDetails:
     read_at: float
 
 
-def _consume_error(task: asyncio.Future[bool]) -> None:
-    """A check nobody awaited must not log 'exception was never retrieved'."""
+def consume_error(task: asyncio.Future[Any]) -> None:
+    """Done-callback of a task nobody may await: it must not log 'exception was never retrieved'."""
     if not task.cancelled():
         task.exception()
 
@@ -131,7 +132,7 @@ class SourceFinder:
             if len(self._prechecks) >= MAX_PRECHECKS or key in self._prechecks:
                 continue
             task = asyncio.ensure_future(self._check_hint(e.new_part_name, hint, True))
-            task.add_done_callback(_consume_error)
+            task.add_done_callback(consume_error)
             self._prechecks[key] = (task, now)
             started_now[key] = task
         return started_now

@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 import aiohttp
 
@@ -50,7 +50,7 @@ from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.model.siphash import SipHash
 from replicad.replication.commit import part_commit_ops
-from replicad.replication.fetch_sources import MAX_PRECHECKS, FetchSource, SourceFinder
+from replicad.replication.fetch_sources import MAX_PRECHECKS, FetchSource, SourceFinder, consume_error
 from replicad.replication.part_store import LocalPart, PartStore
 from replicad.storage.layout import TMP_FETCH
 from replicad.storage.part import fsync_part_files
@@ -234,13 +234,11 @@ class PartFetcher:
 
     def _start_early(self, part_name: str, source: str, check: Awaitable[bool] | None) -> None:
         task = asyncio.ensure_future(self._early_download(part_name, source, check))
-        task.add_done_callback(_consume_error)
+        task.add_done_callback(consume_error)
         self._early[part_name] = _Early(source, task, time.monotonic())
 
     def _have(self, part_name: str) -> bool:
-        part = self.store.get(part_name)
-        if part is not None and part.state.value != "Outdated":
-            return True
+        """The part, or one covering it, is here already (active or pre-committed)."""
         return self.store.active_containing(PartInfo.parse(part_name)) is not None
 
     # ------------------------------------------------------------------------------------- early downloads
@@ -281,7 +279,7 @@ class PartFetcher:
                 del self._early[name]
                 early.task.cancel()
                 drop = asyncio.ensure_future(self._drop_early(early))
-                drop.add_done_callback(_consume_error)
+                drop.add_done_callback(consume_error)
 
     async def _take_early(
         self, part_name: str, source: str
@@ -567,9 +565,3 @@ class PartFetcher:
 
 async def _value(v: T) -> T:
     return v
-
-
-def _consume_error(task: asyncio.Future[Any]) -> None:
-    """A task nobody awaited must not log 'exception was never retrieved'."""
-    if not task.cancelled():
-        task.exception()

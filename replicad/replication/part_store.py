@@ -152,9 +152,7 @@ class PartStore:
         replaced = self.covered_by(part.info)
         now = time.time()
         for p in replaced:
-            p.state = PartState.OUTDATED
-            p.remove_time = now
-            self._live.pop(p.name, None)
+            self._outdate(p, now)
         self.version += 1
         return replaced
 
@@ -177,10 +175,13 @@ class PartStore:
     def make_outdated(self, name: str) -> None:
         part = self._parts.get(name)
         if part is not None and part.state is not PartState.OUTDATED:
-            part.state = PartState.OUTDATED
-            part.remove_time = time.time()
-            self._live.pop(name, None)
+            self._outdate(part, time.time())
             self.version += 1
+
+    def _outdate(self, part: LocalPart, now: float) -> None:
+        part.state = PartState.OUTDATED
+        part.remove_time = now
+        self._live.pop(part.name, None)
 
     async def remove_outdated(self, name: str) -> bool:
         """Delete an outdated part's directory and forget it (the cleanup, after ZooKeeper let it go)."""

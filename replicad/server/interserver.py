@@ -52,6 +52,7 @@ from replicad.storage.part_transfer import (
 log = get_logger(__name__)
 
 ENDPOINT_PREFIX = "DataPartsExchange:"
+CANCELLED = "Transferring part to replica was cancelled"  # the error text while sends are blocked
 MAX_HEAD = 64 * 1024
 MAX_REQUEST_BODY = 1 << 20
 HEAD_TIMEOUT_S = 30.0
@@ -369,7 +370,7 @@ class InterserverServer:
         else:
             return Reply(400, f"Bad client_protocol_version {version_text!r}\n")
         if endpoint.blocked:
-            return Reply(500, "Transferring part to replica was cancelled\n")
+            return Reply(500, CANCELLED + "\n")
         if (self.max_parallel_sends and self.total_sends >= self.max_parallel_sends) or (
             endpoint.max_parallel_sends and endpoint.current_sends >= endpoint.max_parallel_sends
         ):
@@ -408,7 +409,7 @@ class InterserverServer:
             async for piece in body:
                 await writer.drain()
                 if endpoint.blocked:
-                    raise ConnectionAbortedError("Transferring part to replica was cancelled")
+                    raise ConnectionAbortedError(CANCELLED)
                 writer.writelines(_chunk(piece))
             writer.write(b"0\r\n\r\n")
             await writer.drain()
@@ -443,7 +444,7 @@ class InterserverServer:
             await self._send_failed(writer, endpoint, part_name, e, keep)
             return True
         if endpoint.blocked:
-            await self._reply(writer, Reply(500, "Transferring part to replica was cancelled\n"), keep)
+            await self._reply(writer, Reply(500, CANCELLED + "\n"), keep)
             return True
         head = _ok_head(request, version, keep, f"Content-Length: {len(body)}")
         writer.transport.set_write_buffer_limits(high=SEND_BUFFER)
