@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from replicad import replica_status
 from replicad.errors import (
+    BadInputError,
     KeeperError,
     KeeperNoNodeError,
     ReadOnlyError,
@@ -34,6 +35,7 @@ from replicad.model.address import ReplicaAddress
 from replicad.model.log_entry import LogEntry
 from replicad.model.part_info import PartInfo
 from replicad.model.queue_state import BackoffSettings, QueueState
+from replicad.model.staged_job import StagedTask
 from replicad.replication import init as zk_init
 from replicad.replication.cleanup import CleanupSettings, CleanupThread
 from replicad.replication.clone import clone_replica_if_needed
@@ -47,6 +49,7 @@ from replicad.replication.part_store import PartStore
 from replicad.replication.quorum import check_quorum_precondition, update_quorum_if_we_have_part
 from replicad.replication.restarting import CONNECTION_ERRORS, RestartingThread
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
+from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
 from replicad.replication.table_ops import TableOperations
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
 from replicad.service import (
@@ -60,6 +63,7 @@ from replicad.service import (
     TableName,
 )
 from replicad.storage.layout import TableDataLayout
+from replicad.storage.staging_area import StagingArea
 from replicad.storage.types import DataType
 from replicad.storage.writer import WriterSettings
 from replicad.table_reader import TableReader
@@ -250,6 +254,13 @@ class TableReplica:
         #: merges, mutations, partition drops and the leader's duties (replicad.replication.table_ops)
         self.ops = TableOperations(self)
         self._tasks += self.ops.tasks
+        #: two-phase writes: staged inserts and their publishing (replicad.replication.staging)
+        self.staging = TableStaging(f"{spec.name}:staging", StagingContext(
+            keeper, self.paths.zk_path, spec.replica_name,
+            StagingArea(env.data_path, spec.name.database, spec.name.table), self.layout, self.schema,
+            self.writer_settings, self.committer, StagingSettings.from_settings(s),
+            is_readonly=lambda: self.is_readonly, is_leader=lambda: self.leader.is_leader))
+        self._tasks.append(self.staging.task)
 
     # ------------------------------------------------------------------------------------------- protocol
 
@@ -279,6 +290,7 @@ class TableReplica:
     async def start(self) -> None:
         """Load local parts, create/join the table in ZooKeeper, activate, load the queue, start the tasks."""
         await self.store.load()
+        await self.staging.start()
         try:
             await self.restarting.startup()
         except CONNECTION_ERRORS as e:
@@ -451,6 +463,13 @@ class TableReplica:
     async def insert(
         self, batches: AsyncIterator[pa.RecordBatch], columns: list[str] | None, settings: InsertSettings
     ) -> InsertSummary:
+        if settings.stage is not None:
+            if settings.insert_quorum > 1:
+                raise BadInputError("insert_quorum cannot be used with a staged insert (replicad_stage_run)",
+                                    code=36)
+            s = await self.staging.stage(settings.stage, batches, columns)
+            return InsertSummary(written_rows=s.rows, written_parts=s.parts,
+                                 deduplicated_blocks=int(s.deduplicated), staged_on=self.spec.replica_name)
         ctx = InsertContext(
             deduplicate=settings.insert_deduplicate, token=settings.insert_deduplication_token
         )
@@ -575,6 +594,15 @@ class TableReplica:
 
     def mutations(self) -> list[dict[str, Any]]:
         return self.ops.mutation_rows()
+
+    async def staged_commit(self, job_id: str, run: str, tasks: list[StagedTask]) -> dict[str, Any]:
+        return await self.staging.commit(job_id, run, tasks)
+
+    async def staged_abort(self, run: str, job_id: str) -> dict[str, Any]:
+        return await self.staging.abort(run, job_id)
+
+    async def staged_status(self, run: str) -> dict[str, Any]:
+        return await self.staging.status(run)
 
 
 def create_engine(config: Config, supervisor: Supervisor, metrics: object) -> Engine:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from replicad.model.staged_job import StagedTask, StageId
 from replicad.storage.types import DataType
 
 if TYPE_CHECKING:
@@ -84,6 +85,8 @@ class InsertSettings:
     insert_deduplication_token: str | None = None
     max_insert_block_size: int = 1048576
     query_id: str = ""
+    #: a two-phase write's staged insert (``replicad_stage_*`` URL settings): staged, not published
+    stage: StageId | None = None
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,11 @@ class InsertSummary:
     written_parts: int = 0
     deduplicated_blocks: int = 0
     written_bytes: int = 0  # uncompressed bytes of the inserted columns (storage Arrow size)
+    staged_on: str = ""  # a staged insert: the replica holding it (written_* count staged rows/parts)
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | str]:
         """The response body: ours first, then ClickHouse's ``X-ClickHouse-Summary`` fields."""
-        return {
+        out: dict[str, int | str] = {
             "written_rows": self.written_rows,
             "written_parts": self.written_parts,
             "deduplicated_blocks": self.deduplicated_blocks,
@@ -104,6 +108,9 @@ class InsertSummary:
             "read_bytes": 0,
             "total_rows_to_read": 0,
         }
+        if self.staged_on:
+            out["staged_on"] = self.staged_on
+        return out
 
     def header_dict(self) -> dict[str, str]:
         """``X-ClickHouse-Summary``: the same fields, values as decimal strings as ClickHouse sends them."""
@@ -238,6 +245,18 @@ class TableService(Protocol):
 
     def mutations(self) -> list[dict[str, Any]]:
         """``system.mutations`` rows (mutation_id, command, create_time, parts_to_do, is_done …)."""
+        ...
+
+    async def staged_commit(self, job_id: str, run: str, tasks: list[StagedTask]) -> dict[str, Any]:
+        """Two-phase writes: decide (once, in ZooKeeper) that ``run`` commits exactly ``tasks``."""
+        ...
+
+    async def staged_abort(self, run: str, job_id: str) -> dict[str, Any]:
+        """Decide that ``run`` publishes nothing (unless it was committed already)."""
+        ...
+
+    async def staged_status(self, run: str) -> dict[str, Any]:
+        """The run's decision and which of its tasks are published."""
         ...
 
 

@@ -155,6 +155,13 @@ _DEFS: tuple[SettingDef, ...] = (
     SettingDef("use_minimalistic_part_header_in_zookeeper", 0, MT,
                "single-node part header (modern default 1); 18.16 cannot read it", since="19.x",
                check=lambda v: None if v == 0 else "18.16 cannot read single-node part headers: only 0"),
+    # --- replicad's own: two-phase (staged) writes --------------------------------------------------------
+    SettingDef("replicad_staging_ttl", 86400, MT, "seconds a run's staged parts wait for a commit decision "
+               "before the run is aborted and they are removed", since="replicad", check=_positive),
+    SettingDef("replicad_staging_record_lifetime", 259200, MT, "seconds a finished run's decision record "
+               "stays in ZooKeeper", since="replicad", check=_positive),
+    SettingDef("replicad_job_record_lifetime", 2592000, MT, "seconds a committed job id is remembered (a "
+               "re-run of it within this time adds nothing)", since="replicad", check=_positive),
     # --- server-level settings ---------------------------------------------------------------------------
     SettingDef("min_compress_block_size", 65536, SRV, "flush a compressed block at a mark once this many "
                "uncompressed bytes are buffered", check=_positive),
@@ -173,6 +180,13 @@ _DEFS: tuple[SettingDef, ...] = (
     SettingDef("insert_quorum_timeout", 600000, Q, "quorum wait in milliseconds", check=_positive),
     SettingDef("insert_deduplicate", 1, Q, "deduplicate insert blocks by block_id", check=_bool01),
     SettingDef("insert_deduplication_token", "", Q, "user-supplied block_id seed", since="22.x"),
+    SettingDef("replicad_stage_run", "", Q, "two-phase write: stage this insert for run <hex id> instead of "
+               "publishing it", since="replicad"),
+    SettingDef("replicad_stage_task", "", Q, "two-phase write: the task attempt staging it",
+               since="replicad"),
+    SettingDef("replicad_stage_batch", 0, Q, "two-phase write: the request's number within the task (a "
+               "retried request with the same number is deduplicated)", since="replicad",
+               check=_non_negative),
     SettingDef("mutations_sync", 0, Q, "wait for mutations: 0 no, 1 this replica, 2 all replicas",
                since="19.x", check=lambda v: None if v in (0, 1, 2) else "must be 0, 1 or 2"),
     SettingDef("replication_alter_partitions_sync", 1, Q, "wait for partition operations: 0, 1 or 2",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,10 +108,16 @@ class PartCommitter:
         self._on_committed = on_committed
 
     async def commit(
-        self, part: TempPart, quorum: QuorumPrecondition | None = None, quorum_timeout_s: float = 600.0
+        self,
+        part: TempPart,
+        quorum: QuorumPrecondition | None = None,
+        quorum_timeout_s: float = 600.0,
+        *,
+        markers: Sequence[str] = (),
     ) -> CommitResult:
         """Commit one part.  With ``quorum`` the multi also creates ``quorum/status`` and the call returns
-        once the quorum is reached (UnknownInsertStatusError on timeout)."""
+        once the quorum is reached (UnknownInsertStatusError on timeout).  ``markers``: nodes the multi also
+        creates (a staged part's "published" marker); one that exists already makes the part a duplicate."""
         block_id = part.block_id
         lock = await self.allocator.allocate(self.keeper, part.partition_id, block_id or None)
         if lock is None:
@@ -133,6 +139,7 @@ class PartCommitter:
             ops.append(Create(self.paths.block(block_id), name.encode()))
         ops += part_commit_ops(self.paths, name, part.columns_text, part.checksums, self._columns_version())
         ops.append(Create(self.paths.log_prefix, entry.to_bytes(self.tz), sequence=True))
+        ops += [Create(m, b"") for m in markers]
         ops += lock.unlock_ops()
         if quorum is not None:
             ops += quorum_commit_ops(self.paths, name, quorum)
@@ -150,10 +157,8 @@ class PartCommitter:
             await self.store.rollback(name)
             failed_path = ops[e.index].path if 0 <= e.index < len(ops) else ""
             await _release_quietly(self.keeper, lock.unlock_ops())
-            if (
-                block_id
-                and isinstance(e.cause, KeeperNodeExistsError)
-                and failed_path == self.paths.block(block_id)
+            if isinstance(e.cause, KeeperNodeExistsError) and (
+                (block_id and failed_path == self.paths.block(block_id)) or failed_path in markers
             ):
                 log.info("block_deduplicated", block_id=block_id, part=name, stage="commit")
                 return CommitResult("", True, lock.number)

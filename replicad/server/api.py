@@ -39,7 +39,8 @@ from replicad.errors import (
 )
 from replicad.logging import get_logger
 from replicad.memory import RELEASE_AFTER_BYTES, release_unused_memory
-from replicad.server import fault_injection
+from replicad.model.staged_job import StageId
+from replicad.server import fault_injection, staging_api
 from replicad.server import status as status_mod
 from replicad.server.formats import InputSpec, parse_body
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -175,6 +176,10 @@ def insert_settings(config: Config, given: Mapping[str, int | float | str], quer
         return given[name] if name in given else config.setting(name)
 
     token = get("insert_deduplication_token")
+    stage = None
+    if given.get("replicad_stage_run") or given.get("replicad_stage_task"):
+        stage = StageId(str(given.get("replicad_stage_run", "")), str(given.get("replicad_stage_task", "")),
+                        int(given.get("replicad_stage_batch", 0)))
     return InsertSettings(
         insert_quorum=int(get("insert_quorum")),
         insert_quorum_timeout_ms=int(get("insert_quorum_timeout")),
@@ -182,6 +187,7 @@ def insert_settings(config: Config, given: Mapping[str, int | float | str], quer
         insert_deduplication_token=str(token) if token else None,
         max_insert_block_size=int(get("max_insert_block_size")),
         query_id=query_id,
+        stage=stage,
     )
 
 
@@ -459,6 +465,7 @@ def create_app(state: ApiState) -> web.Application:
     app.router.add_get("/status", handle_status)
     app.router.add_get(r"/tables/{name}/{what:parts|queue|mutations}", handle_table)
     app.router.add_get("/metrics", handle_metrics)
+    staging_api.add_routes(app, lambda: state.require_catalog())
     if fault_injection.enabled():  # test builds only: REPLICAD_FAULT_INJECTION=1 in the environment
         fault_injection.add_routes(app, lambda: state.supervisor)
     return app
