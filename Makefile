@@ -26,7 +26,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml setup.py replicad/native/cityhash102.c replicad/native/strings.c replicad/native/siphash.c
 	@[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q -e '.[test,bench]' --config-settings editable_mode=compat
 	@touch $(STAMP)
 
 lint: venv

@@ -17,7 +17,14 @@ from replicad.replication.part_store import PartStore
 from replicad.service import QueryResult, SelectQuery
 from replicad.sql.expressions import compile_expression
 from replicad.storage.reader import PartReader
-from replicad.storage.types import DataType
+from replicad.storage.types import DataType, parse_type
+
+#: MergeTree's virtual columns served here: the part's name and partition ID (readable, filterable)
+VIRTUAL_COLUMNS: dict[str, DataType] = {"_part": parse_type("String"), "_partition_id": parse_type("String")}
+
+
+def _virtual_values(name: str, partition_id: str) -> dict[str, bytes]:
+    return {"_part": name.encode(), "_partition_id": partition_id.encode()}
 
 
 class TableReader:
@@ -34,8 +41,9 @@ class TableReader:
         on_broken_part: Callable[[str], None],
     ) -> None:
         self.columns = list(columns)
-        self.types = dict(columns)
+        self.types = {**VIRTUAL_COLUMNS, **dict(columns)}
         self.select_star = list(select_star)
+        self.stored = set(dict(columns))
         self.store = store
         self.tz = tz
         self.on_broken_part = on_broken_part
@@ -53,23 +61,37 @@ class TableReader:
 
         Reading and filtering run in a worker thread; the active set is the one at the first batch."""
         types = self.types
-        wanted = {n: types[n] for n in names}
         expr = compile_expression(where) if where else None
+        virtual = [n for n in dict.fromkeys([*names, *(expr.columns if expr else [])]) if n in VIRTUAL_COLUMNS
+                   and n not in self.stored]
+        wanted = {n: types[n] for n in names if n not in virtual} or dict(self.columns[:1])  # (row counts)
+        only_virtual = expr is not None and all(c in virtual for c in expr.columns)
         tz = self.tz
         for p in self.store.active():
+            values = _virtual_values(p.name, p.info.partition_id)
+            if only_virtual and expr is not None:  # a filter on the part alone: skip the part, or keep all
+                one = pa.table({n: pa.array([values[n]], types[n].arrow_type) for n in virtual})
+                if not pa.array(expr.mask(one, types, tz))[0].as_py():
+                    continue
             try:
                 reader = await asyncio.to_thread(PartReader, p.directory, wanted)
             except (CorruptedDataError, OSError):
                 self.on_broken_part(p.name)  # a broken or vanished part: the part check repairs it
                 raise
             try:
-                batches = reader.iter_batches(list(names), granules_per_batch)
+                batches = reader.iter_batches(list(wanted), granules_per_batch)
 
-                def step(it: Iterator[pa.Table] = batches) -> pa.Table | None:
+                def step(
+                    it: Iterator[pa.Table] = batches, values: dict[str, bytes] = values
+                ) -> pa.Table | None:
                     batch = next(it, None)
-                    if batch is None or expr is None:
+                    if batch is None:
                         return batch
-                    return batch.filter(pa.array(expr.mask(batch, types, tz)))
+                    for n in virtual:
+                        batch = batch.append_column(n, pa.array([values[n]] * batch.num_rows, pa.binary()))
+                    if expr is not None and not only_virtual:
+                        batch = batch.filter(pa.array(expr.mask(batch, types, tz)))
+                    return batch.select(list(names)) if list(batch.column_names) != list(names) else batch
 
                 while True:
                     try:

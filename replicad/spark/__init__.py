@@ -1,7 +1,8 @@
 """Spark integration: the ``replicad`` Python Data Source (see :mod:`replicad.spark.datasource`).
 
-``register(spark)`` makes ``df.write.format("replicad")`` / ``spark.read.format("replicad")`` available.
-pyspark is only imported when this package's names are used, so the daemon does not need it.
+Installed, the package is found by Spark 4 without a call (module ``pyspark_replicad``); ``register(spark)``
+registers it explicitly.  pyspark is only imported when this package's names are used, so the daemon does
+not need it.
 """
 
 from __future__ import annotations

@@ -79,8 +79,9 @@ def wait_rows(daemons: list[Daemon], want: collections.Counter[str], timeout: fl
             return
         if time.monotonic() > deadline:
             for d, g in zip(daemons, got, strict=True):
+                missing, extra = list((want - g).items())[:3], list((g - want).items())[:3]
                 assert g == want, f"{d.url}: {sum(g.values())} rows, want {sum(want.values())}; " \
-                                  f"missing {list((want - g).items())[:3]} extra {list((g - want).items())[:3]}"
+                                  f"missing {missing} extra {extra}"
         time.sleep(0.2)
 
 

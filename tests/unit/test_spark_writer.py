@@ -98,10 +98,12 @@ class FakeServer:
                     self.stored.setdefault(table, []).extend(batch.to_batches())
             summary = {"written_rows": 0 if dup else batch.num_rows, "deduplicated_blocks": int(dup)}
             return 200, {"Content-Type": "application/json"}, json.dumps(summary).encode()
-        m = re.match(r"SELECT \* FROM (\S+)( LIMIT 0)? FORMAT ArrowStream$", text)
-        if m and m.group(1) in self.tables:
-            data = self.tables[m.group(1)]
-            if m.group(2):
+        m = re.match(r"SELECT (.+?) FROM (\S+)( LIMIT 0)? FORMAT ArrowStream$", text)
+        if m and m.group(2) in self.tables:
+            data = self.tables[m.group(2)]
+            if m.group(1) != "*":
+                data = data.select([c.strip().strip("`") for c in m.group(1).split(",")])
+            if m.group(3):
                 data = data.slice(0, 0)
             sink = io.BytesIO()
             with pa_ipc.new_stream(sink, data.schema) as w:
@@ -169,6 +171,7 @@ def test_retried_task_resends_identical_tokens_and_rows_land_once(spark: Any, fa
                                                                   tmp_path: Path) -> None:
     marker = tmp_path / "failed-once"
     (_events(spark, 100_000, 4).write.format("replicad").mode("append")
+     .option("write_mode", "batch_tokens")
      .option("url", fake.url).option("table", "db.events").option("batch_size", "7000")
      .option("fail_after_batches_once", "2").option("fail_marker", str(marker)).save())
 
@@ -198,6 +201,7 @@ def test_retried_task_resends_identical_tokens_and_rows_land_once(spark: Any, fa
 
     # a second job draws a new job id: its tokens never collide with the first job's
     (_events(spark, 1000, 1).write.format("replicad").mode("append")
+     .option("write_mode", "batch_tokens")
      .option("url", fake.url).option("table", "db.events").save())
     jobs = {m.group(1) for i in fake.inserts if (m := TOKEN_RE.match(i.token or ""))}
     assert len(jobs) == 2
@@ -209,6 +213,7 @@ def test_server_rejection_reaches_the_driver_with_the_server_message(spark: Any,
                                   "(column user_id, row 7)")
     with pytest.raises(Exception) as info:
         (_events(spark, 100, 1).write.format("replicad").mode("append")
+         .option("write_mode", "batch_tokens")
          .option("url", fake.url).option("table", "db.bad").option("retries", "0").save())
     text = str(info.value)
     assert "HTTP 400" in text and "column user_id, row 7" in text
@@ -232,7 +237,8 @@ def test_reader_maps_clickhouse_output_types(spark: Any, fake: FakeServer) -> No
         "arr": pa.array([[b"x"], [], [b"y", b"z"]], pa.list_(pa.binary())),
         "n": pa.array([1.5, None, 2.0], pa.float64()),
     })
-    df = spark.read.format("replicad").option("url", fake.url).option("table", "db.src").load()
+    df = spark.read.format("replicad").option("url", fake.url).option("table", "db.src") \
+        .option("split_by_partition", "false").load()
     assert [f.dataType.simpleString() for f in df.schema.fields] == [
         "decimal(20,0)", "smallint", "string", "timestamp", "date", "array<string>", "double"]
     rows = sorted(df.collect(), key=lambda r: r.u8)
@@ -269,9 +275,16 @@ def test_request_gives_up_on_a_closed_port() -> None:
 
 
 def test_options() -> None:
-    o = WriteOptions.parse({"URL": "http://h:1/", "Table": "db.t", "insert_quorum": "2", "setting.x": "y"})
-    assert (o.url, o.table, o.batch_size) == ("http://h:1", "db.t", 100_000)
+    o = WriteOptions.parse({"URL": "http://h:1/", "Table": "db.t", "insert_quorum": "2", "setting.x": "y",
+                            "write_mode": "batch_tokens"})
+    assert (o.url, o.table, o.batch_size, o.commit_url) == ("http://h:1", "db.t", 100_000, "http://h:1")
     assert o.settings == (("insert_quorum", "2"), ("x", "y"))
+    two = WriteOptions.parse({"table": "db.t", "job_id": "run-7", "user": "w", "password": "p"})
+    assert (two.mode, two.job_id, two.headers) == ("two_phase", "run-7", {"X-ClickHouse-User": "w",
+                                                                          "X-ClickHouse-Key": "p"})
+    for bad in ({"insert_quorum": "2"}, {"setting.replicad_stage_run": "ab"}, {"write_mode": "magic"}):
+        with pytest.raises(ValueError):
+            WriteOptions.parse({"table": "db.t", **bad})
     with pytest.raises(ValueError) as info:
         WriteOptions.parse({"url": "ftp://x", "batch_size": "0", "timeout": "soon",
                             "fail_after_batches_once": "1"})
