@@ -1,0 +1,230 @@
+"""Exactly-once Spark writes (two-phase) with real Spark (local[2,3]), three real replicad daemons and a real
+ZooKeeper.  Every test checks the exact multiset of rows on every replica.
+
+Faults: an upstream stage failing mid-partition (the writer's input ends early), a task failing after some
+POSTs, a task failing after its last POST (before its commit message), the driver killed (-9, the whole
+process group) before and after the commit decision, a re-run with the same ``job_id``, a streaming query
+killed after a micro-batch's decision and restarted from its checkpoint.  The drivers of the process tests
+are fresh SparkSessions that never register the data source.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.run_cluster import Daemon
+from tests.support.replicad_daemon import make_chroot, ok, query, start_daemon
+from tests.support.spark import local_spark
+from tests.support.spark_job import rows_df
+from tests.support.zookeeper import ZooKeeperServer
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = 300_000
+TTL_S = 6
+
+
+def ddl(table: str) -> str:
+    name = table.split(".")[1]
+    return (f"CREATE TABLE IF NOT EXISTS {table} (d Date, user_id UInt64, kind String) ENGINE = "
+            f"ReplicatedMergeTree('/clickhouse/tables/{{shard}}/{name}', '{{replica}}') "
+            f"PARTITION BY toYYYYMM(d) ORDER BY (kind, user_id)")
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    yield from local_spark("replicad-exactly-once")
+
+
+@pytest.fixture(scope="module")
+def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Daemon]]:
+    base = tmp_path_factory.mktemp("exactly_once")
+    chroot = make_chroot(zookeeper, "exactly_once")
+    with ThreadPoolExecutor(3) as pool:
+        daemons = list(pool.map(lambda n: start_daemon(base, zookeeper, chroot, n,
+                                                       settings={"replicad_staging_ttl": TTL_S}),
+                                ["r1", "r2", "r3"]))
+    try:
+        yield daemons
+    finally:
+        for d in daemons:
+            d.kill()
+
+
+def create(cluster: list[Daemon], table: str) -> str:
+    for d in cluster:
+        ok(query(d.url, ddl(table), post=True))
+    return table
+
+
+def user_ids(d: Daemon, table: str) -> collections.Counter[int]:
+    r = ok(query(d.url, f"SELECT user_id FROM {table}", timeout=120))
+    return collections.Counter(int(x) for x in r.text.split())
+
+
+def assert_exactly(cluster: list[Daemon], table: str, want: collections.Counter[int],
+                   timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = [user_ids(d, table) for d in cluster]
+        if all(g == want for g in got) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    for d, g in zip(cluster, got, strict=True):
+        missing, extra = sum((want - g).values()), sum((g - want).values())
+        assert (missing, extra) == (0, 0), \
+            f"{d.name}: {sum(g.values())} rows: {missing} missing, {extra} extra"
+
+
+def staged_batches(cluster: list[Daemon]) -> list[str]:
+    out = []
+    for d in cluster:
+        root = d.data_path / "staging"
+        if root.exists():
+            out += [str(p) for p in root.rglob("b*") if p.is_dir()]
+    return out
+
+
+def all_ids(n: int) -> collections.Counter[int]:
+    return collections.Counter(range(n))
+
+
+def run_job(table: str, opts: dict[str, str], *, rows: int = ROWS, partitions: int = 4,
+            wait: bool = True, extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "tests.support.spark_job", "--table", table, "--rows", str(rows),
+            "--partitions", str(partitions), *(f"--opt={k}={v}" for k, v in opts.items()), *(extra or [])]
+    proc = subprocess.Popen(argv, cwd=REPO, start_new_session=True, env={**os.environ},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if wait:
+        out, _ = proc.communicate(timeout=400)
+        assert proc.returncode == 0, out.decode(errors="replace")[-3000:]
+    return proc
+
+
+def kill_when(proc: subprocess.Popen[bytes], marker: Path, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else b""
+            raise AssertionError(f"the driver exited: {out.decode(errors='replace')[-3000:]}")
+        assert time.monotonic() < deadline, "the driver never reached the pause point"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+# ---- in-process driver: task faults ------------------------------------------------------------------------
+
+
+def test_upstream_stage_failing_mid_partition_loses_no_row(spark: Any, cluster: list[Daemon],
+                                                          tmp_path: Path) -> None:
+    table = create(cluster, "db.upstream")
+    marker = tmp_path / "upstream-failed"
+
+    def flaky(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        for i, b in enumerate(batches):
+            yield b
+            if ctx is not None and ctx.partitionId() == 1 and i == 1:
+                try:
+                    os.close(os.open(str(marker), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    continue
+                raise RuntimeError("upstream UDF failed mid-partition (injected)")
+
+    df = rows_df(spark, ROWS, 4)
+    (df.mapInArrow(flaky, df.schema).write.format("replicad").mode("append")
+     .option("url", cluster[0].url).option("table", table).option("batch_size", "20000").save())
+    assert marker.exists(), "the upstream failure never happened"
+    assert_exactly(cluster, table, all_ids(ROWS))
+    assert staged_batches(cluster) == []
+
+
+@pytest.mark.parametrize("hook", ["fail_after_batches_once", "fail_after_last_batch_once"])
+def test_task_failing_after_posting_is_retried_and_counted_once(spark: Any, cluster: list[Daemon],
+                                                                tmp_path: Path, hook: str) -> None:
+    table = create(cluster, f"db.retry_{hook[:14]}")
+    marker = tmp_path / "failed-once"
+    (rows_df(spark, ROWS, 4).write.format("replicad").mode("append")
+     .option("url", cluster[1].url).option("table", table).option("batch_size", "30000")
+     .option(hook, "2").option("fail_marker", str(marker)).save())
+    assert marker.exists(), "the injected task failure never happened"
+    assert_exactly(cluster, table, all_ids(ROWS))
+    assert staged_batches(cluster) == []
+
+
+# ---- the driver in its own process: no registration, job ids, driver death --------------------------------
+
+
+def test_fresh_session_without_registration_and_a_rerun_of_the_same_job_id(cluster: list[Daemon]) -> None:
+    table = create(cluster, "db.rerun")
+    opts = {"url": cluster[2].url, "table": table, "job_id": "orchestrator-run-42"}
+    run_job(table, opts)
+    assert_exactly(cluster, table, all_ids(ROWS))
+    run_job(table, opts)  # the orchestrator retries the finished job
+    time.sleep(1.0)
+    assert_exactly(cluster, table, all_ids(ROWS))
+    run_job(table, {**opts, "job_id": "orchestrator-run-43"}, rows=1000)  # another job does write
+    assert_exactly(cluster, table, all_ids(ROWS) + all_ids(1000))
+    assert staged_batches(cluster) == []
+
+
+def test_driver_killed_before_the_decision_leaves_nothing(cluster: list[Daemon], tmp_path: Path) -> None:
+    table = create(cluster, "db.killed_before")
+    marker = tmp_path / "paused"
+    proc = run_job(table, {"url": cluster[0].url, "table": table, "pause_before_decision": str(marker)},
+                   wait=False)
+    kill_when(proc, marker)
+    assert staged_batches(cluster), "the tasks staged nothing"
+    assert user_ids(cluster[0], table) == collections.Counter()
+    deadline = time.monotonic() + TTL_S + 30
+    while staged_batches(cluster):  # the staging TTL aborts the run and removes its parts
+        assert time.monotonic() < deadline, staged_batches(cluster)
+        time.sleep(0.5)
+    assert_exactly(cluster, table, collections.Counter(), timeout=2)
+
+
+def test_driver_killed_after_the_decision_loses_nothing(cluster: list[Daemon], tmp_path: Path) -> None:
+    table = create(cluster, "db.killed_after")
+    marker = tmp_path / "paused"
+    proc = run_job(table, {"url": cluster[0].url, "table": table, "pause_after_decision": str(marker)},
+                   wait=False)
+    kill_when(proc, marker)
+    assert_exactly(cluster, table, all_ids(ROWS))
+    time.sleep(TTL_S + 2)  # nothing staged is left to the TTL, and the TTL takes nothing published
+    assert_exactly(cluster, table, all_ids(ROWS), timeout=2)
+    assert staged_batches(cluster) == []
+
+
+def test_streaming_query_replayed_from_its_checkpoint_commits_nothing_twice(cluster: list[Daemon],
+                                                                           tmp_path: Path) -> None:
+    table = create(cluster, "db.stream")
+    src, ckpt = tmp_path / "src", tmp_path / "ckpt"
+    src.mkdir()
+    for f in range(3):
+        (src / f"part-{f}.json").write_text("".join(json.dumps({"user_id": f * 1000 + i}) + "\n"
+                                                    for i in range(1000)))
+    marker = tmp_path / "paused"
+    stream = ["--stream", "--checkpoint", str(ckpt), "--source-dir", str(src)]
+    opts = {"url": cluster[0].url, "table": table}
+    proc = run_job(table, {**opts, "pause_after_decision": str(marker)}, wait=False, extra=stream)
+    kill_when(proc, marker)  # micro-batch 0 is decided, Spark's commit log does not know it yet
+    assert_exactly(cluster, table, all_ids(1000))
+    run_job(table, opts, extra=stream)  # restart: batch 0 is replayed, then batches 1 and 2
+    assert_exactly(cluster, table, all_ids(3000))
+    assert staged_batches(cluster) == []
