@@ -72,9 +72,10 @@ class ReplicadDataSource(DataSource):
             base = opts.job_id
         elif checkpoint:
             base = "stream-" + hashlib.sha256(checkpoint.encode()).hexdigest()[:32]
-        else:  # no stable identity: exactly once within this query instance only
-            base = "stream-" + uuid.uuid4().hex
-        return ReplicadStreamWriter(opts, base, uuid.uuid4().hex)
+        else:  # the driver and the executors get writers of their own: the identity must be derivable
+            raise ReplicadSparkError("replicad stream writer: give option checkpointLocation (or job_id): "
+                                     "the micro-batches' identity is derived from it")
+        return ReplicadStreamWriter(opts, base)
 
 
 def register(spark: Any) -> None:

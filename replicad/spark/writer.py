@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import urllib.parse
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,7 @@ class ReplicadCommitMessage(WriterCommitMessage):
     task: str = ""  # two-phase: the staging task id of this attempt
     stages: dict[str, list[int]] = field(default_factory=dict)  # two-phase: replica -> batch numbers
     stage_rows: dict[str, int] = field(default_factory=dict)  # two-phase: replica -> rows
+    run: str = ""  # two-phase: the run staged into
 
 
 def dedup_token(job_id: str, partition_id: int, batch_no: int) -> str:
@@ -59,9 +61,11 @@ def dedup_token(job_id: str, partition_id: int, batch_no: int) -> str:
     return f"spark-{job_id}-p{partition_id}-b{batch_no}"
 
 
-def stream_run(nonce: str, batch_id: int | str) -> str:
-    """The run id of one micro-batch of a streaming query instance (the same on the driver and executors)."""
-    return hashlib.sha256(f"{nonce}:{batch_id}".encode()).hexdigest()[:32]
+def stream_run(job_id: str, nonce: str) -> str:
+    """The run id of one micro-batch, computed alike by every task from the job id and the nonce of the writer
+    instance the executors were given (new when the query restarts): a micro-batch replayed after a restart is
+    a new run of the same job.  The driver learns the run from the commit messages."""
+    return hashlib.sha256(f"{job_id}:{nonce}".encode()).hexdigest()[:32]
 
 
 def _fail_once(opts: WriteOptions, hook: str, now: bool) -> None:
@@ -101,9 +105,10 @@ def write_partition(opts: WriteOptions, iterator: Iterator[pa.RecordBatch], job_
     """One task attempt: stage (``run`` given) or insert with tokens every batch of its input."""
     ctx = _task_context()
     partition, attempt = int(ctx.partitionId()), int(ctx.attemptNumber())
-    task = f"p{partition}-a{attempt}-t{int(ctx.taskAttemptId())}"
+    # unique even across driver restarts (task attempt ids start again at 0 in a new SparkContext)
+    task = f"p{partition}-a{attempt}-t{int(ctx.taskAttemptId())}-{uuid.uuid4().hex[:8]}"
     insert = f"INSERT INTO {opts.table} FORMAT ArrowStream"
-    msg = ReplicadCommitMessage(partition, attempt, 0, 0, task=task if run else "")
+    msg = ReplicadCommitMessage(partition, attempt, 0, 0, task=task if run else "", run=run or "")
     fail_after = int(opts.hook("fail_after_batches_once") or 0)
     for batch in rebatch(iterator, opts.batch_size):
         n = msg.batches
@@ -233,10 +238,10 @@ class ReplicadStreamWriter(DataSourceStreamArrowWriter):
     ``base`` is stable across restarts of the query (option ``job_id``, else the checkpoint location), so a
     micro-batch replayed from the checkpoint after a restart finds its job committed and adds nothing."""
 
-    def __init__(self, options: WriteOptions, base_job_id: str, nonce: str) -> None:
+    def __init__(self, options: WriteOptions, base_job_id: str) -> None:
         self.options = options
         self.base = base_job_id
-        self.nonce = nonce
+        self.nonce = uuid.uuid4().hex
 
     def job_id(self, batch_id: int | str) -> str:
         return f"{self.base}:batch-{batch_id}"
@@ -245,11 +250,17 @@ class ReplicadStreamWriter(DataSourceStreamArrowWriter):
         batch_id = _task_context().getLocalProperty("streaming.sql.batchId")
         if batch_id is None:
             raise ReplicadSparkError("replicad stream writer: the micro-batch id is unknown in this task")
-        run = stream_run(self.nonce, batch_id)
-        return write_partition(self.options, iterator, self.job_id(batch_id), run)
+        job_id = self.job_id(batch_id)
+        return write_partition(self.options, iterator, job_id, stream_run(job_id, self.nonce))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        commit_run(self.options, self.job_id(batchId), stream_run(self.nonce, batchId), list(messages))
+        runs = {m.run for m in _messages(list(messages))}
+        if len(runs) > 1:
+            raise ReplicadSparkError(f"replicad stream writer: tasks of micro-batch {batchId} staged into "
+                                     f"different runs {sorted(runs)}")
+        if runs:  # an empty micro-batch has nothing to commit
+            commit_run(self.options, self.job_id(batchId), runs.pop(), list(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        abort_run(self.options, self.job_id(batchId), stream_run(self.nonce, batchId))
+        for run in {m.run for m in _messages(list(messages))}:
+            abort_run(self.options, self.job_id(batchId), run)
