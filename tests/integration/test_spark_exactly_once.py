@@ -228,3 +228,35 @@ def test_streaming_query_replayed_from_its_checkpoint_commits_nothing_twice(clus
     run_job(table, opts, extra=stream)  # restart: batch 0 is replayed, then batches 1 and 2
     assert_exactly(cluster, table, all_ids(3000))
     assert staged_batches(cluster) == []
+
+
+# ---- a mixed replica set: ClickHouse 18.16 fetches the published parts ----------------------------------
+
+
+@pytest.mark.clickhouse
+def test_mixed_set_with_clickhouse_18_ends_with_the_same_rows(spark: Any, zookeeper: ZooKeeperServer,
+                                                              zk_root: str, tmp_path: Path,
+                                                              clickhouse_factory: Any) -> None:
+    table = "db.mixed"
+    with ThreadPoolExecutor(2) as pool:
+        daemons = list(pool.map(lambda n: start_daemon(tmp_path, zookeeper, zk_root, n, tables=[ddl(table)],
+                                                       wait_table=table), ["r1", "r2"]))
+    try:
+        ch = clickhouse_factory("ch3")
+        ch.query("CREATE DATABASE IF NOT EXISTS db")
+        ch.query(ddl(table))
+        marker = tmp_path / "failed-once"
+        (rows_df(spark, 100_000, 4).write.format("replicad").mode("append")
+         .option("url", daemons[0].url).option("table", table).option("batch_size", "15000")
+         .option("fail_after_batches_once", "2").option("fail_marker", str(marker)).save())
+        assert marker.exists()
+        assert_exactly(daemons, table, all_ids(100_000))
+        ch.sync_replica(table)
+        got = collections.Counter(int(x) for x in ch.query(f"SELECT user_id FROM {table}").split())
+        assert got == all_ids(100_000)
+        # 18.16 holds the published parts as fetched parts (no local insert happened there)
+        assert int(ch.query("SELECT count() FROM system.parts WHERE database = 'db' AND table = 'mixed' "
+                            "AND active").strip()) > 0
+    finally:
+        for d in daemons:
+            d.kill()
