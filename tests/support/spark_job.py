@@ -16,12 +16,16 @@ import sys
 from typing import Any
 
 
-def session(app: str) -> Any:
+def session(app: str, master: str = "local[2,3]", conf: dict[str, str] | None = None) -> Any:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    return (SparkSession.builder.master("local[2,3]").appName(app)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder
+    for k, v in (conf or {}).items():
+        builder = builder.config(k, v)
+    return (builder.master(master).appName(app)
             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
@@ -39,6 +43,20 @@ def rows_df(spark: Any, rows: int, partitions: int) -> Any:
                      (n % 3 + 1).cast("int")).alias("kind"))
 
 
+def _slow_first_attempt(seconds: float) -> Any:
+    def slow(batches: Any) -> Any:
+        import time
+
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        for b in batches:
+            if ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+                time.sleep(seconds)
+            yield b
+    return slow
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--table", required=True)
@@ -48,9 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stream", action="store_true")
     p.add_argument("--checkpoint")
     p.add_argument("--source-dir")
+    p.add_argument("--master", default="local[2,3]")
+    p.add_argument("--conf", action="append", default=[])
+    p.add_argument("--slow-first-attempt", type=float, default=0.0,
+                   help="seconds the first attempt of partition 0 sleeps per input batch (speculation tests)")
     args = p.parse_args(argv)
     options = dict(o.split("=", 1) for o in args.opt)
-    spark = session("replicad-spark-job")
+    spark = session("replicad-spark-job", args.master, dict(c.split("=", 1) for c in args.conf))
     try:
         if args.stream:
             from pyspark.sql.types import LongType, StructField, StructType
@@ -65,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
                  .option("checkpointLocation", args.checkpoint).trigger(availableNow=True).start())
             q.awaitTermination()
         else:
-            rows_df(spark, args.rows, args.partitions).write.format("replicad").options(**options) \
-                .mode("append").save()
+            df = rows_df(spark, args.rows, args.partitions)
+            if args.slow_first_attempt:
+                df = df.mapInArrow(_slow_first_attempt(args.slow_first_attempt), df.schema)
+            df.write.format("replicad").options(**options).mode("append").save()
     finally:
         spark.stop()
     return 0
