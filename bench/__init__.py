@@ -27,6 +27,8 @@ class Sizes:
     part_writer_rows: int = 2_000_000
     merge_parts: int = 10
     merge_rows: int = 200_000
+    spark_rows: int = 2_000_000
+    spark_tasks: int = 200
     quick: bool = False
 
     @classmethod
@@ -36,7 +38,8 @@ class Sizes:
     @classmethod
     def quick_sizes(cls) -> Sizes:
         return cls(runs=1, insert_rows=100_000, lag_inserts=20, lag_rows=100, fetch_rows=20_000,
-                   part_writer_rows=100_000, merge_parts=4, merge_rows=20_000, quick=True)
+                   part_writer_rows=100_000, merge_parts=4, merge_rows=20_000, spark_rows=100_000,
+                   spark_tasks=20, quick=True)
 
 
 @dataclass

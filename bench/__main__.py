@@ -28,18 +28,18 @@ from bench import Context, Sizes
 from bench.report import Figure, Report
 
 REPO = Path(__file__).resolve().parent.parent
-CLUSTER_BENCHES = ("insert", "lag", "fetch")
+CLUSTER_BENCHES = ("insert", "lag", "fetch", "spark")
 STORAGE_BENCHES = ("part_writer", "merge")
 ALL = CLUSTER_BENCHES + STORAGE_BENCHES
 MERGE_TARGET = 0.5
 
 
 def run_cluster_benches(names: Sequence[str], ctx: Context) -> list[Figure]:
-    from bench import fetch, insert, lag
+    from bench import fetch, insert, lag, spark_write
     from bench.cluster import BenchCluster
 
     modules: dict[str, Callable[..., list[Figure]]] = {"insert": insert.run, "lag": lag.run,
-                                                      "fetch": fetch.run}
+                                                      "fetch": fetch.run, "spark": spark_write.run}
     figures: list[Figure] = []
     ctx.say("starting ZooKeeper, 2 replicad daemons, 2 ClickHouse 18.16 servers")
     with BenchCluster(ctx.work_dir / "cluster") as cluster:

@@ -1,0 +1,127 @@
+"""The Spark write path: the two-phase ``replicad`` writer against a plain HTTP insert of the same rows into
+the same replica, and the publish latency of a many-task job.
+
+* rows/s of a ``sizes.spark_rows`` job (4 tasks, batches of 100,000 rows, from a cached DataFrame so
+  Spark's own source is not measured) through the two-phase writer, versus one ``INSERT … FORMAT
+  ArrowStream`` POST of the same rows (goal: ratio ≥ 0.9);
+* publish latency of a ``sizes.spark_tasks``-task job: from the commit decision (``staged_job_committed``) to
+  the last task published (``staged_task_published``), read from the daemon's log.
+
+Both sides are replicad (ClickHouse has no staged inserts); the figures go into their own report section.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from bench import Context
+from bench.cluster import BenchCluster, to_arrow_stream
+from bench.report import Figure
+
+DDL = ("CREATE TABLE IF NOT EXISTS {t} (d Date, k UInt64, kind String, v Float64) ENGINE = "
+       "ReplicatedMergeTree('/bench_spark/{name}', '{{replica}}') PARTITION BY toYYYYMM(d) ORDER BY k")
+KINDS = ["view", "click", "buy"]
+
+
+def arrow_rows(n: int) -> pa.Table:
+    k = np.arange(n, dtype=np.int64)
+    days = (np.datetime64("2024-01-01", "D") + (k % 60)).astype("datetime64[D]")
+    return pa.table({"d": pa.array(days, pa.date32()), "k": pa.array(k.astype(np.uint64), pa.uint64()),
+                     "kind": pa.array(np.array(KINDS, dtype=object)[k % 3], pa.string()),
+                     "v": pa.array(k * 0.5, pa.float64())})
+
+
+def spark_rows(spark: Any, n: int, partitions: int) -> Any:
+    from pyspark.sql import functions as F
+
+    i = F.col("id")
+    return spark.range(0, n, 1, partitions).select(
+        F.date_add(F.lit("2024-01-01").cast("date"), (i % 60).cast("int")).alias("d"), i.alias("k"),
+        F.element_at(F.array(*[F.lit(x) for x in KINDS]), (i % 3 + 1).cast("int")).alias("kind"),
+        (i * 0.5).alias("v"))
+
+
+def _events(log_path: Path, names: set[str]) -> list[dict[str, Any]]:
+    out = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{") and any(n in line for n in names):
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if e.get("event") in names:
+                out.append(e)
+    return out
+
+
+def _ts(e: dict[str, Any]) -> float:
+    return dt.datetime.fromisoformat(str(e["ts"]).replace("Z", "+00:00")).timestamp()
+
+
+def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
+    from tests.support.spark_job import session
+
+    s = ctx.sizes
+    a = cluster.replicad.a
+    url = f"http://127.0.0.1:{a.http.port}"
+    body = to_arrow_stream(arrow_rows(s.spark_rows))
+    spark = session("replicad-bench", "local[2]")
+    plain, staged, latency = [], [], []
+    try:
+        df = spark_rows(spark, s.spark_rows, 4).cache()
+        df.count()
+        for i in range(s.runs):
+            for kind in ("plain", "two_phase"):
+                name = f"spark_{kind}_{i}"
+                table = f"bench.{name}"
+                for r in cluster.replicad.replicas:
+                    r.http.query(DDL.format(t=table, name=name))
+                if kind == "plain":
+                    seconds = a.insert(f"INSERT INTO {table} FORMAT ArrowStream", body)
+                    plain.append(s.spark_rows / seconds)
+                else:
+                    t0 = time.perf_counter()
+                    df.write.format("replicad").option("url", url).option("table", table) \
+                        .option("batch_size", "100000").mode("append").save()
+                    staged.append(s.spark_rows / (time.perf_counter() - t0))
+                assert a.count(table) == s.spark_rows, f"{table}: {a.count(table)} rows"
+                cluster.replicad.drop_table(table)
+            name = f"spark_publish_{i}"
+            table = f"bench.{name}"
+            for r in cluster.replicad.replicas:
+                r.http.query(DDL.format(t=table, name=name))
+            spark_rows(spark, s.spark_tasks * 100, s.spark_tasks).write.format("replicad") \
+                .option("url", url).option("table", table).mode("append").save()
+            log_path = a.server.log_path
+            assert isinstance(log_path, Path)
+            events = [e for e in _events(log_path, {"staged_job_committed", "staged_task_published"})
+                      if e.get("table", table) == table or "run" in e]
+            committed = [e for e in events if e["event"] == "staged_job_committed"][-1]
+            published = [e for e in events if e["event"] == "staged_task_published"
+                         and e.get("run") == committed["run"]]
+            latency.append((max(_ts(e) for e in published) - _ts(committed)) * 1000)
+            cluster.replicad.drop_table(table)
+    finally:
+        spark.stop()
+    ratio = statistics.median(staged) / statistics.median(plain)
+    def runs(xs: list[float], fmt: str) -> str:
+        return f"{', '.join(format(x, fmt) for x in xs)} | {format(statistics.median(xs), fmt)}"
+
+    body_md = (f"| figure | runs | median |\n|---|---|---|\n"
+               f"| two-phase Spark job, {s.spark_rows:,} rows, rows/s | {runs(staged, ',.0f')} |\n"
+               f"| plain HTTP insert (ArrowStream, one POST), rows/s | {runs(plain, ',.0f')} |\n"
+               f"| ratio two-phase / plain (goal ≥ 0.9) | | {ratio:.2f}x |\n"
+               f"| publish latency of a {s.spark_tasks}-task job, ms (decision → last task published) | "
+               f"{runs(latency, '.0f')} |\n")
+    ctx.sections.append(("Spark write path (replicad only: two-phase writer vs plain insert)", body_md))
+    ctx.notes.append(f"Spark two-phase write {ratio:.2f}x a plain insert; publish latency of "
+                     f"{s.spark_tasks} tasks {statistics.median(latency):.0f} ms")
+    return []
