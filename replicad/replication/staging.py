@@ -17,6 +17,7 @@ that crashes half-way finishes after restart; nothing is published without a com
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import os
 import signal
@@ -34,8 +35,9 @@ from replicad.model.block_id import block_id_from_token, block_token
 from replicad.model.staged_job import RunDecision, StagedTask, StageId
 from replicad.replication.commit import PartCommitter, TempPart
 from replicad.replication.sink import InsertContext, TableSchema, write_block
-from replicad.replication.staging_records import StagingRecords
+from replicad.replication.staging_records import StagingRecords, done_name
 from replicad.storage.layout import TMP_INSERT, TableDataLayout
+from replicad.storage.merge import merge_parts
 from replicad.storage.part import PartDirectory
 from replicad.storage.staging_area import StagedPart, StagingArea, link_part
 from replicad.storage.writer import WriterSettings
@@ -43,7 +45,9 @@ from replicad.tasks import IDLE, BackgroundTask, Outcome
 
 log = get_logger(__name__)
 _link_counter = itertools.count(1)
-MAX_PARALLEL_PUBLISH = 8
+MAX_PARALLEL_PUBLISH = 4
+#: staged parts of one partition are combined into published parts of up to this many rows
+COMBINE_MAX_ROWS = 1_048_576
 #: test-only (with REPLICAD_FAULT_INJECTION=1): SIGKILL this process after publishing this many parts
 KILL_AFTER_ENV = "REPLICAD_FAULT_KILL_AFTER_PUBLISHED_PARTS"
 
@@ -153,6 +157,11 @@ class StagingTask(BackgroundTask):
         return Outcome("waiting", fields={"runs": len(runs), "problems": dict(self.problems)})
 
     async def _publish_run(self, decision: RunDecision) -> tuple[int, int]:
+        """Publish this replica's winning batches of a committed run; returns (parts, tasks dropped).
+
+        Staged parts of one partition are combined (merged) into parts of up to ``COMBINE_MAX_ROWS`` rows, so
+        a job of many small tasks publishes a few parts rather than one per task and batch; every staged part
+        keeps its own marker, created in the multi of the part that carries its rows."""
         ctx, run = self.ctx, decision.run
         mine = decision.tasks_on(ctx.replica_name)
         dropped = 0
@@ -161,73 +170,89 @@ class StagingTask(BackgroundTask):
                 await asyncio.to_thread(ctx.area.remove_task, run, task)
                 log.info("staged_task_dropped", run=run, task=task, reason="not a winning attempt")
                 dropped += 1
+        paths = self.records.paths
         try:
-            published_markers = set(await ctx.keeper.get_children(self.records.paths.parts(run)))
+            done = set(await ctx.keeper.get_children(paths.done(run)))
+            published_markers = set(await ctx.keeper.get_children(paths.parts(run)))
         except KeeperNoNodeError:
-            published_markers = set()
+            done, published_markers = set(), set()
+        todo = {t: st for t, st in mine.items() if done_name(t, ctx.replica_name) not in done}
+        pending: list[tuple[StageId, StagedPart, str]] = []
+        for task, st in sorted(todo.items()):
+            batches = await asyncio.to_thread(ctx.area.batches, run, task)
+            missing = [b for b in st.batches if b not in batches]
+            if missing:
+                self.problems[f"{run}/{task}"] = f"staged batches {missing[:10]} are missing on this replica"
+                log.error("staged_data_missing", run=run, task=task, batches=missing[:10])
+                continue
+            for b in st.batches:
+                for part in await asyncio.to_thread(StagingArea.parts, batches[b]):
+                    marker = paths.part_marker(run, task, b, part.ordinal)
+                    if marker.rsplit("/", 1)[1] not in published_markers:
+                        pending.append((StageId(run, task, b), part, marker))
+        complete = [t for t in todo if f"{run}/{t}" not in self.problems]
+        groups = await asyncio.to_thread(_groups, pending)
         sem = asyncio.Semaphore(MAX_PARALLEL_PUBLISH)
 
-        async def one(st: StagedTask) -> int:
+        async def one(group: list[tuple[StageId, StagedPart, str]]) -> None:
             async with sem:
-                return await self._publish_task(run, st, published_markers)
+                await self._publish_group(run, group)
 
-        counts = await asyncio.gather(*(one(st) for st in mine.values()))
-        if all(f"{run}/{t}" not in self.problems for t in mine):
+        await asyncio.gather(*(one(g) for g in groups))
+        await asyncio.gather(*(self._create_quietly(paths.done_marker(run, t, ctx.replica_name))
+                               for t in complete))
+        for t in complete:
+            await asyncio.to_thread(ctx.area.remove_task, run, t)
+        if len(complete) == len(todo):
             await asyncio.to_thread(ctx.area.remove_run, run)
-        return sum(counts), dropped
+        if groups:
+            log.info("staged_run_published", run=run, tasks=len(complete), staged_parts=len(pending),
+                     parts=len(groups))
+        return len(groups), dropped
 
-    async def _publish_task(self, run: str, st: StagedTask, published_markers: set[str]) -> int:
-        ctx, paths = self.ctx, self.records.paths
-        done = paths.done_marker(run, st.task, ctx.replica_name)
-        if await ctx.keeper.exists(done) is not None:
-            await asyncio.to_thread(ctx.area.remove_task, run, st.task)
-            return 0
-        batches = await asyncio.to_thread(ctx.area.batches, run, st.task)
-        missing = [b for b in st.batches if b not in batches]
-        key = f"{run}/{st.task}"
-        if missing:
-            self.problems[key] = f"staged batches {missing[:10]} are missing on this replica"
-            log.error("staged_data_missing", run=run, task=st.task, batches=missing[:10])
-            return 0
-        n = 0
-        for b in st.batches:
-            parts = await asyncio.to_thread(StagingArea.parts, batches[b])
-            for part in parts:
-                marker = paths.part_marker(run, st.task, b, part.ordinal)
-                if marker.rsplit("/", 1)[1] in published_markers:
-                    continue
-                await self._publish_part(StageId(run, st.task, b), part, marker)
-                n += 1
+    async def _create_quietly(self, path: str) -> None:
         try:
-            await ctx.keeper.create(done, b"")
+            await self.ctx.keeper.create(path, b"")
         except KeeperNodeExistsError:
             pass
-        self.problems.pop(key, None)
-        await asyncio.to_thread(ctx.area.remove_task, run, st.task)
-        log.info("staged_task_published", run=run, task=st.task, parts=n, rows=st.rows)
-        return n
 
-    async def _publish_part(self, stage: StageId, part: StagedPart, marker: str) -> None:
+    async def _publish_group(self, run: str, group: list[tuple[StageId, StagedPart, str]]) -> None:
+        """One part made of ``group``'s staged parts (all of one partition), committed with their markers."""
         ctx = self.ctx
         dest = ctx.layout.tmp_path(TMP_INSERT, f"stage_{os.getpid()}_{next(_link_counter)}")
+        sources = [p.path for _s, p, _m in group]
 
-        def link() -> PartDirectory:
-            link_part(part.path, dest)
+        def build() -> PartDirectory:
+            if len(sources) == 1:
+                link_part(sources[0], dest)
+            else:
+                dest.mkdir()
+                merge_parts(sources, dest, ctx.schema, ctx.writer_settings)
             return PartDirectory.at(dest).preload()
 
-        directory = await asyncio.to_thread(link)
-        token = block_token(stage.block_token(), part.ordinal)
-        temp = TempPart(path=dest, partition_id=part.partition_id, rows=directory.rows,
-                        checksums=directory.checksums, columns_text=directory.columns_text,
-                        block_id=block_id_from_token(part.partition_id, token))
         try:
-            result = await ctx.committer.commit(temp, markers=[marker])
+            directory = await asyncio.to_thread(build)
+        except BaseException:
+            await asyncio.to_thread(StagingArea.remove_batch, dest)
+            raise
+        markers = [m for _s, _p, m in group]
+        partition_id = group[0][1].partition_id
+        if len(group) == 1:
+            stage, part, _m = group[0]
+            token = block_token(stage.block_token(), part.ordinal)
+        else:  # the markers name the staged parts it holds: the same group always gets the same id
+            token = "replicad-stage-" + hashlib.sha256("\n".join(markers).encode()).hexdigest()
+        temp = TempPart(path=dest, partition_id=partition_id, rows=directory.rows,
+                        checksums=directory.checksums, columns_text=directory.columns_text,
+                        block_id=block_id_from_token(partition_id, token))
+        try:
+            result = await ctx.committer.commit(temp, markers=markers)
         except BaseException:
             await asyncio.to_thread(StagingArea.remove_batch, dest)  # gone already when it was committed
             raise
         self.published_parts += 1
-        log.info("staged_part_published", run=stage.run, task=stage.task, batch=stage.batch,
-                 part=result.part_name, duplicate=result.deduplicated)
+        log.info("staged_part_published", run=run, part=result.part_name, staged_parts=len(group),
+                 rows=directory.rows, duplicate=result.deduplicated)
         if self._kill_after and self.published_parts >= self._kill_after:
             log.warning("fault_kill_after_published_parts", parts=self.published_parts)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -249,6 +274,22 @@ class StagingTask(BackgroundTask):
         runs, batches = self.ctx.area.size()
         return {"staged_runs": runs, "staged_batches": batches, "published_parts": self.published_parts,
                 "problems": dict(self.problems)}
+
+
+def _groups(pending: list[tuple[StageId, StagedPart, str]]) -> list[list[tuple[StageId, StagedPart, str]]]:
+    """Staged parts grouped by partition (in stage order), each group up to ``COMBINE_MAX_ROWS`` rows."""
+    out: list[list[tuple[StageId, StagedPart, str]]] = []
+    open_group: dict[str, tuple[int, int]] = {}  # partition -> (index in out, rows so far)
+    for item in pending:
+        rows = PartDirectory.at(item[1].path).rows
+        pid = item[1].partition_id
+        index, total = open_group.get(pid, (-1, 0))
+        if index < 0 or total + rows > COMBINE_MAX_ROWS:
+            out.append([])
+            index, total = len(out) - 1, 0
+        out[index].append(item)
+        open_group[pid] = (index, total + rows)
+    return out
 
 
 def _kill_after() -> int:
