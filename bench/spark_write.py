@@ -5,7 +5,7 @@ the same replica, and the publish latency of a many-task job.
   Spark's own source is not measured) through the two-phase writer, versus one ``INSERT … FORMAT
   ArrowStream`` POST of the same rows (goal: ratio ≥ 0.9);
 * publish latency of a ``sizes.spark_tasks``-task job: from the commit decision (``staged_job_committed``) to
-  the last task published (``staged_task_published``), read from the daemon's log.
+  the run published on the replica (``staged_run_published``), read from the daemon's log.
 
 Both sides are replicad (ClickHouse has no staged inserts); the figures go into their own report section.
 """
@@ -102,10 +102,10 @@ def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
                 .option("url", url).option("table", table).mode("append").save()
             log_path = a.server.log_path
             assert isinstance(log_path, Path)
-            events = [e for e in _events(log_path, {"staged_job_committed", "staged_task_published"})
+            events = [e for e in _events(log_path, {"staged_job_committed", "staged_run_published"})
                       if e.get("table", table) == table or "run" in e]
             committed = [e for e in events if e["event"] == "staged_job_committed"][-1]
-            published = [e for e in events if e["event"] == "staged_task_published"
+            published = [e for e in events if e["event"] == "staged_run_published"
                          and e.get("run") == committed["run"]]
             latency.append((max(_ts(e) for e in published) - _ts(committed)) * 1000)
             cluster.replicad.drop_table(table)
@@ -119,7 +119,7 @@ def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
                f"| two-phase Spark job, {s.spark_rows:,} rows, rows/s | {runs(staged, ',.0f')} |\n"
                f"| plain HTTP insert (ArrowStream, one POST), rows/s | {runs(plain, ',.0f')} |\n"
                f"| ratio two-phase / plain (goal ≥ 0.9) | | {ratio:.2f}x |\n"
-               f"| publish latency of a {s.spark_tasks}-task job, ms (decision → last task published) | "
+               f"| publish latency of a {s.spark_tasks}-task job, ms (decision → run published) | "
                f"{runs(latency, '.0f')} |\n")
     ctx.sections.append(("Spark write path (replicad only: two-phase writer vs plain insert)", body_md))
     ctx.notes.append(f"Spark two-phase write {ratio:.2f}x a plain insert; publish latency of "

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -41,7 +39,7 @@ from replicad.replication.cleanup import CleanupSettings, CleanupThread
 from replicad.replication.clone import clone_replica_if_needed
 from replicad.replication.commit import PartCommitter
 from replicad.replication.executor import QueueExecutor
-from replicad.replication.fetcher import FetchCredentials, PartFetcher
+from replicad.replication.fetcher import PartFetcher
 from replicad.replication.leader import LeaderElection
 from replicad.replication.log_puller import LogPuller, QueueUpdatingTask, load_queue
 from replicad.replication.part_check import PartCheckThread, check_parts_at_startup
@@ -51,7 +49,7 @@ from replicad.replication.restarting import CONNECTION_ERRORS, RestartingThread
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
 from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
 from replicad.replication.table_ops import TableOperations
-from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
+from replicad.server.interserver import Endpoint, PartToSend
 from replicad.service import (
     ExecuteResult,
     InsertSettings,
@@ -67,6 +65,8 @@ from replicad.storage.staging_area import StagingArea
 from replicad.storage.types import DataType
 from replicad.storage.writer import WriterSettings
 from replicad.table_reader import TableReader
+from replicad.table_spec import ReplicaEnv as ReplicaEnv
+from replicad.table_spec import TableSpec as TableSpec
 from replicad.tasks import BackgroundTask, Supervisor
 
 if TYPE_CHECKING:
@@ -86,43 +86,6 @@ _OPS_STATEMENTS = frozenset(
         StatementKind.DETACH_PARTITION,
     )
 )
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """Everything a replica needs to know about its table (built from the DDL by the catalog)."""
-
-    name: TableName
-    zk_path: str  # macros expanded
-    replica_name: str
-    columns: tuple[tuple[str, DataType], ...]
-    metadata_text: str  # the table ``metadata`` znode as 18.16 writes it
-    columns_text: str  # the table ``columns`` znode as 18.16 writes it
-    partition_by: str | None
-    order_by: str | None
-    primary_key: str | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ReplicaEnv:
-    """Process-wide things a replica uses."""
-
-    data_path: Path
-    interserver: InterserverServer
-    interserver_host: str  # published in replicas/<r>/host
-    tz: str = "UTC"
-    credentials: FetchCredentials = field(default_factory=FetchCredentials)
-    #: ``tcp_port`` in ``replicas/<r>/host``: the native-protocol port ClickHouse forwards OPTIMIZE / ALTER
-    #: PARTITION to when this replica leads.  replicad has none; 0 makes such a forward fail at once instead
-    #: of reaching whatever else listens on 9000.
-    tcp_port: int = 0
-    #: False: never fsync, whatever fsync_after_insert / fsync_part_directory /
-    #: min_compressed_bytes_to_fsync_after_fetch say (tests)
-    fsync: bool = True
-    writer: WriterSettings | None = None
-    max_parallel_fetches: int = 8
-    activation_timeout_s: float = 0.0
 
 
 class TableReplica:

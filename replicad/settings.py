@@ -157,7 +157,8 @@ _DEFS: tuple[SettingDef, ...] = (
                check=lambda v: None if v == 0 else "18.16 cannot read single-node part headers: only 0"),
     # --- replicad's own: two-phase (staged) writes --------------------------------------------------------
     SettingDef("replicad_staging_ttl", 86400, MT, "seconds a run's staged parts wait for a commit decision "
-               "before the run is aborted and they are removed", since="replicad", check=_positive),
+               "after its last staged batch before the run is aborted and they are removed", since="replicad",
+               check=_positive),
     SettingDef("replicad_staging_record_lifetime", 259200, MT, "seconds a finished run's decision record "
                "stays in ZooKeeper", since="replicad", check=_positive),
     SettingDef("replicad_job_record_lifetime", 2592000, MT, "seconds a committed job id is remembered (a "

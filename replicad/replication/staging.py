@@ -9,9 +9,10 @@ Publish: :class:`StagingTask` (one per table) looks at each local run's decision
 published through the normal commit path (block number, GET_PART entry, ``parts/`` nodes, ``blocks/<id>``),
 each part in a multi that also creates its ``parts/<marker>`` — so a part is published exactly once however
 often publishing restarts — then ``done/<task>`` is created and the local copy removed.  Tasks that did not
-win are dropped.  Abort → the run is dropped.  No decision after ``replicad_staging_ttl`` → the task writes
-an abort decision itself (if a commit got there first, it publishes instead).  Roll-forward only: a replica
-that crashes half-way finishes after restart; nothing is published without a commit decision.
+win are dropped.  Abort → the run is dropped.  No decision and no staged batch for ``replicad_staging_ttl``
+→ the task writes an abort decision itself (if a commit got there first, it publishes instead).
+Roll-forward only: a replica that crashes half-way finishes after restart; nothing is published without a
+commit decision.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ class StagingTask(BackgroundTask):
         for run in runs:
             decision = await self.records.decision(run)
             if decision is None:
-                if now - await asyncio.to_thread(ctx.area.run_created, run) < ctx.settings.ttl_s:
+                if now - await asyncio.to_thread(ctx.area.run_last_active, run) < ctx.settings.ttl_s:
                     continue
                 decision = await self.records.abort(run, "-", reason="staging ttl expired")
             if not decision.committed:

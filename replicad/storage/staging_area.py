@@ -5,7 +5,8 @@ ordinary part directories (the files a ``tmp_insert_`` part has), outside the ta
 they are invisible to SELECT, to the part loader and to other replicas.  A batch appears atomically: its
 parts are moved into ``<task>/tmp_b<batch>_<n>/`` and that directory is renamed to ``b<batch>``; a batch
 directory that already exists means the request was a retry (deduplicated).  ``<run>/created`` holds the
-run's creation time (for the staging TTL).  Publishing hard-links a staged part's files into a table
+run's creation time; its mtime is the run's last activity (touched by every staged batch), from which the
+staging TTL counts.  Publishing hard-links a staged part's files into a table
 ``tmp_`` directory, so a crash in the middle leaves the staged copy intact.
 
 Blocking filesystem calls: use from a worker thread.
@@ -67,6 +68,7 @@ class StagingArea:
             created = run_dir / CREATED_FILE
             if not created.exists():
                 created.write_text(str(int(time.time())))
+        _touch(run_dir / CREATED_FILE)
         task_dir.mkdir(exist_ok=True)
         tmp = task_dir / f"tmp_b{batch}_{os.getpid()}_{next(_tmp_counter)}"
         tmp.mkdir()
@@ -89,6 +91,7 @@ class StagingArea:
         except OSError:
             shutil.rmtree(batch_tmp, ignore_errors=True)
             return False
+        _touch(self.run_path(run) / CREATED_FILE)
         return True
 
     # ---- reading -----------------------------------------------------------------------------------------
@@ -109,6 +112,13 @@ class StagingArea:
                 return p.stat().st_mtime
             except OSError:
                 return time.time()
+
+    def run_last_active(self, run: str) -> float:
+        """When a batch of the run was last staged (its ``created`` file's mtime)."""
+        try:
+            return (self.run_path(run) / CREATED_FILE).stat().st_mtime
+        except OSError:
+            return self.run_created(run)
 
     def tasks(self, run: str) -> list[str]:
         try:
@@ -201,6 +211,13 @@ def _remove(path: Path) -> None:
 
 def _is_run(name: str) -> bool:
     return RUN_RE.fullmatch(name) is not None
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # a run directory made by an older version, or removed meanwhile
+        pass
 
 
 def _is_task(name: str) -> bool:

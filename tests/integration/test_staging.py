@@ -165,6 +165,16 @@ def test_abort_and_ttl_drop_staged_data(zookeeper: ZooKeeperServer, tmp_path: Pa
         late = commit(r1, "j-ttl", expired, [{"r": "r1", "t": "p0-a0", "b": [0], "n": 100}])
         assert late.status == 409, late.text
         assert table_rows(r1) == collections.Counter()
+        # the TTL counts from the run's last staged batch: a run that keeps staging outlives it
+        alive = new_run()
+        for b in range(5):  # 6 s from the first batch to the commit: twice the TTL
+            if b:
+                time.sleep(1.5)
+            ok(stage(r1, alive, "p0-a0", b, rows_tsv(1000 + 100 * b, 100)))
+        done = commit(r1, "j-alive", alive, [{"r": "r1", "t": "p0-a0", "b": list(range(5)), "n": 500}])
+        assert done.status == 200, done.text
+        wait_published(r1, alive)
+        assert table_rows(r1) == expected((1000, 500))
     finally:
         r1.kill()
 

@@ -1,0 +1,50 @@
+"""What a table replica is built from: its spec (from the DDL) and the process-wide environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from replicad.replication.fetcher import FetchCredentials
+from replicad.server.interserver import InterserverServer
+from replicad.service import TableName
+from replicad.storage.types import DataType
+from replicad.storage.writer import WriterSettings
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """Everything a replica needs to know about its table (built from the DDL by the catalog)."""
+
+    name: TableName
+    zk_path: str  # macros expanded
+    replica_name: str
+    columns: tuple[tuple[str, DataType], ...]
+    metadata_text: str  # the table ``metadata`` znode as 18.16 writes it
+    columns_text: str  # the table ``columns`` znode as 18.16 writes it
+    partition_by: str | None
+    order_by: str | None
+    primary_key: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReplicaEnv:
+    """Process-wide things a replica uses."""
+
+    data_path: Path
+    interserver: InterserverServer
+    interserver_host: str  # published in replicas/<r>/host
+    tz: str = "UTC"
+    credentials: FetchCredentials = field(default_factory=FetchCredentials)
+    #: ``tcp_port`` in ``replicas/<r>/host``: the native-protocol port ClickHouse forwards OPTIMIZE / ALTER
+    #: PARTITION to when this replica leads.  replicad has none; 0 makes such a forward fail at once instead
+    #: of reaching whatever else listens on 9000.
+    tcp_port: int = 0
+    #: False: never fsync, whatever fsync_after_insert / fsync_part_directory /
+    #: min_compressed_bytes_to_fsync_after_fetch say (tests)
+    fsync: bool = True
+    writer: WriterSettings | None = None
+    max_parallel_fetches: int = 8
+    activation_timeout_s: float = 0.0
