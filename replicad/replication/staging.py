@@ -47,7 +47,10 @@ from replicad.tasks import IDLE, BackgroundTask, Outcome
 log = get_logger(__name__)
 _link_counter = itertools.count(1)
 MAX_PARALLEL_PUBLISH = 4
-#: staged parts of one partition are combined into published parts of up to this many rows
+#: staged parts of one partition smaller than this are combined (merged) into published parts of up to
+#: ``COMBINE_MAX_ROWS`` rows; larger ones are published as they are (as the one-phase writer's inserts would
+#: be: merging them would only delay the job, background merges do it later)
+COMBINE_BELOW_ROWS = 16_384
 COMBINE_MAX_ROWS = 1_048_576
 #: test-only (with REPLICAD_FAULT_INJECTION=1): SIGKILL this process after publishing this many parts
 KILL_AFTER_ENV = "REPLICAD_FAULT_KILL_AFTER_PUBLISHED_PARTS"
@@ -202,8 +205,7 @@ class StagingTask(BackgroundTask):
         await asyncio.gather(*(one(g) for g in groups))
         await asyncio.gather(*(self._create_quietly(paths.done_marker(run, t, ctx.replica_name))
                                for t in complete))
-        for t in complete:
-            await asyncio.to_thread(ctx.area.remove_task, run, t)
+        await asyncio.to_thread(lambda: [ctx.area.remove_task(run, t) for t in complete])
         if len(complete) == len(todo):
             await asyncio.to_thread(ctx.area.remove_run, run)
         if groups:
@@ -278,11 +280,15 @@ class StagingTask(BackgroundTask):
 
 
 def _groups(pending: list[tuple[StageId, StagedPart, str]]) -> list[list[tuple[StageId, StagedPart, str]]]:
-    """Staged parts grouped by partition (in stage order), each group up to ``COMBINE_MAX_ROWS`` rows."""
+    """Small staged parts grouped by partition (in stage order), each group up to ``COMBINE_MAX_ROWS`` rows;
+    each larger part is a group of its own."""
     out: list[list[tuple[StageId, StagedPart, str]]] = []
     open_group: dict[str, tuple[int, int]] = {}  # partition -> (index in out, rows so far)
     for item in pending:
         rows = PartDirectory.at(item[1].path).rows
+        if rows >= COMBINE_BELOW_ROWS:
+            out.append([item])
+            continue
         pid = item[1].partition_id
         index, total = open_group.get(pid, (-1, 0))
         if index < 0 or total + rows > COMBINE_MAX_ROWS:
