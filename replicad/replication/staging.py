@@ -205,7 +205,7 @@ class StagingTask(BackgroundTask):
         await asyncio.gather(*(one(g) for g in groups))
         await asyncio.gather(*(self._create_quietly(paths.done_marker(run, t, ctx.replica_name))
                                for t in complete))
-        await asyncio.to_thread(lambda: [ctx.area.remove_task(run, t) for t in complete])
+        await asyncio.to_thread(ctx.area.remove_tasks, run, complete)
         if len(complete) == len(todo):
             await asyncio.to_thread(ctx.area.remove_run, run)
         if groups:

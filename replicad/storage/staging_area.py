@@ -159,6 +159,10 @@ class StagingArea:
     def remove_run(self, run: str) -> None:
         _remove(self.run_path(run))
 
+    def remove_tasks(self, run: str, tasks: list[str]) -> None:
+        for task in tasks:
+            self.remove_task(run, task)
+
     def remove_task(self, run: str, task: str) -> None:
         _remove(self.task_path(run, task))
 
