@@ -260,3 +260,75 @@ def test_mixed_set_with_clickhouse_18_ends_with_the_same_rows(spark: Any, zookee
     finally:
         for d in daemons:
             d.kill()
+
+
+# ---- speculative execution, at the data source API --------------------------------------------------------
+
+
+class _FakeTaskContext:
+    def __init__(self, partition: int, attempt: int, task_attempt_id: int) -> None:
+        self._p, self._a, self._t = partition, attempt, task_attempt_id
+
+    def partitionId(self) -> int:
+        return self._p
+
+    def attemptNumber(self) -> int:
+        return self._a
+
+    def taskAttemptId(self) -> int:
+        return self._t
+
+
+def test_speculative_attempts_on_two_nodes_only_the_winner_counts(cluster: list[Daemon],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark's speculation, as the data source sees it: two attempts of one partition run at once (here on
+    two different nodes), the original is killed half-way, and the driver's ``commit()`` gets only the
+    speculative copy's message.  (A local Spark never launches speculative copies: all its executors are on
+    one host, and Spark does not speculate on the host the original runs on; so the test plays the
+    scheduler.)"""
+    import dataclasses
+    import threading
+
+    import pyarrow as pa
+
+    from replicad.spark import writer as writer_mod
+    from replicad.spark.datasource import ReplicadDataSource, ReplicadWriter
+
+    table = create(cluster, "db.speculative")
+    per_part = 50_000
+    contexts = threading.local()
+    monkeypatch.setattr(writer_mod, "_task_context", lambda: contexts.ctx)
+
+    def batches(part: int, upto: int) -> Iterator[pa.RecordBatch]:
+        for start in range(0, upto, 10_000):
+            ids = list(range(part * per_part + start, part * per_part + min(upto, start + 10_000)))
+            yield pa.record_batch({"d": pa.array([19_000 + i % 40 for i in ids], pa.date32()),
+                                   "user_id": pa.array(ids, pa.uint64()),
+                                   "kind": pa.array(["view"] * len(ids))})
+
+    writer = ReplicadDataSource({"url": cluster[0].url, "table": table}).writer(None, False)  # type: ignore[arg-type]
+    # the original attempt runs on another node: it posts to that node's replicad
+    on_r2 = ReplicadWriter(dataclasses.replace(writer.options, url=cluster[1].url), writer.job_id, writer.run)
+    messages: dict[str, Any] = {}
+
+    def attempt(key: str, w: Any, part: int, number: int, tid: int, upto: int) -> None:
+        contexts.ctx = _FakeTaskContext(part, number, tid)
+        messages[key] = w.write(batches(part, upto))
+
+    threads = [threading.Thread(target=attempt, args=a) for a in (
+        # the original is killed half-way: its message never reaches the driver
+        ("p0-original", on_r2, 0, 0, 1, per_part // 2),
+        ("p0-speculative", writer, 0, 1, 3, per_part),
+        ("p1", writer, 1, 0, 2, per_part))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert set(messages) == {"p0-original", "p0-speculative", "p1"}
+    assert messages["p0-original"].stages.keys() == {"r2"}  # it did stage, on the other node
+    writer.commit([messages["p0-speculative"], messages["p1"]])
+    assert_exactly(cluster, table, all_ids(2 * per_part))
+    deadline = time.monotonic() + 60
+    while staged_batches(cluster):  # the loser's batches on r2 are dropped at commit
+        assert time.monotonic() < deadline, staged_batches(cluster)
+        time.sleep(0.3)
