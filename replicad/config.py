@@ -78,6 +78,11 @@ class ApiConfig(_Section):
     port: int = Field(default=8123, ge=1, le=65535)
     max_body_bytes: int = Field(default=10 * 1024**3, gt=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)
+    #: a request that needs the tables while the daemon is still loading them waits this long for them
+    startup_wait_s: float = Field(default=120.0, ge=0)
+    #: /replicas_status answers 503 for a table this far behind (ClickHouse's
+    #: max_replica_delay_for_distributed_queries)
+    max_replica_delay_s: float = Field(default=300.0, gt=0)
 
 
 class Config(_Section):

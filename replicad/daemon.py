@@ -162,8 +162,8 @@ class Daemon:
         self.plan.add("stop_interserver", "engine_stop_interserver", engine.stop_interserver)
         self.plan.add("close_keeper", "engine_close_keeper", engine.close_keeper)
         await engine.start()
-        self.api_state.catalog = engine.catalog
         self.api_state.supervisor = self.supervisor
+        self.api_state.set_catalog(engine.catalog)
         self.metrics.bind(lambda: engine.catalog, self.supervisor)
         self.supervisor.start()
         self.api_state.state = "running"

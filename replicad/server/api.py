@@ -92,10 +92,23 @@ class ApiState:
     started_at: float = field(default_factory=time.monotonic)
     inflight_writes: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    loaded: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def require_catalog(self) -> Catalog:
+    def set_catalog(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.loaded.set()
+
+    async def require_catalog(self) -> Catalog:
+        """The catalog; while the daemon is still loading its tables, wait for them (``api.startup_wait_s``),
+        so a request sent the instant ``/ping`` answers succeeds instead of failing with 503."""
+        if self.catalog is None and self.state == "starting":
+            try:
+                await asyncio.wait_for(self.loaded.wait(), self.config.api.startup_wait_s)
+            except TimeoutError:
+                pass
         if self.catalog is None:
-            raise ReadOnlyError("Replica is starting: tables are not loaded yet")
+            raise ReadOnlyError(f"Replica is starting: tables are not loaded yet (waited "
+                                f"{self.config.api.startup_wait_s:.0f}s, api.startup_wait_s)")
         return self.catalog
 
     @asynccontextmanager
@@ -261,7 +274,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
 async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: Mapping[str, Any],
                   query_id: str, prefix: bytes, headers: dict[str, str]) -> web.Response:
     cfg = state.config
-    table = state.require_catalog().get(r.table)
+    table = (await state.require_catalog()).get(r.table)
     limit = cfg.api.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLargeError(f"Request body of {request.content_length} bytes is larger than "
@@ -346,7 +359,7 @@ async def _select(request: web.Request, state: ApiState, r: SelectRoute, params:
         value = pa.array([int(r.constant)] if is_int else [r.constant.encode()], dtype.arrow_type)
         result = QueryResult.from_table([(r.constant, dtype)], pa.table({r.constant: value}))
     else:
-        table = state.require_catalog().get(r.query.table)
+        table = (await state.require_catalog()).get(r.query.table)
         if r.is_count:
             n = await table.count(r.query.where)
             counted = pa.table({"count()": pa.array([n], pa.uint64())})
@@ -383,7 +396,7 @@ async def _skip_rows(batches: AsyncIterator[pa.RecordBatch], n: int) -> AsyncIte
 
 async def _statement(state: ApiState, r: StatementRoute, text: str, given: Mapping[str, Any],
                      headers: dict[str, str]) -> web.Response:
-    catalog = state.require_catalog()
+    catalog = await state.require_catalog()
     stmt = Statement(kind=r.kind, table=r.table, text=text, parsed=parse_full(text), if_exists=r.if_exists,
                      settings=dict(given))
     message = ""
@@ -416,7 +429,7 @@ async def handle_ping(request: web.Request) -> web.Response:
 
 async def handle_replicas_status(request: web.Request) -> web.Response:
     state: ApiState = request.app[STATE]
-    problems = status_mod.replicas_problems(state.catalog)
+    problems = status_mod.replicas_problems(state.catalog, state.config.api.max_replica_delay_s)
     if problems:
         return web.Response(status=503, text="\n".join(problems) + "\n")
     return web.Response(text="Ok.\n")
@@ -441,7 +454,7 @@ async def handle_table(request: web.Request) -> web.Response:
         name = TableName.parse(request.match_info["name"])
     except ValueError as e:
         raise BadInputError(str(e)) from None
-    table = state.require_catalog().get(name)
+    table = (await state.require_catalog()).get(name)
     what = request.match_info["what"]
     rows = status_mod.table_rows(table, what)
     if what == "parts":
@@ -465,7 +478,7 @@ def create_app(state: ApiState) -> web.Application:
     app.router.add_get("/status", handle_status)
     app.router.add_get(r"/tables/{name}/{what:parts|queue|mutations}", handle_table)
     app.router.add_get("/metrics", handle_metrics)
-    staging_api.add_routes(app, lambda: state.require_catalog())
+    staging_api.add_routes(app, state.require_catalog)
     if fault_injection.enabled():  # test builds only: REPLICAD_FAULT_INJECTION=1 in the environment
         fault_injection.add_routes(app, lambda: state.supervisor)
     return app

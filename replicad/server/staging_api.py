@@ -11,7 +11,7 @@ Staged inserts themselves are ordinary INSERTs with the ``replicad_stage_run/tas
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -45,13 +45,13 @@ def _string(obj: dict[str, Any], key: str) -> str:
     return value
 
 
-def add_routes(app: web.Application, catalog: Callable[[], Catalog]) -> None:
-    def table(name: str) -> TableService:
+def add_routes(app: web.Application, catalog: Callable[[], Awaitable[Catalog]]) -> None:
+    async def table(name: str) -> TableService:
         try:
             parsed = TableName.parse(name)
         except ValueError as e:
             raise BadInputError(str(e), code=62) from None
-        return catalog().get(parsed)
+        return (await catalog()).get(parsed)
 
     async def commit(request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -60,17 +60,18 @@ def add_routes(app: web.Application, catalog: Callable[[], Catalog]) -> None:
             raise BadInputError("Field 'tasks' is required (a list)", code=27)
         tasks = [StagedTask.from_json(t) for t in tasks_raw]
         job_id, run = check_job_id(_string(body, "job_id")), check_run(_string(body, "run"))
-        return web.json_response(await table(_string(body, "table")).staged_commit(job_id, run, tasks))
+        target = await table(_string(body, "table"))
+        return web.json_response(await target.staged_commit(job_id, run, tasks))
 
     async def abort(request: web.Request) -> web.Response:
         body = await _json_body(request)
         job_id, run = check_job_id(_string(body, "job_id")), check_run(_string(body, "run"))
-        return web.json_response(await table(_string(body, "table")).staged_abort(run, job_id))
+        return web.json_response(await (await table(_string(body, "table"))).staged_abort(run, job_id))
 
     async def status(request: web.Request) -> web.Response:
         q = request.query
         run = check_run(q.get("run", ""))
-        return web.json_response(await table(q.get("table", "")).staged_status(run))
+        return web.json_response(await (await table(q.get("table", ""))).staged_status(run))
 
     app.router.add_post("/staging/commit", commit)
     app.router.add_post("/staging/abort", abort)

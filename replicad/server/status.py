@@ -201,7 +201,7 @@ def part_sizes(sums: Checksums) -> dict[str, int]:
     }
 
 
-def replicas_problems(catalog: Catalog | None) -> list[str]:
+def replicas_problems(catalog: Catalog | None, max_delay_s: float = MAX_REPLICA_DELAY_S) -> list[str]:
     """Why ``/replicas_status`` should answer 503 (empty list = Ok)."""
     if catalog is None:
         return ["replica is starting"]
@@ -215,7 +215,7 @@ def replicas_problems(catalog: Catalog | None) -> list[str]:
         delay = s.get("absolute_delay") or 0
         if t.is_readonly or s.get("is_readonly"):
             problems.append(f"{t.name}:\tis read-only.")
-        elif delay >= MAX_REPLICA_DELAY_S:
+        elif delay >= max_delay_s:
             problems.append(f"{t.name}:\tAbsolute delay: {delay}. Relative delay: "
                             f"{s.get('relative_delay', delay)}.")
     return problems

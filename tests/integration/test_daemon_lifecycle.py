@@ -24,6 +24,7 @@ import pytest
 
 from scripts.run_cluster import Daemon
 from tests.support.replicad_daemon import (
+    daemon_config,
     log_events,
     make_chroot,
     ok,
@@ -345,3 +346,32 @@ def test_environment_switch_is_the_only_way_to_enable_fault_injection() -> None:
     assert not fault_injection.enabled({})
     assert not fault_injection.enabled({"REPLICAD_FAULT_INJECTION": "0"})
     assert fault_injection.enabled({"REPLICAD_FAULT_INJECTION": "1"})
+
+
+# ---- readiness -------------------------------------------------------------------------------------------
+
+
+def test_insert_the_instant_ping_answers_never_gets_503(zookeeper: ZooKeeperServer, tmp_path: Path) -> None:
+    """/ping is liveness: it answers while the tables load.  A request sent the instant it answers waits for
+    its table (bounded, api.startup_wait_s) instead of failing with 503."""
+    chroot = make_chroot(zookeeper, "ready")
+    tables = [DDL.replace("db.t ", f"db.t{i} ").replace("/t'", f"/t{i}'") for i in range(12)]
+    start_daemon(tmp_path, zookeeper, chroot, "r1", tables=tables, wait_table="db.t11").stop()
+    path = daemon_config(tmp_path, zookeeper, chroot, "r1", tables)  # the same data: tables load at start
+    d = Daemon(path, cwd=path.parent, log_path=path.parent / "replicad.log")
+    d.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline, d.log_tail()
+            try:
+                if d.http("/ping", timeout=1).strip() == "Ok.":
+                    break
+            except Exception:  # not listening yet
+                pass
+            time.sleep(0.005)
+        r = query(d.url, "INSERT INTO db.t11 FORMAT TSV", b"1\t1\tx\n2\t1\ty\n")
+        assert r.status == 200, r.text
+        assert ok(query(d.url, "SELECT count() FROM db.t11")).text.strip() == "2"
+    finally:
+        d.kill()

@@ -301,16 +301,38 @@ async def test_metrics(api: Api) -> None:
     assert 'replicad_http_requests_total{code="200",handler="/"}' in text
 
 
-async def test_starting_replica_answers_503_but_pings(tmp_path: Path) -> None:
-    cfg = build_config({"replica": "r1", "data_path": str(tmp_path)}, {})
+async def test_starting_replica_waits_bounded_then_answers_503_but_pings(tmp_path: Path) -> None:
+    cfg = build_config({"replica": "r1", "data_path": str(tmp_path), "api": {"startup_wait_s": 0.3}}, {})
     state = ApiState(config=cfg, metrics=Metrics())
     async with TestClient(TestServer(create_app(state))) as client:
         assert (await client.get("/ping")).status == 200
+        started = asyncio.get_running_loop().time()
         r = await client.get("/", params={"query": "SELECT count() FROM db.events"})
         assert r.status == 503 and "starting" in await r.text()
+        assert asyncio.get_running_loop().time() - started >= 0.3  # it waited for the tables first
         assert (await client.get("/replicas_status")).status == 503
         data = await (await client.get("/status")).json()
         assert data["state"] == "starting" and data["tables"] == {}
+
+
+async def test_request_during_start_up_waits_for_the_tables(tmp_path: Path) -> None:
+    """An insert sent the instant /ping answers, before the tables are loaded, succeeds once they are."""
+    cfg = build_config({"replica": "r1", "data_path": str(tmp_path)}, {})
+    state = ApiState(config=cfg, metrics=Metrics())
+    catalog = FakeCatalog()
+    catalog.add("db.events", [("d", "Date"), ("ts", "DateTime"), ("user_id", "UInt64"), ("kind", "String")])
+    async with TestClient(TestServer(create_app(state))) as client:
+        assert (await client.get("/ping")).status == 200
+        insert = asyncio.ensure_future(client.post("/", params={"query": "INSERT INTO db.events FORMAT TSV"},
+                                                   data=ROWS))
+        await asyncio.sleep(0.3)
+        assert not insert.done()
+        state.set_catalog(catalog)
+        state.state = "running"
+        r = await asyncio.wait_for(insert, 10)
+        assert r.status == 200, await r.text()
+        r = await client.get("/", params={"query": "SELECT count() FROM db.events"})
+        assert r.status == 200 and (await r.text()).strip() == str(ROWS.count(b"\n"))
 
 
 async def test_select_through_the_full_parser(api: Api) -> None:
