@@ -1,8 +1,9 @@
-"""Command line: ``replicad run|check-config --config PATH`` and ``replicad status [--url URL]``.
+"""Command line: ``replicad run|check-config --config PATH`` and ``replicad status [--url URL] [--check]
+[--watch [S]]``.
 
-Exit codes: 0 ok; 1 run-time failure (start-up failed, shutdown step failed, status unreachable);
-2 usage error; 78 (EX_CONFIG) invalid configuration — every problem is listed on stderr, and the
-systemd unit does not restart on 78.
+Exit codes: 0 ok; 1 run-time failure (start-up failed, shutdown step failed, status answered an HTTP
+error); 2 usage error, or status cannot reach the daemon; 3 ``status --check``: unhealthy; 78 (EX_CONFIG)
+invalid configuration — every problem is listed on stderr, and the systemd unit does not restart on 78.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--config", default=None, help="take the API address from this config file")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
+    status.add_argument("--check", action="store_true",
+                        help="exit 3 when unhealthy (not running, ZooKeeper lost, a table read-only, lost or "
+                             "lagging, a task crashed)")
+    status.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",
+                        help="redraw every SECONDS (default 2) until interrupted")
+    status.add_argument("--user", default=os.environ.get("REPLICAD_USER"),
+                        help="API user (default $REPLICAD_USER)")
+    status.add_argument("--password", default=None,
+                        help="API password (default $REPLICAD_PASSWORD; prefer the variable)")
     return p
 
 
@@ -78,7 +88,11 @@ def cmd_run(path: str) -> int:
     return run_daemon(cfg, config_path=path, engine_factory=factory)
 
 
-def cmd_status(url: str | None, config: str | None, raw: bool, timeout_s: float) -> int:
+def cmd_status(url: str | None, config: str | None, raw: bool, timeout_s: float, *, check: bool = False,
+               watch: float | None = None, user: str | None = None, password: str | None = None) -> int:
+    import base64
+    import time
+
     from replicad.server.status import fetch_status, status_command
 
     if url is None and config is not None:
@@ -88,16 +102,29 @@ def cmd_status(url: str | None, config: str | None, raw: bool, timeout_s: float)
         host = cfg.api.listen_host if cfg.api.listen_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
         url = f"http://{host}:{cfg.api.port}"
     url = url or "http://127.0.0.1:8123"
+    password = password if password is not None else os.environ.get("REPLICAD_PASSWORD", "")
+    headers = {}
+    if user:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
     if raw:
         try:
-            print(json.dumps(fetch_status(url, timeout_s), indent=2))
+            print(json.dumps(fetch_status(url, timeout_s, headers), indent=2))
         except Exception as e:
             print(f"replicad status: cannot read {url}/status: {e}", file=sys.stderr)
             return 1
         return 0
-    code, text = status_command(url, timeout_s)
-    (sys.stdout if code == 0 else sys.stderr).write(text)
-    return code
+    while True:
+        code, text = status_command(url, timeout_s, check=check, headers=headers)
+        if watch is None:
+            (sys.stdout if code == 0 else sys.stderr).write(text)
+            return code
+        sys.stdout.write("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + url + "\n\n" + text)
+        sys.stdout.flush()
+        try:
+            time.sleep(max(0.2, watch))
+        except KeyboardInterrupt:
+            return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,7 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_check_config(args.config)
     if args.command == "run":
         return cmd_run(args.config)
-    return cmd_status(args.url, args.config, args.json, args.timeout)
+    return cmd_status(args.url, args.config, args.json, args.timeout, check=args.check, watch=args.watch,
+                      user=args.user, password=args.password)
 
 
 if __name__ == "__main__":

@@ -537,6 +537,10 @@ class TableReplica:
         """``total_replicas`` / ``active_replicas`` / ``log_max_index`` (need ZooKeeper)."""
         return await replica_status.zookeeper_summary(self.keeper, self.paths)
 
+    async def replicas_view(self) -> list[dict[str, Any]]:
+        """Every replica of the table as ZooKeeper shows it (the cluster view)."""
+        return await replica_status.replicas_view(self.keeper, self.paths)
+
     def parts(self) -> list[dict[str, Any]]:
         """``system.parts`` rows (every part the store knows, active or not)."""
         return replica_status.parts_rows(self.store)

@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from replicad.errors import KeeperNoNodeError
 from replicad.keeper.client import Keeper, SessionState
 from replicad.keeper.paths import TablePaths
 from replicad.replication.part_store import PartState, PartStore
@@ -95,3 +96,64 @@ def parts_rows(store: PartStore) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+async def replicas_view(keeper: Keeper, paths: TablePaths, now: float | None = None) -> list[dict[str, Any]]:
+    """Every replica of the table as ZooKeeper shows it (the cluster view of ``/status`` and
+    ``replicad status``): active, log_pointer, queue size, delay, is_leader, lost, and the kind of server —
+    replicad advertises no native port (``tcp_port: 0`` in ``host``), ClickHouse always does."""
+    now = time.time() if now is None else now
+    names = sorted(await keeper.get_children(paths.replicas))
+    try:
+        candidates = await keeper.get_children(paths.leader_election)
+    except KeeperNoNodeError:
+        candidates = []
+    leaders: set[str] = set()
+    first = min(candidates) if candidates else None
+    if first is not None:
+        got = await keeper.get_many([f"{paths.leader_election}/{first}"])
+        data = got[0][0].decode("utf-8", "replace") if got[0] is not None else ""
+        if data.startswith("all"):  # 21.12+: no election, every active replica may lead
+            leaders = set(names)
+        else:
+            leaders = {data}
+    fields = ("is_active", "log_pointer", "host", "min_unprocessed_insert_time", "is_lost")
+    values = await keeper.get_many([getattr(paths.replica(n), f) for n in names for f in fields])
+    queues = await keeper.get_children_many([paths.replica(n).queue for n in names])
+    out = []
+    for i, name in enumerate(names):
+        row = dict(zip(fields, values[i * len(fields):(i + 1) * len(fields)], strict=True))
+
+        def text(field: str, row: dict[str, Any] = row) -> str:
+            v = row[field]
+            return v[0].decode("utf-8", "replace").strip() if v is not None else ""
+
+        active = row["is_active"] is not None
+        oldest = text("min_unprocessed_insert_time")
+        min_unprocessed = int(oldest) if oldest.isdigit() else 0
+        out.append({
+            "name": name,
+            "active": active,
+            "is_leader": active and name in leaders,
+            "log_pointer": int(text("log_pointer")) if text("log_pointer").isdigit() else 0,
+            "queue_size": len(queues[i] or []),
+            "delay": int(now - min_unprocessed) if min_unprocessed else 0,
+            "is_lost": text("is_lost") == "1",
+            "kind": _server_kind(text("host")),
+            "host": _host_field(text("host"), "host"),
+        })
+    return out
+
+
+def _host_field(host_text: str, key: str) -> str:
+    for line in host_text.splitlines():
+        k, _, v = line.partition(": ")
+        if k == key:
+            return v
+    return ""
+
+
+def _server_kind(host_text: str) -> str:
+    if not host_text:
+        return "unknown"
+    return "replicad" if _host_field(host_text, "tcp_port") == "0" else "clickhouse"

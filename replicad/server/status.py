@@ -20,7 +20,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,12 +107,15 @@ async def read_zk_fields(catalog: Catalog | None, timeout_s: float = ZK_FIELDS_T
         fn = getattr(t, "replicas_summary", None)
         if fn is None or t.is_readonly:
             return
+        view = getattr(t, "replicas_view", None)
         try:
-            summary = await asyncio.wait_for(fn(), timeout_s)
+            summary, replicas = await asyncio.wait_for(
+                asyncio.gather(fn(), view() if view is not None else asyncio.sleep(0, [])), timeout_s)
         except Exception as e:  # status must answer even when ZooKeeper is slow
             log.info("status_zk_fields_unavailable", table=str(t.name), error=f"{type(e).__name__}: {e}")
             return
         out[str(t.name)] = {k: summary[k] for k in ZK_FIELDS if k in summary}
+        out[str(t.name)]["replicas"] = replicas
 
     await asyncio.gather(*(one(t) for t in catalog.tables()))
     return out
@@ -224,9 +227,11 @@ def replicas_problems(catalog: Catalog | None, max_delay_s: float = MAX_REPLICA_
 # ---- `replicad status` ----------------------------------------------------------------------------------
 
 
-def fetch_status(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
+def fetch_status(url: str, timeout_s: float = 5.0,
+                 headers: Mapping[str, str] | None = None) -> dict[str, Any]:
     """GET ``<url>/status`` (blocking; for the CLI)."""
-    with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=timeout_s) as resp:
+    req = urllib.request.Request(url.rstrip("/") + "/status", headers=dict(headers or {}))
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         data = json.loads(resp.read().decode("utf-8"))
     if not isinstance(data, dict):
         raise ValueError("unexpected /status answer")
@@ -263,6 +268,7 @@ def render_text(status: dict[str, Any]) -> str:
             f"log {t.get('log_pointer', '?')}/{t.get('log_max_index', '?')}  "
             f"delay {t.get('absolute_delay', '?')}s  replicas {t.get('active_replicas', '?')}/"
             f"{t.get('total_replicas', '?')} active")
+        lines += _cluster_lines(t.get("replicas") or [])
     tasks = status.get("tasks") or []
     lines.append("")
     lines.append(f"tasks ({len(tasks)})")
@@ -276,13 +282,60 @@ def render_text(status: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def status_command(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
-    """(exit code, text) for ``replicad status``."""
+def _cluster_lines(replicas: list[dict[str, Any]]) -> list[str]:
+    """The replicas of one table as a small table (``patronictl list`` style)."""
+    if not replicas:
+        return []
+    head = ("replica", "kind", "active", "leader", "log_pointer", "queue", "delay", "")
+    rows = [(str(r.get("name")), str(r.get("kind", "?")), "yes" if r.get("active") else "NO",
+             "*" if r.get("is_leader") else "", str(r.get("log_pointer", "?")), str(r.get("queue_size", "?")),
+             f"{r.get('delay', 0)}s", "LOST" if r.get("is_lost") else "") for r in replicas]
+    widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
+    return ["    " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in [head, *rows]]
+
+
+def health_problems(status: dict[str, Any], max_delay_s: float = MAX_REPLICA_DELAY_S) -> list[str]:
+    """Why ``replicad status --check`` fails (empty: healthy): not running, ZooKeeper not connected, a table
+    read-only, its session expired, lost, broken or lagging, a background task crashed and backing off."""
+    problems = []
+    if status.get("state") != "running":
+        problems.append(f"daemon is {status.get('state')}")
+    zk = (status.get("zookeeper") or {}).get("state")
+    if zk != "connected":
+        problems.append(f"ZooKeeper session is {zk}")
+    for name, t in (status.get("tables") or {}).items():
+        if "error" in t:
+            problems.append(f"{name}: {t['error']}")
+            continue
+        for flag in ("is_readonly", "is_session_expired"):
+            if t.get(flag):
+                problems.append(f"{name}: {flag}")
+        if (t.get("absolute_delay") or 0) >= max_delay_s:
+            problems.append(f"{name}: absolute delay {t.get('absolute_delay')}s")
+        me = [r for r in t.get("replicas") or [] if r.get("name") == t.get("replica_name")]
+        if me and me[0].get("is_lost"):
+            problems.append(f"{name}: this replica is marked lost")
+    for h in status.get("tasks") or []:
+        if h.get("state") == "backoff":
+            problems.append(f"task {h.get('name')} crashed: {h.get('last_error')}")
+    return problems
+
+
+def status_command(url: str, timeout_s: float = 5.0, *, check: bool = False,
+                   headers: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """(exit code, text) for ``replicad status``; with ``check`` the exit code is 3 when unhealthy."""
     try:
-        data = fetch_status(url, timeout_s)
+        data = fetch_status(url, timeout_s, headers)
     except urllib.error.HTTPError as e:
         return 1, f"replicad status: {url}: HTTP {e.code} {e.reason}\n"
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         return 2, f"replicad status: cannot reach {url}: {reason}\n"
-    return 0, render_text(data)
+    text = render_text(data)
+    if not check:
+        return 0, text
+    problems = health_problems(data)
+    if problems:
+        return 3, text + "\nUNHEALTHY\n" + "".join(f"  - {p}\n" for p in problems)
+    return 0, text + "\nhealthy\n"
