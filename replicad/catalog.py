@@ -278,6 +278,7 @@ class ReplicationEngine:
         self.metrics = metrics
         zk = config.zookeeper
         self.keeper = Keeper(zk.hosts, session_timeout_s=zk.session_timeout_s)
+        self.keeper.latency_observer = getattr(metrics, "observe_zookeeper", None)
         ic = config.interserver
         self.interserver = InterserverServer(
             ic.listen_host,

@@ -3,6 +3,7 @@ the ZooKeeper summary behind its replica counts, and ``system.parts``."""
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ def replicas_row(
 ) -> dict[str, Any]:
     """``system.replicas`` of ``r``; ``zk_summary`` as :func:`zookeeper_summary` last answered."""
     qs = r.queue_state.status()
+    active = r.store.active()
     now = time.time()
     min_unprocessed = r.queue_state.min_unprocessed_insert_time
     return {
@@ -51,7 +53,9 @@ def replicas_row(
         "active_replicas": zk_summary.get("active_replicas", 0),
         "last_queue_update": qs.last_queue_update,
         "absolute_delay": int(now - min_unprocessed) if min_unprocessed else 0,
-        "active_parts": len(r.store.active()),
+        "active_parts": len(active),
+        "max_parts_in_partition": max(collections.Counter(p.info.partition_id for p in active).values(),
+                                      default=0),
         "fetches_total": r.fetcher.fetches_total,
         "executed_entries": r.executor.executed_total,
         "failed_entries": r.executor.failed_total,

@@ -25,6 +25,7 @@ import functools
 import importlib
 import logging
 import posixpath
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
@@ -175,6 +176,8 @@ class Keeper(SessionTracker):
         self._closed = False
         #: Requests issued, by kind ("get", "create", "multi", ...): for benchmarks and tests.
         self.requests: collections.Counter[str] = collections.Counter()
+        #: called (from kazoo's thread) with (request kind, seconds) for every answered request
+        self.latency_observer: Callable[[str, float], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -296,9 +299,21 @@ class Keeper(SessionTracker):
             raise KeeperConnectionLossError(f"{what}: not connected to ZooKeeper ({self._state})")
         self.requests[kind] += 1
         fut: asyncio.Future[Any] = loop.create_future()
+        started = time.monotonic()
         result = start()
-        result.rawlink(lambda r: self._post(self._resolve, fut, r, what))
+        result.rawlink(lambda r: self._answered(fut, r, what, kind, started))
         return fut
+
+    def _answered(self, fut: asyncio.Future[Any], result: AsyncResult, what: str, kind: str,
+                  started: float) -> None:
+        """(kazoo's thread) an answer arrived: time it, resolve the future on the loop."""
+        observe = self.latency_observer
+        if observe is not None:
+            try:
+                observe(kind, time.monotonic() - started)
+            except Exception:  # metrics must never break a request
+                pass
+        self._post(self._resolve, fut, result, what)
 
     @staticmethod
     def _resolve(fut: asyncio.Future[Any], result: AsyncResult, what: str) -> None:

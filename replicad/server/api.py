@@ -155,14 +155,37 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         log.info("request_failed", path=request.path, code=e.code, status=e.http_status, error=str(e)[:300])
         resp = error_response(e)
     except web.HTTPException as e:  # 404 for unknown paths, 405 …: aiohttp renders them
-        metrics.http_requests.labels(name, str(e.status)).inc()
+        _finish_query(request, metrics, failed=e.status >= 400)
+        metrics.http_requests.labels(name, request.get(QUERY_KIND, ""), str(e.status)).inc()
         raise
     except Exception as e:
         log.error("request_crashed", path=request.path, error=f"{type(e).__name__}: {e}", exc_info=True)
         resp = error_response(ReplicadError(f"{type(e).__name__}: {e}", code=1001))
-    metrics.http_requests.labels(name, str(resp.status)).inc()
-    metrics.http_duration.labels(name).observe(time.monotonic() - started)
+    except BaseException:  # cancelled (client gone): still count the query as finished
+        _finish_query(request, metrics, failed=True)
+        raise
+    _finish_query(request, metrics, failed=resp.status >= 400)
+    kind = request.get(QUERY_KIND, "")
+    metrics.http_requests.labels(name, kind, str(resp.status)).inc()
+    metrics.http_duration.labels(name, kind).observe(time.monotonic() - started)
     return resp
+
+
+QUERY_KIND = web.RequestKey("query_kind", str)
+QUERY_FINISHED = web.RequestKey("query_finished", bool)
+
+
+def _start_query(request: web.Request, metrics: Metrics, kind: str) -> None:
+    """Label the request with its query kind (insert, select, or the statement kind) and count it."""
+    request[QUERY_KIND] = kind
+    metrics.events.query_started(kind)
+
+
+def _finish_query(request: web.Request, metrics: Metrics, *, failed: bool) -> None:
+    kind = request.get(QUERY_KIND)
+    if kind is not None and not request.get(QUERY_FINISHED):
+        request[QUERY_FINISHED] = True
+        metrics.events.query_finished(kind, failed)
 
 
 # ---- settings ------------------------------------------------------------------------------------------
@@ -262,6 +285,8 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
         raise BadInputError("Cannot execute a query that writes with a GET request: use POST",
                             code=READONLY_CODE)
     headers = {"X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Server-Display-Name": state.config.replica}
+    _start_query(request, state.metrics, "insert" if isinstance(r, InsertRoute) else
+                 "select" if isinstance(r, SelectRoute) else r.kind.value)
     if isinstance(r, InsertRoute):
         if r.inline_data:
             prefix = (r.inline_data + "\n").encode() + prefix
@@ -302,6 +327,9 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
             if parsed.body.bytes_read >= RELEASE_AFTER_BYTES:
                 await asyncio.to_thread(release_unused_memory)
     m = state.metrics
+    m.events.add("InsertedRows", summary.written_rows)
+    m.events.add("InsertedBytes", summary.written_bytes)
+    m.events.add("DuplicatedInsertedBlocks", summary.deduplicated_blocks)
     m.inserted_rows.labels(name).inc(summary.written_rows)
     m.inserted_bytes.labels(name).inc(summary.written_bytes)
     m.inserted_parts.labels(name).inc(summary.written_parts)

@@ -1,5 +1,11 @@
 """Prometheus metrics: one registry per daemon, the metric names, and a scrape-time collector.
 
+Two sets of names: ``replicad_*`` (per table, with labels) and ClickHouse's own
+``ClickHouseProfileEvents_*`` / ``ClickHouseMetrics_*`` / ``ClickHouseAsyncMetrics_*``
+(:mod:`replicad.server.clickhouse_metrics`), plus the process, platform and GC collectors of
+prometheus_client.  HTTP requests are labelled by handler and by query kind (insert, select, or the
+statement kind); ZooKeeper requests are timed per request kind.
+
 Counters are updated where things happen (the API counts requests and inserts).  Replica state
 (``system.replicas`` fields, part counts, task health, ZooKeeper session) is read at scrape time from the
 catalog and the supervisor, so it is never stale and costs nothing between scrapes.  The engine may
@@ -8,14 +14,24 @@ register its own metrics in ``Metrics.registry`` (prefix ``replicad_``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from replicad.logging import get_logger
+from replicad.server import clickhouse_metrics
 
 if TYPE_CHECKING:
     from replicad.service import Catalog
@@ -45,11 +61,19 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.started_at = time.monotonic()
+        for c in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(c)
         self.http_requests = Counter("replicad_http_requests", "HTTP API requests",
-                                     ["handler", "code"], registry=r)
+                                     ["handler", "query", "code"], registry=r)
         self.http_duration = Histogram("replicad_http_request_duration_seconds", "HTTP API request time",
-                                       ["handler"], registry=r,
+                                       ["handler", "query"], registry=r,
                                        buckets=(0.005, 0.02, 0.1, 0.5, 1, 2.5, 10, 30, 120))
+        self.zookeeper_duration = Histogram(
+            "replicad_zookeeper_request_duration_seconds", "ZooKeeper request time (sent → answered)",
+            ["request"], registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2, 10))
+        #: ClickHouse's ProfileEvents of the API (queries, inserted rows …)
+        self.events = clickhouse_metrics.ApiEvents()
         self.inserted_rows = Counter("replicad_inserted_rows", "rows inserted through the API",
                                      ["table"], registry=r)
         self.inserted_bytes = Counter("replicad_inserted_bytes", "uncompressed bytes inserted",
@@ -69,8 +93,12 @@ class Metrics:
         self._state.catalog = catalog
         self._state.supervisor = supervisor
 
+    def observe_zookeeper(self, request: str, seconds: float) -> None:
+        self.zookeeper_duration.labels(request).observe(seconds)
+
     def render(self) -> bytes:
-        return bytes(generate_latest(self.registry))
+        return bytes(generate_latest(self.registry)) + clickhouse_metrics.render(
+            self._state.table_statuses(), self.events, self.started_at).encode()
 
 
 class _StateCollector(Collector):
@@ -84,6 +112,22 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._replica_metrics()
         yield from self._task_metrics()
+
+    def table_statuses(self) -> list[dict[str, Any]]:
+        catalog = self.catalog()
+        if catalog is None:
+            return []
+        out = []
+        try:
+            tables = catalog.tables()
+        except Exception:
+            return []
+        for t in tables:
+            try:
+                out.append(dict(t.status()))
+            except Exception:  # reported by the replicad_* collector
+                continue
+        return out
 
     def _replica_metrics(self) -> Iterator[Metric]:
         catalog = self.catalog()

@@ -528,6 +528,36 @@ def test_metrics_parse_as_prometheus_text(daemon: Daemon, format_tables: dict[st
     assert value("replicad_insert_errors", table="db.err", code="27") >= 1
 
 
+def test_dashboard_and_alerts_use_only_metrics_a_daemon_exports(daemon: Daemon,
+                                                               format_tables: dict[str, str]) -> None:
+    """deploy/grafana-dashboard.json and deploy/prometheus-alerts.yml: every metric name in their expressions
+    is exported by a running daemon (ClickHouse's names included), so a renamed metric breaks this test."""
+    import re
+
+    import yaml
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ok(query(daemon.url, f"SELECT count() FROM {format_tables['CSV']}"))
+    exported: set[str] = set()
+    for fam in text_string_to_metric_families(ok(request(daemon.url, "/metrics")).text):
+        exported.add(fam.name)
+        exported.update(s.name for s in fam.samples)
+    for line in ok(request(daemon.url, "/metrics")).text.splitlines():  # families with no sample yet
+        if line.startswith("# TYPE "):
+            name, kind = line.split()[2:4]
+            exported.update({name, f"{name}_total"} if kind == "counter" else
+                            {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"} if kind == "histogram"
+                            else {name})
+    dashboard = json.loads((REPO / "deploy" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus-alerts.yml").read_text())
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    name = re.compile(r"\b((?:replicad_|ClickHouse[A-Za-z]+_|process_|python_)[A-Za-z0-9_]+)")
+    used = {m for e in exprs for m in name.findall(e)}
+    assert len(used) >= 15
+    assert sorted(used - exported) == []
+
+
 def test_status_cli(daemon: Daemon, format_tables: dict[str, str]) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "replicad", "status", *args], cwd=REPO, env=daemon_env(),

@@ -298,7 +298,24 @@ async def test_metrics(api: Api) -> None:
     assert 'replicad_replica_queue_size{table="db.events"} 0.0' in text
     assert 'replicad_active_parts{table="db.events"} 1.0' in text
     assert "replicad_keeper_session_connected 1.0" in text
-    assert 'replicad_http_requests_total{code="200",handler="/"}' in text
+    assert 'replicad_http_requests_total{code="200",handler="/",query="insert"} 1.0' in text
+    await api.get("/", query="SELECT count() FROM db.events")
+    await api.post("INSERT INTO db.events FORMAT TSV", b"not\ta\trow\n")
+    await api.post("OPTIMIZE TABLE db.events")
+    text = (await api.get("/metrics"))[2].decode()
+    assert 'replicad_http_requests_total{code="200",handler="/",query="select"} 1.0' in text
+    assert 'replicad_http_requests_total{code="400",handler="/",query="insert"} 1.0' in text
+    assert 'replicad_http_requests_total{code="200",handler="/",query="optimize"} 1.0' in text
+    # ClickHouse's names (per server, no labels), as its Prometheus endpoint writes them
+    ch = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines()
+          if ln.startswith("ClickHouse")}
+    assert ch["ClickHouseProfileEvents_Query"] == 4 and ch["ClickHouseProfileEvents_InsertQuery"] == 2
+    assert ch["ClickHouseProfileEvents_SelectQuery"] == 1
+    assert ch["ClickHouseProfileEvents_FailedQuery"] == ch["ClickHouseProfileEvents_FailedInsertQuery"] == 1
+    assert ch["ClickHouseProfileEvents_InsertedRows"] == 2
+    assert ch["ClickHouseMetrics_Query"] == 0  # none running (a scrape is not a query)
+    assert ch["ClickHouseMetrics_ReadonlyReplica"] == 0
+    assert "process_cpu_seconds_total" in text and "python_gc_objects_collected_total" in text
 
 
 async def test_starting_replica_waits_bounded_then_answers_503_but_pings(tmp_path: Path) -> None:
