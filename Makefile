@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint deps apt venv clean unit integration
+.PHONY: run test bench lint deps apt venv clean unit integration lock
 
 deps: apt venv
 
@@ -23,11 +23,17 @@ apt:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py replicad/native/cityhash102.c replicad/native/strings.c replicad/native/siphash.c
+$(STAMP): pyproject.toml requirements.lock setup.py replicad/native/cityhash102.c replicad/native/strings.c replicad/native/siphash.c
 	@[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,bench]' --config-settings editable_mode=compat
+	$(BIN)/pip install -q -c requirements.lock -e '.[test,bench]' --config-settings editable_mode=compat
 	@touch $(STAMP)
+
+# after changing dependencies in pyproject.toml: install without the pins, then pin what got installed
+lock:
+	@[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[test,bench]' --config-settings editable_mode=compat
+	$(BIN)/python scripts/lock.py
 
 lint: venv
 	$(BIN)/ruff check replicad tests bench
