@@ -35,6 +35,7 @@ from replicad.model.part_info import PartInfo
 from replicad.model.queue_state import BackoffSettings, QueueState
 from replicad.model.staged_job import StagedTask
 from replicad.replication import init as zk_init
+from replicad.replication.admin import ActionBlockers, TableAdmin
 from replicad.replication.cleanup import CleanupSettings, CleanupThread
 from replicad.replication.clone import clone_replica_if_needed
 from replicad.replication.commit import PartCommitter
@@ -153,7 +154,7 @@ class TableReplica:
             min_unprocessed_insert_time=lambda: self.queue_state.min_unprocessed_insert_time,
         )
         self.puller.on_read = self.fetcher.precheck_sources
-        self.fetcher.early_allowed = lambda: not self.executor.is_paused()
+        self.fetcher.early_allowed = lambda: not self.executor.is_paused() and not self.blockers.fetches
         self.queue_updating = QueueUpdatingTask(f"{spec.name}:queue_updating", self.puller)
         self.executor = QueueExecutor(
             f"{spec.name}:queue_executing",
@@ -196,6 +197,8 @@ class TableReplica:
             on_restarted=self._on_restarted,
         )
         self.executor.is_paused = lambda: self.is_readonly
+        self.blockers = ActionBlockers()
+        self.executor.blocked = self.blockers.reason
         self.executor.on_part_missing = lambda name: self.part_check.enqueue(name, delay_s=5.0)
         self._tasks: list[BackgroundTask] = [
             self.queue_updating,
@@ -217,6 +220,9 @@ class TableReplica:
         #: merges, mutations, partition drops and the leader's duties (replicad.replication.table_ops)
         self.ops = TableOperations(self)
         self._tasks += self.ops.tasks
+        #: ATTACH / DROP DETACHED, SYSTEM DROP|RESTART REPLICA, STOP|START FETCHES|MERGES
+        self.admin = TableAdmin(self)
+        self.statement_handlers.update(self.admin.handlers())
         #: two-phase writes: staged inserts and their publishing (replicad.replication.staging)
         self.staging = TableStaging(f"{spec.name}:staging", StagingContext(
             keeper, self.paths.zk_path, spec.replica_name,
@@ -338,6 +344,8 @@ class TableReplica:
         if not known and not len(self.queue_state):
             self.queue_state.initialize(self.store.active_names())
         fresh = [(e.znode_name, e) for e in entries if e.znode_name not in known]
+        for gone in known - {e.znode_name for e in entries}:  # ZooKeeper is the truth (e.g. after a clone)
+            self.queue_state.remove_entry(gone)
         self.queue_state.load(fresh, time.time())
         self.puller.log_pointer = pointer
 

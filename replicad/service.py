@@ -164,6 +164,12 @@ class StatementKind(enum.Enum):
     OPTIMIZE = "optimize"
     TRUNCATE = "truncate"
     SYNC_REPLICA = "sync_replica"
+    ATTACH = "attach"  # ALTER TABLE t ATTACH PART 'p' | PARTITION p (from detached/)
+    DROP_DETACHED = "drop_detached"  # ALTER TABLE t DROP DETACHED PART 'p' | PARTITION p
+    DROP_REPLICA = "drop_replica"  # SYSTEM DROP REPLICA 'r' FROM TABLE t
+    RESTART_REPLICA = "restart_replica"  # SYSTEM RESTART REPLICA t
+    FETCHES = "system_fetches"  # SYSTEM STOP|START FETCHES [t]
+    MERGES = "system_merges"  # SYSTEM STOP|START MERGES [t]
 
 
 @dataclass(frozen=True)

@@ -97,12 +97,19 @@ class QueueExecutor(BackgroundTask):
         self.handlers: dict[LogEntryType, Callable[[Selected], Awaitable[None]]] = {}
         #: no new entries start while this says so (read-only: no ZooKeeper session)
         self.is_paused: Callable[[], bool] = lambda: False
+        #: why an entry of this type may not start now (SYSTEM STOP FETCHES/MERGES), or None
+        self.blocked: Callable[[LogEntryType], str | None] = lambda _t: None
         #: told the part of an entry no replica could provide (the part check looks for it)
         self.on_part_missing: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------------------------------ scheduling
 
     def _extra_check(self, entry: object) -> str | None:
+        entry_type = getattr(entry, "type", None)
+        if entry_type is not None:
+            blocked = self.blocked(entry_type)
+            if blocked:
+                return blocked
         if getattr(entry, "type", None) in _PRODUCING and self._fetches >= self.max_parallel_fetches:
             return f"Not executing fetch because {self._fetches} fetches are already running"
         return None

@@ -88,10 +88,19 @@ class RestartingThread(BackgroundTask):
         #: the session was reported lost since the last start-up: everything ephemeral must be redone, even
         #: if the same session id comes back (kazoo declares "lost" locally after a long suspension)
         self._lost_seen = False
+        #: SYSTEM RESTART REPLICA asked for a start-up that has not completed yet
+        self.restart_requested = False
         keeper.add_state_listener(self._on_state)
 
     def close(self) -> None:
         self.keeper.remove_state_listener(self._on_state)
+
+    def request_restart(self, reason: str) -> None:
+        """Run the whole start-up sequence again (SYSTEM RESTART REPLICA): read-only until it is done."""
+        self.restart_requested = True
+        self._lost_seen = True
+        self._enter_readonly(reason)
+        self.wakeup()
 
     # ------------------------------------------------------------------------------------------ state
 
@@ -141,6 +150,7 @@ class RestartingThread(BackgroundTask):
         if self.keeper.session_id != session or self.keeper.session_state is not SessionState.CONNECTED:
             raise KeeperSessionExpiredError("the ZooKeeper session changed during start-up")
         self.session_id = session
+        self.restart_requested = False
         self.startups_total += 1
         self._failures = 0
         self.last_error = ""

@@ -132,7 +132,7 @@ class TableOperations:
             r.store,
             r.queue_state,
             self.load_predicate,
-            lambda: self.leader.is_leader and not r.is_readonly,
+            lambda: self.leader.is_leader and not r.is_readonly and not r.blockers.merges,
             settings=assigner_settings or AssignerSettings.from_settings(s),
             tz=self.tz,
             has_mutations=lambda: len(self.mutations) > 0,

@@ -437,6 +437,9 @@ async def _statement(state: ApiState, r: StatementRoute, text: str, given: Mappi
                 await catalog.create_table(stmt)
             elif r.kind is StatementKind.DROP_TABLE:
                 await catalog.drop_table(stmt)
+            elif r.kind in _EVERY_TABLE_WITHOUT_ONE and not r.table.table:  # SYSTEM STOP MERGES: all tables
+                for t in catalog.tables():
+                    await t.execute(stmt)
             else:
                 try:
                     table = catalog.get(r.table)
@@ -444,11 +447,18 @@ async def _statement(state: ApiState, r: StatementRoute, text: str, given: Mappi
                     if r.if_exists:
                         return web.Response(text="", headers=headers)
                     raise
-                if table.is_readonly:
+                if table.is_readonly and r.kind not in _ALLOWED_READONLY:
                     raise ReadOnlyError(f"Table {table.name} is in readonly mode (no ZooKeeper session)")
                 message = (await table.execute(stmt)).message
     log.info("statement_done", kind=r.kind.value, table=str(r.table))
     return web.Response(text=message + ("\n" if message else ""), headers=headers)
+
+
+#: statements without a table that apply to every table
+_EVERY_TABLE_WITHOUT_ONE = frozenset((StatementKind.FETCHES, StatementKind.MERGES))
+#: statements a read-only table (no ZooKeeper session) still runs: they are local or bring it back
+_ALLOWED_READONLY = frozenset((StatementKind.FETCHES, StatementKind.MERGES, StatementKind.RESTART_REPLICA,
+                               StatementKind.DROP_DETACHED))
 
 
 async def handle_ping(request: web.Request) -> web.Response:

@@ -189,12 +189,19 @@ _STATEMENTS: tuple[tuple[str, StatementKind], ...] = (
     (rf"TRUNCATE\s+(?:TABLE\s+)?(IF\s+EXISTS\s+)?({_TABLE})", StatementKind.TRUNCATE),
     (rf"OPTIMIZE\s+TABLE\s+()({_TABLE})", StatementKind.OPTIMIZE),
     (rf"SYSTEM\s+SYNC\s+REPLICA\s+()({_TABLE})", StatementKind.SYNC_REPLICA),
+    (rf"SYSTEM\s+DROP\s+REPLICA\s+'(?:[^'\\]|\\.)*'\s+FROM\s+TABLE\s+()({_TABLE})",
+     StatementKind.DROP_REPLICA),
+    (rf"SYSTEM\s+RESTART\s+REPLICA\s+()({_TABLE})", StatementKind.RESTART_REPLICA),
+    (rf"SYSTEM\s+(?:STOP|START)\s+FETCHES()(?:\s+({_TABLE}))?\s*$", StatementKind.FETCHES),
+    (rf"SYSTEM\s+(?:STOP|START)\s+MERGES()(?:\s+({_TABLE}))?\s*$", StatementKind.MERGES),
 )
 _ALTERS: tuple[tuple[str, StatementKind], ...] = (
     (r"DELETE\s+WHERE\b", StatementKind.ALTER_DELETE),
     (r"UPDATE\b", StatementKind.ALTER_UPDATE),
     (r"DROP\s+PARTITION\b", StatementKind.DROP_PARTITION),
     (r"DETACH\s+PARTITION\b", StatementKind.DETACH_PARTITION),
+    (r"ATTACH\s+PART(?:ITION)?\b", StatementKind.ATTACH),
+    (r"DROP\s+DETACHED\s+PART(?:ITION)?\b", StatementKind.DROP_DETACHED),
 )
 
 
@@ -202,6 +209,8 @@ def _statement(sql: str, db: str) -> StatementRoute:
     for pattern, kind in _STATEMENTS:
         m = re.match(pattern, sql, re.IGNORECASE)
         if m:
+            if m.group(2) is None:  # SYSTEM STOP|START FETCHES|MERGES without a table: every table
+                return StatementRoute(kind, TableName(db, ""), False)
             return StatementRoute(kind, _table(m.group(2), db), bool(m.group(1)))
     m = re.match(rf"ALTER\s+TABLE\s+({_TABLE})\s+", sql, re.IGNORECASE)
     if m:
@@ -210,7 +219,8 @@ def _statement(sql: str, db: str) -> StatementRoute:
             if re.match(pattern, rest, re.IGNORECASE):
                 return StatementRoute(kind, _table(m.group(1), db), False)
         raise SyntaxError_(f"unsupported ALTER: {rest[:80]!r} (supported: DELETE WHERE, UPDATE, "
-                           "DROP PARTITION, DETACH PARTITION)", code=48)
+                           "DROP PARTITION, DETACH PARTITION, ATTACH PART|PARTITION, DROP DETACHED "
+                           "PART|PARTITION)", code=48)
     word = sql.split(None, 1)[0].upper() if sql.split() else ""
     raise SyntaxError_(f"Syntax error: unsupported statement {word or '(empty)'}", code=62)
 

@@ -186,6 +186,17 @@ class SystemSyncReplica:
 
 
 @dataclass(frozen=True)
+class SystemCommand:
+    """``SYSTEM DROP REPLICA 'r' FROM TABLE t``, ``SYSTEM RESTART REPLICA t``,
+    ``SYSTEM STOP|START FETCHES|MERGES [t]`` (no table: every table)."""
+
+    action: TypingLiteral["DROP REPLICA", "RESTART REPLICA", "STOP FETCHES", "START FETCHES", "STOP MERGES",
+                          "START MERGES"]
+    table: TableRef | None
+    replica: str | None = None
+
+
+@dataclass(frozen=True)
 class MutationCommand:
     kind: TypingLiteral["DELETE", "UPDATE"]
     predicate: Expr
@@ -216,7 +227,23 @@ class PartitionCommand:
         return f"{self.kind} PARTITION {self.partition.to_text()}"
 
 
-AlterCommand = MutationCommand | PartitionCommand
+@dataclass(frozen=True)
+class DetachedCommand:
+    """``ATTACH PART 'p'`` / ``ATTACH PARTITION p`` (from ``detached/``), ``DROP DETACHED PART 'p'`` /
+    ``DROP DETACHED PARTITION p``: exactly one of ``part`` and ``partition`` is set."""
+
+    kind: TypingLiteral["ATTACH", "DROP DETACHED"]
+    part: str | None = None
+    partition: PartitionSpec | None = None
+
+    def to_text(self) -> str:
+        if self.part is not None:
+            return f"{self.kind} PART {quote_string(self.part)}"
+        assert self.partition is not None
+        return f"{self.kind} PARTITION {self.partition.to_text()}"
+
+
+AlterCommand = MutationCommand | PartitionCommand | DetachedCommand
 
 
 def format_commands(commands: list[MutationCommand] | tuple[MutationCommand, ...]) -> str:
@@ -243,7 +270,8 @@ class Alter:
         return format_commands(self.mutation_commands)
 
 
-Statement = Insert | Select | CreateTable | DropTable | Alter | Optimize | Truncate | SystemSyncReplica
+Statement = (Insert | Select | CreateTable | DropTable | Alter | Optimize | Truncate | SystemSyncReplica
+             | SystemCommand)
 
 
 # ---- parsing -------------------------------------------------------------------------------------------
@@ -321,11 +349,7 @@ def parse_statement(sql: str) -> Statement:
         p.expect_end()
         return Optimize(table, partition, final, dedup, cluster)
     if p.accept_words("SYSTEM"):
-        if not p.accept_words("SYNC", "REPLICA"):
-            raise p.error("SYNC REPLICA (the only SYSTEM command supported)")
-        table = _table_ref(p)
-        p.expect_end()
-        return SystemSyncReplica(table)
+        return _system(p)
     if p.accept_words("ALTER"):
         p.expect_words("TABLE")
         table = _table_ref(p)
@@ -352,11 +376,54 @@ def _alter_command(p: Parser) -> AlterCommand:
         if dup is not None:
             raise SyntaxError_(f"Multiple assignments in the single statement to column `{dup}`", code=30)
         return MutationCommand("UPDATE", Expr(p.expression()), tuple(assignments))
+    if p.accept_words("ATTACH"):
+        return _detached(p, "ATTACH")
+    if p.accept_words("DROP", "DETACHED"):
+        return _detached(p, "DROP DETACHED")
     for kind in ("DROP", "DETACH"):
         if p.at_words(kind, "PARTITION"):
             p.accept_words(kind, "PARTITION")
             return PartitionCommand("DROP" if kind == "DROP" else "DETACH", _partition_spec(p))
-    raise p.error("DELETE WHERE, UPDATE, DROP PARTITION or DETACH PARTITION")
+    raise p.error("DELETE WHERE, UPDATE, DROP PARTITION, DETACH PARTITION, ATTACH PART|PARTITION or "
+                  "DROP DETACHED PART|PARTITION")
+
+
+def _system(p: Parser) -> SystemSyncReplica | SystemCommand:
+    if p.accept_words("SYNC", "REPLICA"):
+        table = _table_ref(p)
+        p.expect_end()
+        return SystemSyncReplica(table)
+    if p.accept_words("DROP", "REPLICA"):
+        if p.tok.kind is not T.STRING:
+            raise p.error("the replica name as a string")
+        replica = p.string_literal()
+        p.expect_words("FROM")
+        p.expect_words("TABLE")
+        table = _table_ref(p)
+        p.expect_end()
+        return SystemCommand("DROP REPLICA", table, replica)
+    if p.accept_words("RESTART", "REPLICA"):
+        table = _table_ref(p)
+        p.expect_end()
+        return SystemCommand("RESTART REPLICA", table)
+    for verb in ("STOP", "START"):
+        for what in ("FETCHES", "MERGES"):
+            if p.accept_words(verb, what):
+                target = None if p.tok.kind is T.END else _table_ref(p)
+                p.expect_end()
+                action: TypingLiteral["STOP FETCHES", "START FETCHES", "STOP MERGES", "START MERGES"] = \
+                    f"{verb} {what}"  # type: ignore[assignment]
+                return SystemCommand(action, target)
+    raise p.error("SYNC REPLICA, DROP REPLICA, RESTART REPLICA, STOP|START FETCHES or STOP|START MERGES")
+
+
+def _detached(p: Parser, kind: TypingLiteral["ATTACH", "DROP DETACHED"]) -> DetachedCommand:
+    if p.accept_words("PART"):
+        if p.tok.kind is not T.STRING:
+            raise p.error("the part name as a string")
+        return DetachedCommand(kind, part=p.string_literal())
+    p.expect_words("PARTITION")
+    return DetachedCommand(kind, partition=_partition_spec(p))
 
 
 def _assignment(p: Parser) -> tuple[str, Expr]:
@@ -477,7 +544,8 @@ def _strip_alias(n: Node) -> Node:
 
 
 __all__ = [
-    "Alter", "CreateTable", "DropTable", "Insert", "MutationCommand", "Optimize", "OrderItem",
-    "PartitionCommand", "PartitionSpec", "Select", "SelectItem", "Statement", "SystemSyncReplica", "TableRef",
+    "Alter", "CreateTable", "DetachedCommand", "DropTable", "Insert", "MutationCommand", "Optimize",
+    "OrderItem", "PartitionCommand", "PartitionSpec", "Select", "SelectItem", "Statement", "SystemCommand",
+    "SystemSyncReplica", "TableRef",
     "Truncate", "format_commands", "format_list", "parse_mutation_commands", "parse_statement",
 ]

@@ -144,7 +144,9 @@ def test_select() -> None:
         "UPDATE t SET a = 1",
         "CREATE DATABASE x",
         "ALTER TABLE t ADD COLUMN x UInt8",
-        "SYSTEM STOP MERGES t",
+        "SYSTEM STOP MOVES t",
+        "SYSTEM DROP REPLICA r FROM TABLE t",
+        "SYSTEM STOP FETCHES t extra",
         "DROP DATABASE d",
         "SELECT a FROM t WHERE",
         "OPTIMIZE TABLE t FINALLY",
@@ -228,3 +230,30 @@ def test_mutation_command_text_round_trip(texts: list[str]) -> None:
     joined = format_commands(parse_mutation_commands(", ".join(texts)))
     assert joined == "".join(t + ("," if i + 1 < len(texts) else "") + " " for i, t in enumerate(texts))
     assert format_commands(parse_mutation_commands(unescape(escape(joined)))) == joined
+
+
+@pytest.mark.parametrize(("sql", "want"), [
+    ("SYSTEM DROP REPLICA 'r2' FROM TABLE db.t", ("DROP REPLICA", "db.t", "r2")),
+    ("SYSTEM RESTART REPLICA t", ("RESTART REPLICA", "t", None)),
+    ("system stop fetches db.t", ("STOP FETCHES", "db.t", None)),
+    ("SYSTEM START MERGES", ("START MERGES", None, None)),
+])
+def test_system_commands(sql: str, want: tuple[str, str | None, str | None]) -> None:
+    from replicad.sql.statements import SystemCommand
+
+    st = parse_statement(sql)
+    assert isinstance(st, SystemCommand)
+    assert (st.action, st.table.qualified if st.table else None, st.replica) == want
+
+
+def test_attach_and_drop_detached_commands() -> None:
+    from replicad.sql.statements import DetachedCommand
+
+    st = parse_statement("ALTER TABLE db.t ATTACH PART 'all_1_1_0'")
+    assert st.commands == (DetachedCommand("ATTACH", part="all_1_1_0"),)  # type: ignore[union-attr]
+    st = parse_statement("ALTER TABLE db.t DROP DETACHED PARTITION ID '202401'")
+    cmd = st.commands[0]  # type: ignore[union-attr]
+    assert isinstance(cmd, DetachedCommand) and cmd.kind == "DROP DETACHED" and cmd.partition is not None
+    assert cmd.partition.id == "202401" and cmd.to_text() == "DROP DETACHED PARTITION ID '202401'"
+    with pytest.raises(SyntaxError_):
+        parse_statement("ALTER TABLE db.t ATTACH PART all_1_1_0")  # the name is a string
