@@ -9,6 +9,7 @@ unparsable table DDL, port clashes — so an operator fixes the file in one pass
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import os
 import re
 import zoneinfo
@@ -61,16 +62,52 @@ class ZooKeeperConfig(_Section):
 
 
 class InterserverConfig(_Section):
-    listen_host: str = "0.0.0.0"
+    listen_host: str = "127.0.0.1"  # ClickHouse's default: a non-loopback bind needs user/password
     port: int = Field(default=9009, ge=1, le=65535)
     host: str = "127.0.0.1"
     user: str | None = None
     password: str | None = None
+    tls_cert_file: Path | None = None  # both set: the listener speaks HTTPS, peers are told scheme https
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None  # CA bundle peers' certificates are checked against (default: system)
 
-    @field_validator("user", "password", mode="before")
+    @field_validator("user", "password", "tls_cert_file", "tls_key_file", "tls_ca_file", mode="before")
     @classmethod
     def _empty_is_none(cls, v: object) -> object:
         return None if v == "" else v
+
+    @field_validator("user")
+    @classmethod
+    def _check_user(cls, v: str | None) -> str | None:
+        if v is not None and (":" in v or not v.isprintable()):
+            raise ValueError("must not contain ':' or control characters (it travels in HTTP Basic auth)")
+        return v
+
+
+_SHA256_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+class UserConfig(_Section):
+    """An API user, as ClickHouse's users.xml: the password's SHA-256 (hex) and a ``readonly`` level."""
+
+    name: str = Field(min_length=1, max_length=256)
+    password_sha256_hex: str
+    readonly: Literal[0, 1, 2] = 0  # 0 everything; 1 reads only; 2 reads and settings
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if ":" in v or not v.isprintable() or v.strip() != v:
+            raise ValueError("must be printable, without ':' or spaces at the ends")
+        return v
+
+    @field_validator("password_sha256_hex")
+    @classmethod
+    def _check_hash(cls, v: str) -> str:
+        if not _SHA256_HEX.match(v):
+            raise ValueError("must be 64 hex digits: the SHA-256 of the password "
+                             "(echo -n 'password' | sha256sum)")
+        return v.lower()
 
 
 class ApiConfig(_Section):
@@ -83,6 +120,23 @@ class ApiConfig(_Section):
     #: /replicas_status answers 503 for a table this far behind (ClickHouse's
     #: max_replica_delay_for_distributed_queries)
     max_replica_delay_s: float = Field(default=300.0, gt=0)
+    users: tuple[UserConfig, ...] = ()  # none: loopback bind only, and "default" may do everything
+    tls_cert_file: Path | None = None  # both set: the API speaks HTTPS
+    tls_key_file: Path | None = None
+
+    @field_validator("tls_cert_file", "tls_key_file", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("users")
+    @classmethod
+    def _unique_names(cls, v: tuple[UserConfig, ...]) -> tuple[UserConfig, ...]:
+        names = [u.name for u in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"user names must be unique: {', '.join(dup)} given twice")
+        return v
 
 
 class Config(_Section):
@@ -227,6 +281,7 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str], source: str = 
         coerced = {str(k): valid[str(k)] for k in settings_raw if str(k) in valid}
     problems.extend(_check_tables(data))
     problems.extend(_check_listeners(data))
+    problems.extend(_check_exposure(data))
     data_path = data.get("data_path") or Config.model_fields["data_path"].default
     if isinstance(data_path, (str, Path)):
         problems.extend(_check_data_path(Path(data_path)))
@@ -351,6 +406,56 @@ def _check_listeners(data: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` only accepts connections from this machine (names other than localhost
+    count as exposed: what they resolve to can change)."""
+    name = host.strip().strip("[]").lower()
+    if name in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problems(cfg: Config) -> list[str]:
+    """What makes a validated config unsafe to run (see :func:`_check_exposure`)."""
+    return _check_exposure(cfg.model_dump())
+
+
+def _check_exposure(data: Mapping[str, Any]) -> list[str]:
+    """An exposed listener without credentials, half a TLS pair, unreadable TLS files.  Works on the raw
+    values, so it is reported together with field errors elsewhere."""
+
+    def section(name: str) -> Mapping[str, Any]:
+        raw = data.get(name)
+        return raw if isinstance(raw, Mapping) else {}
+
+    def host(raw: Mapping[str, Any], model: type[_Section]) -> str:
+        return str(raw.get("listen_host", model.model_fields["listen_host"].default))
+
+    problems: list[str] = []
+    api, inter = section("api"), section("interserver")
+    api_host, inter_host = host(api, ApiConfig), host(inter, InterserverConfig)
+    if not api.get("users") and not is_loopback(api_host):
+        problems.append(f"api.listen_host: {api_host} is not a loopback address, so api.users must list at "
+                        "least one user (without users only a loopback bind is allowed)")
+    if not is_loopback(inter_host) and not (inter.get("user") and inter.get("password")):
+        problems.append(f"interserver.listen_host: {inter_host} is not a loopback address, so "
+                        "interserver.user and interserver.password must both be set")
+    if inter.get("password") and not inter.get("user"):
+        problems.append("interserver.password: set without interserver.user")
+    for name, raw in (("api", api), ("interserver", inter)):
+        cert, key = raw.get("tls_cert_file") or None, raw.get("tls_key_file") or None
+        if (cert is None) != (key is None):
+            problems.append(f"{name}: tls_cert_file and tls_key_file must be given together")
+        ca = raw.get("tls_ca_file") or None
+        for field_name, path in (("tls_cert_file", cert), ("tls_key_file", key), ("tls_ca_file", ca)):
+            if isinstance(path, (str, Path)) and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+                problems.append(f"{name}.{field_name}: {path} is not a readable file")
+    return problems
+
+
 def _check_data_path(path: Path) -> list[str]:
     p = path.absolute()
     if p.exists():
@@ -375,4 +480,6 @@ def restart_required(old: Config, new: Config) -> list[str]:
     changed = [k for k in RESTART_REQUIRED if getattr(old, k) != getattr(new, k)]
     if (old.api.listen_host, old.api.port) != (new.api.listen_host, new.api.port):
         changed.append("api.listen_host/api.port")
+    if (old.api.tls_cert_file, old.api.tls_key_file) != (new.api.tls_cert_file, new.api.tls_key_file):
+        changed.append("api.tls_cert_file/api.tls_key_file")
     return changed

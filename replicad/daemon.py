@@ -15,9 +15,10 @@ time limit, failures are logged and the next step still runs:
 6. ``stop_api``         — the HTTP API closes;
 7. ``close_keeper``     — the ZooKeeper session closes.
 
-SIGHUP re-reads the config file: the log level, settings, API limits and new tables apply at once;
-keys that need a restart (replica, data_path, timezone, macros, zookeeper, interserver, API address)
-are logged and keep their old values.
+SIGHUP re-reads the config file: the log level, settings, API limits, API users and new tables apply at
+once; keys that need a restart (replica, data_path, timezone, macros, zookeeper, interserver, API address
+and TLS files) are logged and keep their old values.  A reload that would leave an exposed API without
+users is refused as a whole.
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from replicad import logging as rlog
-from replicad.config import RESTART_REQUIRED, Config, ConfigError, load_config, restart_required
+from replicad.config import (
+    RESTART_REQUIRED,
+    Config,
+    ConfigError,
+    exposure_problems,
+    load_config,
+    restart_required,
+)
 from replicad.sd_notify import Notifier
 from replicad.server.api import ApiServer, ApiState, version
 from replicad.server.metrics import Metrics
@@ -228,9 +236,14 @@ class Daemon:
             if needs_restart:
                 log.warning("config_change_needs_restart", keys=needs_restart)
             keep = {k: getattr(old, k) for k in RESTART_REQUIRED}
-            address = {"listen_host": old.api.listen_host, "port": old.api.port}
+            address = {"listen_host": old.api.listen_host, "port": old.api.port,
+                       "tls_cert_file": old.api.tls_cert_file, "tls_key_file": old.api.tls_key_file}
             keep["api"] = new.api.model_copy(update=address)
             applied = new.model_copy(update=keep)
+            unsafe = exposure_problems(applied)  # e.g. users removed while still bound to 0.0.0.0
+            if unsafe:
+                log.error("config_reload_failed", problems=unsafe)
+                return False
             self.config = applied
             self.api_state.config = applied
             rlog.set_level(applied.log_level)

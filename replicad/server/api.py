@@ -40,7 +40,7 @@ from replicad.errors import (
 from replicad.logging import get_logger
 from replicad.memory import RELEASE_AFTER_BYTES, release_unused_memory
 from replicad.model.staged_job import StageId
-from replicad.server import fault_injection, staging_api
+from replicad.server import auth, fault_injection, staging_api, tls
 from replicad.server import status as status_mod
 from replicad.server.formats import InputSpec, parse_body
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -281,6 +281,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
         if extra.strip():
             text = text + "\n" + extra
     r = resolve(text, params.get("database") or "default")
+    auth.check_route(r)
     if request.method != "POST" and not isinstance(r, SelectRoute):
         raise BadInputError("Cannot execute a query that writes with a GET request: use POST",
                             code=READONLY_CODE)
@@ -507,7 +508,8 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 
 def create_app(state: ApiState) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=MAX_QUERY_BYTES)
+    app = web.Application(middlewares=[_errors, auth.middleware(lambda: state.config.api.users)],
+                          client_max_size=MAX_QUERY_BYTES)
     app[STATE] = state
     app.router.add_route("GET", "/", handle_query)
     app.router.add_route("POST", "/", handle_query)
@@ -535,12 +537,15 @@ class ApiServer:
         self._runner = web.AppRunner(create_app(self.state), access_log=None, handle_signals=False,
                                      shutdown_timeout=5.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        api = self.state.config.api
+        ssl_context = await asyncio.to_thread(tls.server_context, api.tls_cert_file, api.tls_key_file)
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True, ssl_context=ssl_context)
         await site.start()
         server = getattr(site, "_server", None)
         if server is not None and server.sockets:
             self.port = server.sockets[0].getsockname()[1]
-        log.info("api_listening", host=self.host, port=self.port)
+        log.info("api_listening", host=self.host, port=self.port, tls=ssl_context is not None,
+                 users=len(api.users))
 
     async def stop_writes(self, timeout_s: float) -> None:
         """Refuse new inserts/statements (503) and wait for the running ones."""

@@ -28,7 +28,7 @@ def test_defaults_follow_the_contract(tmp_path: Path) -> None:
     assert cfg.replica == "r1"
     assert cfg.timezone == "UTC"
     assert cfg.zookeeper.hosts == "127.0.0.1:2181" and cfg.zookeeper.session_timeout_s == 30
-    assert (cfg.interserver.listen_host, cfg.interserver.port, cfg.interserver.host) == ("0.0.0.0", 9009,
+    assert (cfg.interserver.listen_host, cfg.interserver.port, cfg.interserver.host) == ("127.0.0.1", 9009,
                                                                                           "127.0.0.1")
     assert cfg.interserver.user is None and cfg.interserver.password is None
     assert (cfg.api.listen_host, cfg.api.port) == ("127.0.0.1", 8123)
