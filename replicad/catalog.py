@@ -24,6 +24,7 @@ from replicad.logging import get_logger
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.replication.fetcher import FetchCredentials
 from replicad.server.interserver import InterserverServer
+from replicad.server.tls import client_context
 from replicad.service import Statement, TableName, TableService
 from replicad.sql.ddl import TableDef, parse_create_table
 from replicad.storage.types import escape_for_file_name, unescape_for_file_name
@@ -286,13 +287,16 @@ class ReplicationEngine:
             user=ic.user,
             password=ic.password,
             max_parallel_sends=int(config.effective_settings().get("replicated_max_parallel_sends", 0)),
+            tls_files=(ic.tls_cert_file, ic.tls_key_file) if ic.tls_cert_file and ic.tls_key_file else None,
         )
+        # a CA file is one small read at start-up; without one, aiohttp checks peers with the system's CAs
+        peer_ssl = client_context(ic.tls_ca_file) if ic.tls_ca_file is not None else True
         env = ReplicaEnv(
             data_path=config.data_path,
             interserver=self.interserver,
             interserver_host=ic.host,
             tz=config.timezone,
-            credentials=FetchCredentials(ic.user, ic.password),
+            credentials=FetchCredentials(ic.user, ic.password, peer_ssl),
             activation_timeout_s=zk.session_timeout_s + 5.0,
         )
         self._catalog = ReplicaCatalog(

@@ -327,6 +327,7 @@ class TableReplica:
             queries_port=self.env.tcp_port,
             database=self.spec.name.database,
             table=self.spec.name.table,
+            scheme=self.env.interserver.scheme,
         )
         deadline = time.monotonic() + self.env.activation_timeout_s
         while True:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import shutil
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -104,6 +105,8 @@ class _ReplicaState:
 class FetchCredentials:
     user: str | None = None
     password: str | None = None
+    #: how peers' HTTPS answers are checked (True: the system's CAs; a context from interserver.tls_ca_file)
+    ssl: ssl.SSLContext | bool = True
 
     def headers(self) -> dict[str, str]:
         """``Authorization: Basic …`` when a user is configured (what 18.16 sends: its own credentials)."""
@@ -439,7 +442,8 @@ class PartFetcher:
         url = f"{address.base_url}/"
         sink = PartSink(tmp_dir, self.fsync)  # the directory is made while the request travels
         try:
-            async with self._http().post(url, params=params, headers=self.credentials.headers()) as resp:
+            async with self._http().post(url, params=params, headers=self.credentials.headers(),
+                                         ssl=self.credentials.ssl) as resp:
                 if resp.status == 429:
                     raise FetchError(
                         f"Too busy replica {address.host}:{address.replication_port} (429). Will try later.",

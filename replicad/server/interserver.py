@@ -42,6 +42,7 @@ from replicad.errors import BadPartNameError, CorruptedDataError
 from replicad.logging import get_logger
 from replicad.model.checksums import Checksums
 from replicad.model.part_info import PartInfo
+from replicad.server.tls import server_context
 from replicad.storage.part_transfer import (
     SEND_MAX_PROTOCOL_VERSION,
     build_part_body,
@@ -182,8 +183,10 @@ class InterserverServer:
         user: str | None = None,
         password: str | None = None,
         max_parallel_sends: int = 0,
+        tls_files: tuple[Path, Path] | None = None,
     ) -> None:
         self.host = host
+        self.tls_files = tls_files  # (certificate chain, key): serve HTTPS
         self.port = port
         self.user = user
         self.password = password
@@ -206,13 +209,22 @@ class InterserverServer:
 
     # --------------------------------------------------------------------------------------------- lifecycle
 
+    @property
+    def scheme(self) -> str:
+        """What peers must use, published in ``replicas/<r>/host``."""
+        return "https" if self.tls_files is not None else "http"
+
     async def start(self) -> None:
+        context = None
+        if self.tls_files is not None:
+            context = await asyncio.to_thread(server_context, *self.tls_files)
         self._server = await asyncio.start_server(
-            self._on_connection, self.host, self.port, reuse_address=True, limit=MAX_HEAD
+            self._on_connection, self.host, self.port, reuse_address=True, limit=MAX_HEAD, ssl=context
         )
         if self.port == 0:
             self.port = int(self._server.sockets[0].getsockname()[1])
-        log.info("interserver_listening", host=self.host, port=self.port)
+        log.info("interserver_listening", host=self.host, port=self.port, scheme=self.scheme,
+                 auth=self.user is not None)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting, let sends in flight finish for ``grace_s``, then cut them."""
