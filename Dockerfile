@@ -1,8 +1,14 @@
 # replicad container image.
 #   docker build -t replicad .
 #   docker run -e REPLICAD_REPLICA=r1 -e REPLICAD_ZOOKEEPER__HOSTS=zk1:2181,zk2:2181 \
-#              -e REPLICAD_INTERSERVER__HOST=<address peers reach> -v replicad-data:/var/lib/replicad replicad
+#              -e REPLICAD_INTERSERVER__HOST=<address peers reach> \
+#              -e REPLICAD_INTERSERVER__USER=replica -e REPLICAD_INTERSERVER__PASSWORD=<shared secret> \
+#              -e REPLICAD_API__USERS='[{name: writer, password_sha256_hex: "<sha256 of the password>"}]' \
+#              -v replicad-data:/var/lib/replicad replicad
 # The configuration is /etc/replicad/replicad.yaml (mount your own); REPLICAD_<SECTION>__<KEY> overrides it.
+# Both listeners bind 0.0.0.0 here (a container is reached from outside), so the daemon refuses to start
+# (exit 78, every problem listed) until API users and interserver credentials are given: there is no
+# open default.  `echo -n 'the password' | sha256sum` gives the hash.
 
 FROM python:3.11-slim AS build
 RUN apt-get update \

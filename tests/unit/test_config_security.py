@@ -4,10 +4,12 @@ an interserver listener beyond loopback without credentials, broken users and TL
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from replicad.config import ConfigError, build_config, exposure_problems, is_loopback
 
@@ -108,3 +110,30 @@ def test_tls_files_come_in_pairs_and_must_be_readable(tmp_path: Path) -> None:
     text = "\n".join(p)
     assert "api: tls_cert_file and tls_key_file must be given together" in text
     assert "interserver.tls_key_file" in text and "missing.pem" in text
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The REPLICAD_* defaults the image sets with ENV."""
+    text = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    env: dict[str, str] = {}
+    for m in re.finditer(r"^ENV\s+((?:.*\\\n)*.*)$", text, re.M):
+        for item in m.group(1).replace("\\\n", " ").split():
+            k, _, v = item.partition("=")
+            env[k] = v
+    return {k: v for k, v in env.items() if k.startswith("REPLICAD_")}
+
+
+def test_container_defaults_refuse_to_run_open(tmp_path: Path) -> None:
+    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "config" / "replicad.example.yaml")
+                             .read_text())
+    example["data_path"] = str(tmp_path / "data")
+    env = dockerfile_env()
+    assert env["REPLICAD_API__LISTEN_HOST"] == "0.0.0.0"  # a container is reached from outside
+    with pytest.raises(ConfigError) as e:
+        build_config(example, env)
+    text = "\n".join(e.value.problems)
+    assert "api.users" in text and "interserver.user and interserver.password" in text
+    env.update(REPLICAD_API__USERS=f"[{{name: writer, password_sha256_hex: '{H}'}}]",
+               REPLICAD_INTERSERVER__USER="replica", REPLICAD_INTERSERVER__PASSWORD="secret")
+    c = build_config(example, env)
+    assert c.api.users[0].name == "writer" and c.interserver.user == "replica"
