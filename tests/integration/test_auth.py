@@ -293,3 +293,36 @@ def test_daemon_refuses_to_start_exposed(tmp_path: Path, sections: dict[str, Any
     assert r.returncode == EX_CONFIG, r.stderr
     for text in expected:
         assert text in r.stderr, r.stderr
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_spark_writes_and_reads_with_credentials(users_daemon: Daemon) -> None:
+    from tests.support.spark import local_spark
+
+    d = users_daemon
+    sessions = local_spark("replicad-auth")
+    spark = next(sessions)
+    try:
+        from pyspark.sql import functions as F
+
+        df = spark.range(0, 1000, 1, 2).select(F.col("id").alias("k"), F.col("id").cast("string").alias("s"))
+
+        def write(**options: str) -> None:
+            w = df.write.format("replicad").mode("append").option("url", d.url).option("table", TABLE)
+            for k, v in options.items():
+                w = w.option(k, v)
+            w.save()
+
+        with pytest.raises(Exception, match="401"):
+            write()
+        with pytest.raises(Exception, match="403"):
+            write(user="reader", password="r-secret")
+        assert count(d) == 0
+        write(user="writer", password="w-secret")  # two-phase: staged inserts, commit, publish
+        assert count(d) == 1000
+        back = (spark.read.format("replicad").option("url", d.url).option("table", TABLE)
+                .option("user", "reader").option("password", "r-secret").load())
+        assert back.count() == 1000
+    finally:
+        sessions.close()
