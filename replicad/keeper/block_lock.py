@@ -24,6 +24,10 @@ from replicad.errors import KeeperError, KeeperMultiError, KeeperNodeExistsError
 from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Create, Delete, Op, Set
 from replicad.keeper.paths import TablePaths, sequence_number
+from replicad.logging import get_logger
+from replicad.model.part_info import is_valid_partition_id
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,3 +110,12 @@ class BlockNumberAllocator:
         if len(path) <= len(prefix):
             raise KeeperError(f"name of the sequential node {path!r} is shorter than its prefix")
         return BlockNumberLock(partition_id, sequence_number(path), path, holder_path)
+
+
+def valid_partitions(children: list[str]) -> list[str]:
+    """``block_numbers`` children that are partition IDs, sorted; anything else (left by a bug or a hand edit)
+    is skipped with a warning, so it cannot break mutations and TRUNCATE."""
+    bad = [c for c in children if not is_valid_partition_id(c)]
+    if bad:
+        log.warning("invalid_block_numbers_children_skipped", children=bad[:10])
+    return sorted(c for c in children if is_valid_partition_id(c))

@@ -153,8 +153,17 @@ class PartInfo:
         return cls(partition_id, 0, next_block - 1, MAX_LEVEL, mutation)
 
 
+_PARTITION_ID_RE = re.compile(rf"[A-Za-z0-9-]{{1,{MAX_PARTITION_ID_LENGTH}}}")
+
+
+def is_valid_partition_id(pid: object) -> bool:
+    """What a partition ID can be (digits, ``all``, hex hashes, ``-``-joined values): one part-name field, so
+    never ``_``, ``/``, whitespace or anything a ZooKeeper path or file name would read differently."""
+    return isinstance(pid, str) and _PARTITION_ID_RE.fullmatch(pid) is not None
+
+
 def _check_fields(pid: object, lo: object, hi: object, level: object, mutation: object) -> str:
-    if not isinstance(pid, str) or not re.fullmatch(rf"[A-Za-z0-9-]{{1,{MAX_PARTITION_ID_LENGTH}}}", pid):
+    if not is_valid_partition_id(pid):
         return "bad partition id"
     for v in (lo, hi, level, mutation):
         if not isinstance(v, int) or isinstance(v, bool):

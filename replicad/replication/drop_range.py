@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from replicad.errors import KeeperError, KeeperNoNodeError, KeeperNotEmptyError
-from replicad.keeper.block_lock import BlockNumberAllocator
+from replicad.keeper.block_lock import BlockNumberAllocator, valid_partitions
 from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Create, Set
 from replicad.keeper.paths import TablePaths, basename
@@ -147,7 +147,7 @@ class DropRanges:
     async def truncate(self) -> list[LogEntry]:
         """TRUNCATE: a DROP_RANGE in every partition that has block numbers."""
         entries: list[LogEntry] = []
-        for pid in sorted(await self.keeper.get_children(self.paths.block_numbers)):
+        for pid in valid_partitions(await self.keeper.get_children(self.paths.block_numbers)):
             entry = await self.drop_partition(pid)
             if entry is not None:
                 entries.append(entry)

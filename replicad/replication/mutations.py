@@ -33,7 +33,7 @@ from replicad.errors import (
     ReplicadError,
     ZnodeFormatError,
 )
-from replicad.keeper.block_lock import BlockNumberLock
+from replicad.keeper.block_lock import BlockNumberLock, valid_partitions
 from replicad.keeper.client import Keeper, WatchEvent
 from replicad.keeper.ops import Check, Create, Delete, Set
 from replicad.keeper.paths import TablePaths, basename, sequence_number
@@ -68,7 +68,7 @@ async def lock_all_partitions(keeper: Keeper, paths: TablePaths) -> list[BlockNu
     try:
         while True:
             partitions, stat = await keeper.get_children(paths.block_numbers, include_data=True)
-            partitions = sorted(partitions)
+            partitions = valid_partitions(partitions)
             while len(holders) < len(partitions):
                 holders.append(
                     await keeper.create(paths.abandonable_lock_prefix, b"", ephemeral=True, sequence=True)

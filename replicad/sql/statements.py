@@ -16,6 +16,7 @@ from typing import Literal as TypingLiteral
 import pyarrow as pa
 
 from replicad.errors import ReplicadError, SyntaxError_
+from replicad.model.part_info import is_valid_partition_id
 from replicad.model.partition import partition_id_at
 from replicad.sql.ddl import TableDef, parse_create_table_body
 from replicad.sql.expressions import Context, Expr
@@ -73,6 +74,9 @@ class PartitionSpec:
     def resolve(self, key_types: list[DataType], tz: str = "UTC") -> str:
         """The partition ID this spec names, for a table whose partition key has ``key_types``."""
         if self.id is not None:
+            if not is_valid_partition_id(self.id):
+                raise SyntaxError_(f"Invalid partition ID {self.id[:200]!r}: partition IDs are made of "
+                                   "letters, digits and '-'", code=INVALID_PARTITION_VALUE)
             return self.id
         values = self.fields
         if len(values) != len(key_types):
