@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -148,7 +149,9 @@ class ReplicaCatalog:
         return [self._tables[n] for n in sorted(self._tables)]
 
     async def create_table(self, statement: Statement) -> TableService:
-        return await self.create_from_ddl(statement.text, if_not_exists=statement.if_exists)
+        """CREATE TABLE from a client: as 18.16's CREATE (not ATTACH), a replica name that already exists in
+        ZooKeeper is refused (code 253), so a client cannot take over another replica's identity."""
+        return await self.create_from_ddl(statement.text, if_not_exists=statement.if_exists, new_replica=True)
 
     async def drop_table(self, statement: Statement) -> None:
         async with self._lock:
@@ -174,16 +177,23 @@ class ReplicaCatalog:
     # ------------------------------------------------------------------------------------------- creation
 
     async def create_from_ddl(
-        self, ddl: str, *, if_not_exists: bool = False, persist: bool = True
+        self, ddl: str, *, if_not_exists: bool = False, persist: bool = True, new_replica: bool = False
     ) -> TableReplica:
         table = parse_create_table(ddl)
         spec = spec_from_ddl(table, self.macros, self.replica, config_settings=self.settings)
+        check_names(spec.name, spec.zk_path, spec.replica_name)
         async with self._lock:
             existing = self._tables.get(spec.name)
             if existing is not None:
                 if if_not_exists or table.if_not_exists:
                     return existing
                 raise TableExistsError(f"Table {spec.name} already exists.")
+            if new_replica:
+                paths = TablePaths.create(spec.zk_path, spec.replica_name)
+                if await self.keeper.exists(paths.me.root) is not None:
+                    raise BadInputError(f"Replica {paths.me.root} already exists (another server's replica, "
+                                        "or one that was dropped locally: SYSTEM DROP REPLICA removes it)",
+                                        code=253)
             replica = TableReplica(spec, self.keeper, self.env, self.supervisor)
             path = self.ddl_path(spec.name)
             if persist:
@@ -348,3 +358,22 @@ class ReplicationEngine:
 
     async def close_keeper(self) -> None:
         await self.keeper.close()
+
+
+_ZK_COMPONENT = re.compile(r"[^\x00-\x1f\x7f/]{1,255}")
+MAX_NAME_BYTES = 200  # a database or table name as a file name (escaped), with room for ".sql" and "tmp_"
+
+
+def check_names(name: TableName, zk_path: str, replica: str) -> None:
+    """Refuse names that would break a file name or a ZooKeeper path, before anything is written."""
+    for what, value in (("database", name.database), ("table", name.table)):
+        if not value or "\x00" in value or len(escape_for_file_name(value).encode()) > MAX_NAME_BYTES:
+            raise BadInputError(f"Invalid {what} name {value[:100]!r}: empty, NUL, or longer than "
+                                f"{MAX_NAME_BYTES} bytes as a file name", code=36)
+    parts = zk_path.split("/")
+    if not zk_path.startswith("/") or len(zk_path) > 1000 or any(
+            not _ZK_COMPONENT.fullmatch(p) or p in (".", "..") for p in parts[1:]):
+        raise BadInputError(f"Invalid ZooKeeper path {zk_path[:200]!r}: it must be absolute, without empty, "
+                            "'.' or '..' components or control characters", code=36)
+    if not _ZK_COMPONENT.fullmatch(replica) or replica in (".", ".."):
+        raise BadInputError(f"Invalid replica name {replica[:100]!r}", code=36)

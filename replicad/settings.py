@@ -175,7 +175,10 @@ _DEFS: tuple[SettingDef, ...] = (
                since="20.x", check=_positive),
     # --- query-level settings (also accepted in the HTTP URL) --------------------------------------------
     SettingDef("max_insert_block_size", 1048576, Q, "rows per insert block (one block_id each)",
-               check=_positive),
+               check=lambda v: None if 0 < v <= 100_000_000 else "must be in 1..100000000"),
+    SettingDef("max_query_size", 262144, Q, "bytes of query text parsed (for INSERT: its first line, not the "
+               "data)",
+               check=lambda v: None if 0 < v <= 16 * 1024 * 1024 else "must be in 1..16777216"),
     SettingDef("insert_quorum", 0, Q, "replicas that must hold an insert before it succeeds (0 = off)",
                check=_non_negative),
     SettingDef("insert_quorum_timeout", 600000, Q, "quorum wait in milliseconds", check=_positive),

@@ -7,6 +7,7 @@ WHERE expression there; a part that turns out broken or vanished is handed to th
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 import pyarrow as pa
@@ -15,7 +16,7 @@ import pyarrow.compute as pc
 from replicad.errors import BadInputError, CorruptedDataError
 from replicad.replication.part_store import PartStore
 from replicad.service import QueryResult, SelectQuery
-from replicad.sql.expressions import compile_expression
+from replicad.sql.expressions import Expr, compile_expression
 from replicad.storage.reader import PartReader
 from replicad.storage.types import DataType, parse_type
 
@@ -61,7 +62,7 @@ class TableReader:
 
         Reading and filtering run in a worker thread; the active set is the one at the first batch."""
         types = self.types
-        expr = compile_expression(where) if where else None
+        expr = await compiled(where) if where else None
         virtual = [n for n in dict.fromkeys([*names, *(expr.columns if expr else [])]) if n in VIRTUAL_COLUMNS
                    and n not in self.stored]
         wanted = {n: types[n] for n in names if n not in virtual} or dict(self.columns[:1])  # (row counts)
@@ -112,14 +113,14 @@ class TableReader:
         tables = [t async for t in self.iter_rows(names, where)]
         return pa.concat_tables(tables) if tables else self.empty(names)
 
-    def _needed_columns(self, query: SelectQuery) -> list[str]:
+    async def _needed_columns(self, query: SelectQuery) -> list[str]:
         types = self.types
         out: list[str] = list(query.columns) if query.columns is not None else list(types)
         extra: list[str] = []
         if query.where:
-            extra += compile_expression(query.where).columns
+            extra += (await compiled(query.where)).columns
         for k in query.order_by:
-            extra += compile_expression(k.expression).columns
+            extra += (await compiled(k.expression)).columns
         for c in out + extra:
             if c not in types:
                 raise BadInputError(f"Missing columns: '{c}' while processing query", code=47)
@@ -127,7 +128,7 @@ class TableReader:
 
     async def select(self, query: SelectQuery) -> QueryResult:
         types = self.types
-        names = self._needed_columns(query)
+        names = await self._needed_columns(query)
         out_names = list(query.columns) if query.columns is not None else list(self.select_star)
         columns = [(n, types[n]) for n in out_names]
         if not query.order_by:
@@ -136,7 +137,7 @@ class TableReader:
         keys = []
         sort_keys = []
         for i, k in enumerate(query.order_by):
-            arr, _dt = compile_expression(k.expression).evaluate(table, types, self.tz)
+            arr, _dt = (await compiled(k.expression)).evaluate(table, types, self.tz)
             keys.append(arr)
             sort_keys.append((f"k{i}", "descending" if k.descending else "ascending", "at_end"))
         key_table = pa.table({f"k{i}": a for i, a in enumerate(keys)})
@@ -163,9 +164,21 @@ class TableReader:
     async def count(self, where: str | None) -> int:
         if not where:
             return sum(p.directory.rows for p in self.store.active())
-        expr = compile_expression(where)
+        expr = await compiled(where)
         names = list(dict.fromkeys(expr.columns)) or [self.columns[0][0]]
         total = 0
         async for t in self.iter_rows(names, where):
             total += t.num_rows
         return total
+
+
+#: expressions longer than this are compiled in a worker thread (parsing is pure Python: a WHERE with a long
+#: IN list takes seconds the event loop must not lose); shorter ones are compiled once and kept
+COMPILE_INLINE_CHARS = 4096
+_compile_cached = functools.lru_cache(maxsize=256)(compile_expression)
+
+
+async def compiled(text: str) -> Expr:
+    if len(text) <= COMPILE_INLINE_CHARS:
+        return _compile_cached(text)
+    return await asyncio.to_thread(compile_expression, text)

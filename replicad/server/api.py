@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from aiohttp import web
@@ -67,6 +67,7 @@ from replicad.tasks import Supervisor
 
 log = get_logger(__name__)
 MAX_QUERY_BYTES = 1 << 20  # a statement sent in the body (not counting INSERT data)
+MAX_URI_BYTES = 1 << 20  # ClickHouse's http_max_uri_size
 READONLY_CODE = 164  # READONLY: GET requests may only read
 NO_SUCH_COLUMN = 16
 ILLEGAL_COLUMN = 44
@@ -158,6 +159,12 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         _finish_query(request, metrics, failed=e.status >= 400)
         metrics.http_requests.labels(name, request.get(QUERY_KIND, ""), str(e.status)).inc()
         raise
+    except (RecursionError, OverflowError) as e:  # client input too deep or too large for a number: a 4xx
+        log.info("request_failed", path=request.path, error=f"{type(e).__name__}: {e}"[:300])
+        client_error = BadInputError(
+            "The query is nested too deeply" if isinstance(e, RecursionError)
+            else f"A value is out of range: {e}", code=306 if isinstance(e, RecursionError) else 69)
+        resp = error_response(client_error)
     except Exception as e:
         log.error("request_crashed", path=request.path, error=f"{type(e).__name__}: {e}", exc_info=True)
         resp = error_response(ReplicadError(f"{type(e).__name__}: {e}", code=1001))
@@ -254,6 +261,30 @@ async def _read_rest(content: Any, prefix: bytes) -> str:
     return buf.decode("utf-8", "replace")
 
 
+#: statements longer than this are parsed in a worker thread (parsing is pure Python: a long IN list takes
+#: seconds the event loop must not lose)
+PARSE_INLINE_BYTES = 4096
+_T = TypeVar("_T")
+
+
+async def _off_loop_if_long(text: str, fn: Callable[..., _T], *args: Any) -> _T:
+    if len(text) <= PARSE_INLINE_BYTES:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+def _check_query_size(text: str, given: Mapping[str, Any]) -> None:
+    """ClickHouse's ``max_query_size``: the statement (for INSERT, the text before the data) is refused when
+    longer, before it is parsed."""
+    limit = int(given.get("max_query_size", settings_table.SETTINGS["max_query_size"].default))
+    if _is_insert(text):
+        text = text.split("\n", 1)[0]
+    size = len(text.encode("utf-8", "replace")) if len(text) * 4 > limit else len(text)
+    if size > limit:
+        raise SyntaxError_(f"Max query size exceeded: the query is {size} bytes, max_query_size is {limit}",
+                           code=62)
+
+
 def _is_insert(text: str) -> bool:
     return text.lstrip()[:6].upper() == "INSERT"
 
@@ -280,7 +311,8 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
         extra = await _read_rest(request.content, b"")
         if extra.strip():
             text = text + "\n" + extra
-    r = resolve(text, params.get("database") or "default")
+    _check_query_size(text, given)
+    r = await _off_loop_if_long(text, resolve, text, params.get("database") or "default")
     auth.check_route(r)
     if request.method != "POST" and not isinstance(r, SelectRoute):
         raise BadInputError("Cannot execute a query that writes with a GET request: use POST",
@@ -426,7 +458,8 @@ async def _skip_rows(batches: AsyncIterator[pa.RecordBatch], n: int) -> AsyncIte
 async def _statement(state: ApiState, r: StatementRoute, text: str, given: Mapping[str, Any],
                      headers: dict[str, str]) -> web.Response:
     catalog = await state.require_catalog()
-    stmt = Statement(kind=r.kind, table=r.table, text=text, parsed=parse_full(text), if_exists=r.if_exists,
+    parsed = await _off_loop_if_long(text, parse_full, text)
+    stmt = Statement(kind=r.kind, table=r.table, text=text, parsed=parsed, if_exists=r.if_exists,
                      settings=dict(given))
     message = ""
     if r.kind is StatementKind.SYNC_REPLICA:
@@ -534,8 +567,10 @@ class ApiServer:
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
+        # ClickHouse's http_max_uri_size (1 MiB): a long SELECT in ?query= reaches the statement checks
+        # (max_query_size, answered in ClickHouse's error format) instead of aiohttp's 8 KiB line limit
         self._runner = web.AppRunner(create_app(self.state), access_log=None, handle_signals=False,
-                                     shutdown_timeout=5.0)
+                                     shutdown_timeout=5.0, max_line_size=MAX_URI_BYTES, max_field_size=65536)
         await self._runner.setup()
         api = self.state.config.api
         ssl_context = await asyncio.to_thread(tls.server_context, api.tls_cert_file, api.tls_key_file)

@@ -73,6 +73,9 @@ def parse_full(text: str) -> Any:
         return fn(text)
     except ReplicadError:
         raise
+    except RecursionError:
+        raise SyntaxError_("Syntax error: the query is nested too deeply (maximum parse depth exceeded)",
+                           code=167) from None
     except Exception as e:  # a bug in the full parser must not take down statements we can route
         log.warning("statement_parser_failed", error=f"{type(e).__name__}: {e}", sql=text[:200])
         return None

@@ -1,0 +1,117 @@
+"""Hostile statements against a real daemon: each gets a 4xx ``Code: N. DB::Exception`` (never a 500, never a
+machine path), writes nothing, and no single request stalls the event loop."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from scripts.run_cluster import Daemon
+from tests.support.replicad_daemon import ok, query, request, start_daemon
+from tests.support.zookeeper import ZooKeeperServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+TABLE = "db.h"
+DDL = ("CREATE TABLE IF NOT EXISTS db.h (d Date, k UInt64, s String) ENGINE = "
+       "ReplicatedMergeTree('/clickhouse/tables/01/h', '{replica}') PARTITION BY toYYYYMM(d) ORDER BY k")
+
+
+@pytest.fixture(scope="module")
+def daemon(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    base = tmp_path_factory.mktemp("hostile")
+    from tests.support.replicad_daemon import make_chroot
+
+    d = start_daemon(base, zookeeper, make_chroot(zookeeper, "hostile"), "r1", tables=[DDL], wait_table=TABLE)
+    ok(query(d.url, f"INSERT INTO {TABLE} FORMAT TSV", b"2024-01-01\t1\ta\n2024-01-02\t2\tb\n"))
+    try:
+        yield d
+    finally:
+        d.kill()
+
+
+def assert_client_error(r: object, code: int | None = None) -> None:
+    status, text = r.status, r.text  # type: ignore[attr-defined]
+    assert 400 <= status < 500, (status, text)
+    assert text.startswith("Code: ") and "DB::Exception" in text, text
+    assert "/tmp" not in text and "/work" not in text and "/var" not in text, text
+    if code is not None:
+        assert r.exception_code == code, text  # type: ignore[attr-defined]
+
+
+def test_a_huge_in_list_does_not_stall_the_event_loop(daemon: Daemon) -> None:
+    values = ",".join(str(i) for i in range(130_000))
+    sql = f"SELECT count() FROM {TABLE} WHERE k IN ({values})"  # 840 KB, seconds of parsing
+    refused = request(daemon.url, "/", sql.encode())
+    assert_client_error(refused, 62)  # over max_query_size (262144)
+    result: dict[str, object] = {}
+
+    def big() -> None:
+        result["r"] = request(daemon.url, "/?max_query_size=4000000", sql.encode(), timeout=240)
+
+    t = threading.Thread(target=big)
+    t.start()
+    time.sleep(0.5)  # parsing (seconds of pure Python) has begun
+    worst = 0.0
+    while t.is_alive() and worst < 30:
+        started = time.monotonic()
+        assert ok(request(daemon.url, "/ping", timeout=60)).text == "Ok.\n"
+        worst = max(worst, time.monotonic() - started)
+        time.sleep(0.05)
+    t.join(timeout=240)
+    assert ok(result["r"]).text == "2\n"  # type: ignore[arg-type]
+    assert worst < 3.0, f"/ping waited {worst:.1f}s while a long statement was parsed"
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT k FROM db.h WHERE " + "(" * 3000 + "k = 1" + ")" * 3000,
+    "SELECT k FROM db.h WHERE " + "NOT " * 3000 + "k = 1",
+    "SELECT k FROM db.h WHERE k = 99999999999999999999999999999999999999",
+    "SELECT k FROM db.h WHERE k = -99999999999999999999999999999999999999",
+    "SELECT k FROM db.h LIMIT 99999999999999999999999999",
+    "ALTER TABLE db.h DELETE WHERE k = 1e999999",
+    "SELECT k FROM db.h WHERE s = '" + "\\" * 7,
+])
+def test_malformed_or_oversized_statements_are_client_errors(daemon: Daemon, sql: str) -> None:
+    r = query(daemon.url, sql, post=True)
+    if r.status == 200:  # a value ClickHouse accepts too (e.g. a Float64 literal)
+        return
+    assert_client_error(r)
+    assert ok(query(daemon.url, f"SELECT count() FROM {TABLE}")).text == "2\n"
+
+
+def test_names_that_would_break_files_or_zookeeper_are_refused(daemon: Daemon) -> None:
+    long_name = "t" * 300
+    cases = [
+        f"CREATE TABLE db.{long_name} (k UInt64) ENGINE = ReplicatedMergeTree('/x/{{table}}', 'r') "
+        "ORDER BY k",
+        f"CREATE TABLE {long_name}.t (k UInt64) ENGINE = ReplicatedMergeTree('/x/y', 'r') ORDER BY k",
+        "CREATE TABLE db.a (k UInt64) ENGINE = ReplicatedMergeTree('x/relative', 'r') ORDER BY k",
+        "CREATE TABLE db.b (k UInt64) ENGINE = ReplicatedMergeTree('/x//y', 'r') ORDER BY k",
+        "CREATE TABLE db.c (k UInt64) ENGINE = ReplicatedMergeTree('/x/../y', 'r') ORDER BY k",
+        "CREATE TABLE db.d (k UInt64) ENGINE = ReplicatedMergeTree('/x/y', 'a/b') ORDER BY k",
+        "CREATE TABLE db.e (k UInt64) ENGINE = ReplicatedMergeTree('/x/y', '..') ORDER BY k",
+    ]
+    for sql in cases:
+        r = query(daemon.url, sql, post=True)
+        assert_client_error(r, 36)
+    assert all(len(name) < 250 for name in os.listdir(daemon.data_path / "metadata" / "db"))
+    tables = ok(request(daemon.url, "/status")).json()["tables"]
+    assert set(tables) <= {TABLE, "db.victim"}
+
+
+def test_create_table_cannot_take_over_an_existing_replica(daemon: Daemon) -> None:
+    """Another server's replica (here one registered in ZooKeeper and not active) keeps its identity: CREATE
+    TABLE naming it is refused with 253, as ClickHouse 18.16 refuses it, and its nodes are untouched."""
+    ok(query(daemon.url, "CREATE TABLE db.victim (k UInt64) ENGINE = "
+                         "ReplicatedMergeTree('/clickhouse/tables/01/victim', 'r1') ORDER BY k", post=True))
+    ok(query(daemon.url, "INSERT INTO db.victim FORMAT TSV", b"1\n"))
+    r = query(daemon.url, "CREATE TABLE db.thief (k UInt64) ENGINE = "
+                          "ReplicatedMergeTree('/clickhouse/tables/01/victim', 'r1') ORDER BY k", post=True)
+    assert_client_error(r, 253)
+    assert ok(query(daemon.url, "SELECT count() FROM db.victim")).text == "1\n"
+    assert request(daemon.url, "/tables/db.thief/parts").status == 404
