@@ -90,6 +90,8 @@ class UnknownInsertStatusError(ReplicadError):
 
 class QuorumError(ReplicadError):
     code = 286  # UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE / TOO_FEW_LIVE_REPLICAS family
+    http_status = 503  # the replica set cannot satisfy the quorum now: retry later (not a server fault)
+    retriable = True
 
 
 # --- ZooKeeper errors (translated from the client library in replicad/keeper/client.py) ---------------

@@ -273,6 +273,16 @@ async def _off_loop_if_long(text: str, fn: Callable[..., _T], *args: Any) -> _T:
     return await asyncio.to_thread(fn, *args)
 
 
+def _query_id(given: str | None) -> str:
+    """The client's ``query_id`` (echoed in ``X-ClickHouse-Query-Id``), or a fresh one.  Checked before
+    anything is done: a control character would break the answer's headers after an insert committed."""
+    if not given:
+        return str(uuid.uuid4())
+    if len(given) > 256 or any(ord(c) < 32 or ord(c) == 127 for c in given):
+        raise BadInputError("Invalid query_id: at most 256 characters, no control characters", code=36)
+    return given
+
+
 def _check_query_size(text: str, given: Mapping[str, Any]) -> None:
     """ClickHouse's ``max_query_size``: the statement (for INSERT, the text before the data) is refused when
     longer, before it is parsed."""
@@ -296,7 +306,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
     state: ApiState = request.app[STATE]
     params = request.query
     given = url_settings(params)
-    query_id = params.get("query_id") or str(uuid.uuid4())
+    query_id = _query_id(params.get("query_id"))
     prefix = b""
     text = params.get("query")
     has_body = request.method == "POST" and request.can_read_body

@@ -72,6 +72,10 @@ class Metrics:
         self.zookeeper_duration = Histogram(
             "replicad_zookeeper_request_duration_seconds", "ZooKeeper request time (sent → answered)",
             ["request"], registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2, 10))
+        self.loop_lag = Histogram("replicad_event_loop_lag_seconds",
+                                  "how late the event loop woke a 50 ms sleep", registry=r,
+                                  buckets=(0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 1, 5))
+        self.loop_stalls = Counter("replicad_event_loop_stalls", "event loop lags over 100 ms", registry=r)
         #: ClickHouse's ProfileEvents of the API (queries, inserted rows …)
         self.events = clickhouse_metrics.ApiEvents()
         self.inserted_rows = Counter("replicad_inserted_rows", "rows inserted through the API",
@@ -92,6 +96,11 @@ class Metrics:
         """Tell the scrape-time collector where replica state lives."""
         self._state.catalog = catalog
         self._state.supervisor = supervisor
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        self.loop_lag.observe(seconds)
+        if seconds > 0.1:
+            self.loop_stalls.inc()
 
     def observe_zookeeper(self, request: str, seconds: float) -> None:
         self.zookeeper_duration.labels(request).observe(seconds)

@@ -115,3 +115,13 @@ def test_create_table_cannot_take_over_an_existing_replica(daemon: Daemon) -> No
     assert_client_error(r, 253)
     assert ok(query(daemon.url, "SELECT count() FROM db.victim")).text == "1\n"
     assert request(daemon.url, "/tables/db.thief/parts").status == 404
+
+
+def test_a_control_character_in_query_id_is_refused_before_the_insert(daemon: Daemon) -> None:
+    """Found by the fuzzer: the query id is echoed in a response header; a control character there broke the
+    answer after the insert had committed (the client saw a dropped connection for a written insert)."""
+    before = ok(query(daemon.url, f"SELECT count() FROM {TABLE}")).text
+    r = query(daemon.url, f"INSERT INTO {TABLE} FORMAT TSV", b"2024-03-01\t9\tz\n", query_id="a\x1fb")
+    assert_client_error(r, 36)
+    assert ok(query(daemon.url, f"SELECT count() FROM {TABLE}")).text == before
+

@@ -160,7 +160,7 @@ async def test_readonly_too_many_parts_and_quorum(api: Api) -> None:
     assert status == 429 and headers["Retry-After"] == "1" and error(body)[0] == 252
     api.table.fail_insert = QuorumError("Number of alive replicas (1) is less than requested quorum (2)")
     status, _, body = await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
-    assert status == 500 and error(body)[0] == 286
+    assert status == 503 and error(body)[0] == 286  # the replica set cannot satisfy it now: retriable
     metrics = (await api.get("/metrics"))[2].decode()
     assert 'replicad_insert_errors_total{code="252",table="db.events"} 1.0' in metrics
 
