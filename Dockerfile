@@ -5,7 +5,12 @@
 #              -e REPLICAD_INTERSERVER__USER=replica -e REPLICAD_INTERSERVER__PASSWORD=<shared secret> \
 #              -e REPLICAD_API__USERS='[{name: writer, password_sha256_hex: "<sha256 of the password>"}]' \
 #              -v replicad-data:/var/lib/replicad replicad
-# The configuration is /etc/replicad/replicad.yaml (mount your own); REPLICAD_<SECTION>__<KEY> overrides it.
+#              --stop-timeout 60 \
+# The configuration is /etc/replicad/replicad.yaml (config/docker/replicad.yaml: no replica name and no tables
+# of its own; mount your own file or set REPLICAD_REPLICA, REPLICAD_TABLES …); REPLICAD_<SECTION>__<KEY>
+# overrides it. A replica without REPLICAD_REPLICA refuses to start (exit 78).
+# Stop grace: a stop drains inserts for up to api.drain_timeout_s (30 s) and then leaves ZooKeeper in order;
+# Docker's default grace is 10 s, so give `--stop-timeout 60` (compose: stop_grace_period: 60s).
 # Both listeners bind 0.0.0.0 here (a container is reached from outside), so the daemon refuses to start
 # (exit 78, every problem listed) until API users and interserver credentials are given: there is no
 # open default.  `echo -n 'the password' | sha256sum` gives the hash.
@@ -25,7 +30,7 @@ RUN useradd --system --home-dir /var/lib/replicad --shell /usr/sbin/nologin repl
  && chown replicad:replicad /var/lib/replicad
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
-COPY config/replicad.example.yaml /etc/replicad/replicad.yaml
+COPY config/docker/replicad.yaml /etc/replicad/replicad.yaml
 ENV PYTHONUNBUFFERED=1 \
     REPLICAD_API__LISTEN_HOST=0.0.0.0 \
     REPLICAD_INTERSERVER__LISTEN_HOST=0.0.0.0
@@ -34,5 +39,6 @@ VOLUME /var/lib/replicad
 EXPOSE 8123 9009
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \
   CMD ["python", "-c", "import sys, urllib.request; r = urllib.request.urlopen('http://127.0.0.1:8123/ping', timeout=2); sys.exit(0 if r.status == 200 else 1)"]
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["replicad"]
 CMD ["run", "--config", "/etc/replicad/replicad.yaml"]

@@ -55,7 +55,11 @@ def cmd_check_config(path: str) -> int:
     cfg = _load(path)
     if cfg is None:
         return EX_CONFIG
+    from replicad.config import config_warnings
+
     print(f"{path}: ok")
+    for w in config_warnings(cfg):
+        print(f"  warning: {w}")
     print(f"  replica      {cfg.replica}")
     print(f"  data_path    {cfg.data_path.absolute()}")
     print(f"  zookeeper    {cfg.zookeeper.hosts}")

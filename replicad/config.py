@@ -406,6 +406,24 @@ def _check_listeners(data: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def config_warnings(cfg: Config) -> list[str]:
+    """Things that are allowed but almost certainly wrong outside a one-host test (check-config prints them,
+    the daemon logs them at start)."""
+    out = []
+    zk_remote = [h for h, _p in cfg.zookeeper.host_list if not is_loopback(h)]
+    if is_loopback(cfg.interserver.host) and zk_remote:
+        out.append(f"interserver.host is {cfg.interserver.host} while ZooKeeper is on {zk_remote[0]}: "
+                   "replicas on other hosts would fetch parts from their own loopback; set it to an address "
+                   "they reach")
+    if not is_loopback(cfg.api.listen_host) and not cfg.api.tls_cert_file:
+        out.append(f"api.listen_host is {cfg.api.listen_host} without TLS: passwords travel in clear text "
+                   "(api.tls_cert_file / tls_key_file)")
+    if not is_loopback(cfg.interserver.listen_host) and not cfg.interserver.tls_cert_file:
+        out.append(f"interserver.listen_host is {cfg.interserver.listen_host} without TLS: the interserver "
+                   "password and the parts travel in clear text")
+    return out
+
+
 def is_loopback(host: str) -> bool:
     """Whether binding ``host`` only accepts connections from this machine (names other than localhost
     count as exposed: what they resolve to can change)."""

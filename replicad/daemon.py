@@ -36,6 +36,7 @@ from replicad.config import (
     RESTART_REQUIRED,
     Config,
     ConfigError,
+    config_warnings,
     exposure_problems,
     load_config,
     restart_required,
@@ -154,6 +155,8 @@ class Daemon:
         cfg = self.config
         log.info("daemon_starting", replica=cfg.replica, version=version(), data_path=str(cfg.data_path),
                  zookeeper=cfg.zookeeper.hosts, api_port=cfg.api.port, interserver_port=cfg.interserver.port)
+        for warning in config_warnings(cfg):
+            log.warning("config_warning", warning=warning)
         self._start_watchdog()
         self.notifier.status("starting: API")
         await self.api.start()

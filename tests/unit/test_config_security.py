@@ -123,17 +123,33 @@ def dockerfile_env() -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("REPLICAD_")}
 
 
-def test_container_defaults_refuse_to_run_open(tmp_path: Path) -> None:
-    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "config" / "replicad.example.yaml")
-                             .read_text())
-    example["data_path"] = str(tmp_path / "data")
+def test_container_defaults_refuse_to_run_open_and_carry_no_identity(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    assert "COPY config/docker/replicad.yaml /etc/replicad/replicad.yaml" in (repo / "Dockerfile").read_text()
+    image = yaml.safe_load((repo / "config" / "docker" / "replicad.yaml").read_text())
+    assert "replica" not in image and not image.get("tables")  # no baked-in identity or demo table
+    image["data_path"] = str(tmp_path / "data")
     env = dockerfile_env()
     assert env["REPLICAD_API__LISTEN_HOST"] == "0.0.0.0"  # a container is reached from outside
     with pytest.raises(ConfigError) as e:
-        build_config(example, env)
+        build_config(image, env)
     text = "\n".join(e.value.problems)
     assert "api.users" in text and "interserver.user and interserver.password" in text
+    assert "replica" in text  # the name must be given
     env.update(REPLICAD_API__USERS=f"[{{name: writer, password_sha256_hex: '{H}'}}]",
-               REPLICAD_INTERSERVER__USER="replica", REPLICAD_INTERSERVER__PASSWORD="secret")
-    c = build_config(example, env)
-    assert c.api.users[0].name == "writer" and c.interserver.user == "replica"
+               REPLICAD_INTERSERVER__USER="replica", REPLICAD_INTERSERVER__PASSWORD="secret",
+               REPLICAD_REPLICA="r7")
+    c = build_config(image, env)
+    assert c.api.users[0].name == "writer" and c.interserver.user == "replica" and c.replica == "r7"
+
+
+def test_check_config_warns_about_a_loopback_interserver_host_with_a_remote_zookeeper(tmp_path: Path) -> None:
+    from replicad.config import config_warnings
+
+    base = {"replica": "r1", "data_path": str(tmp_path)}
+    assert config_warnings(build_config(base, {})) == []  # everything on loopback: a test or a demo
+    remote = build_config({**base, "zookeeper": {"hosts": "10.0.0.5:2181"}}, {})
+    assert any("interserver.host is 127.0.0.1" in w for w in config_warnings(remote))
+    fixed = build_config({**base, "zookeeper": {"hosts": "10.0.0.5:2181"},
+                          "interserver": {"host": "10.0.0.7"}}, {})
+    assert config_warnings(fixed) == []
