@@ -443,7 +443,8 @@ class TableReplica:
             return InsertSummary(written_rows=s.rows, written_parts=s.parts,
                                  deduplicated_blocks=int(s.deduplicated), staged_on=self.spec.replica_name)
         ctx = InsertContext(
-            deduplicate=settings.insert_deduplicate, token=settings.insert_deduplication_token
+            deduplicate=settings.insert_deduplicate, token=settings.insert_deduplication_token,
+            max_partitions=settings.max_partitions_per_insert_block,
         )
         quorum_timeout_s = settings.insert_quorum_timeout_ms / 1000.0
         rows = parts = dedup = nbytes = 0

@@ -84,6 +84,7 @@ class InsertSettings:
     insert_deduplicate: bool = True
     insert_deduplication_token: str | None = None
     max_insert_block_size: int = 1048576
+    max_partitions_per_insert_block: int = 100  # 0 = no limit
     query_id: str = ""
     #: a two-phase write's staged insert (``replicad_stage_*`` URL settings): staged, not published
     stage: StageId | None = None

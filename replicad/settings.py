@@ -176,6 +176,9 @@ _DEFS: tuple[SettingDef, ...] = (
     # --- query-level settings (also accepted in the HTTP URL) --------------------------------------------
     SettingDef("max_insert_block_size", 1048576, Q, "rows per insert block (one block_id each)",
                check=lambda v: None if 0 < v <= 100_000_000 else "must be in 1..100000000"),
+    SettingDef("max_partitions_per_insert_block", 100, Q,
+               "partitions one insert block may touch (0 = no limit)",
+               check=_non_negative),
     SettingDef("max_query_size", 262144, Q, "bytes of query text parsed (for INSERT: its first line, not the "
                "data)",
                check=lambda v: None if 0 < v <= 16 * 1024 * 1024 else "must be in 1..16777216"),

@@ -18,6 +18,7 @@ from functools import cached_property
 
 import pyarrow as pa
 
+from replicad.errors import BadInputError
 from replicad.model.block_id import block_id_from_checksums, block_id_from_token, block_token
 from replicad.model.checksums import Checksums
 from replicad.model.partition import PartitionKey, split_by_partition
@@ -102,6 +103,9 @@ class InsertContext:
     token: str | None = None
     ordinal: int = 0
     parts: list[TempPart] = field(default_factory=list)
+    #: ``max_partitions_per_insert_block`` (0 = no limit): a block touching more is refused before any part
+    #: of it is written
+    max_partitions: int = 0
 
 
 def column_defaults(columns_text: str) -> tuple[tuple[str, str, str], ...]:
@@ -187,6 +191,10 @@ async def write_block(
         defaults=schema.column_defaults,
     )
     blocks = await asyncio.to_thread(split_block, prepared, schema)
+    if ctx.max_partitions and len(blocks) > ctx.max_partitions:
+        raise BadInputError(f"Too many partitions for single INSERT block (more than {ctx.max_partitions}). "
+                            "The limit is the max_partitions_per_insert_block setting: partition by a coarse "
+                            "key (a month), not a fine-grained one", code=252)
     out: list[TempPart] = []
     for block in blocks:
         written = await asyncio.to_thread(write_temp_part, block, schema, layout, settings)

@@ -229,6 +229,7 @@ def insert_settings(config: Config, given: Mapping[str, int | float | str], quer
         insert_deduplicate=bool(int(get("insert_deduplicate"))),
         insert_deduplication_token=str(token) if token else None,
         max_insert_block_size=int(get("max_insert_block_size")),
+        max_partitions_per_insert_block=int(get("max_partitions_per_insert_block")),
         query_id=query_id,
         stage=stage,
     )

@@ -125,3 +125,15 @@ def test_a_control_character_in_query_id_is_refused_before_the_insert(daemon: Da
     assert_client_error(r, 36)
     assert ok(query(daemon.url, f"SELECT count() FROM {TABLE}")).text == before
 
+
+
+def test_an_insert_block_over_max_partitions_per_insert_block_writes_nothing(daemon: Daemon) -> None:
+    before = ok(query(daemon.url, f"SELECT count() FROM {TABLE}")).text
+    body = "".join(f"{2000 + m // 12}-{m % 12 + 1:02d}-01\t{100 + m}\tp\n" for m in range(150)).encode()
+    r = query(daemon.url, f"INSERT INTO {TABLE} FORMAT TSV", body)  # 150 months in one block
+    assert_client_error(r, 252)
+    assert ok(query(daemon.url, f"SELECT count() FROM {TABLE}")).text == before
+    parts = daemon.data_path / "data" / "db" / "h"
+    assert not [p for p in parts.iterdir() if p.name.startswith("tmp")]
+    ok(query(daemon.url, f"INSERT INTO {TABLE} FORMAT TSV", body, max_partitions_per_insert_block=0))
+    assert int(ok(query(daemon.url, f"SELECT count() FROM {TABLE}")).text) == int(before) + 150
