@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -157,6 +158,9 @@ class Daemon:
                  zookeeper=cfg.zookeeper.hosts, api_port=cfg.api.port, interserver_port=cfg.interserver.port)
         for warning in config_warnings(cfg):
             log.warning("config_warning", warning=warning)
+        removed = await asyncio.to_thread(remove_stale_spool_files, cfg.tmp_path)
+        if removed:
+            log.info("stale_spool_files_removed", files=removed)
         self._start_watchdog()
         self.notifier.status("starting: API")
         await self.api.start()
@@ -303,3 +307,18 @@ def run_daemon(config: Config, config_path: str | Path | None = None,
     except ImportError:  # optional speed-up
         return asyncio.run(Daemon(config, config_path=config_path, engine_factory=engine_factory).run())
     return uvloop.run(Daemon(config, config_path=config_path, engine_factory=engine_factory).run())
+
+
+def remove_stale_spool_files(tmp_path: Path) -> int:
+    """Remove the insert spool files (``data_path/tmp/replicad-insert-*``) a crash left behind."""
+    removed = 0
+    try:
+        entries = list(os.scandir(tmp_path))
+    except FileNotFoundError:
+        return 0
+    for e in entries:
+        if e.name.startswith("replicad-insert-") and e.is_file(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.unlink(e.path)
+                removed += 1
+    return removed

@@ -11,8 +11,10 @@ the introspection rows (``system.replicas`` / ``system.parts``) come from :mod:`
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -469,6 +471,13 @@ class TableReplica:
                     else:
                         parts += 1
                         rows += tp.rows
+        except BaseException:
+            # parts written but not committed (a later part of the block failed): never left behind.  A part
+            # that got as far as the commit was renamed away from its tmp path, so this removes only those.
+            leftovers = [tp.path for tp in ctx.parts if tp.path.exists()]
+            if leftovers:
+                await asyncio.to_thread(_remove_dirs, leftovers)
+            raise
         finally:
             self._inserts_in_flight -= 1
         return InsertSummary(
@@ -587,3 +596,8 @@ def create_engine(config: Config, supervisor: Supervisor, metrics: object) -> En
     from replicad.catalog import ReplicationEngine
 
     return ReplicationEngine(config, supervisor, metrics)
+
+
+def _remove_dirs(paths: list[Path]) -> None:
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)

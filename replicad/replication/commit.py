@@ -119,7 +119,11 @@ class PartCommitter:
         once the quorum is reached (UnknownInsertStatusError on timeout).  ``markers``: nodes the multi also
         creates (a staged part's "published" marker); one that exists already makes the part a duplicate."""
         block_id = part.block_id
-        lock = await self.allocator.allocate(self.keeper, part.partition_id, block_id or None)
+        try:
+            lock = await self.allocator.allocate(self.keeper, part.partition_id, block_id or None)
+        except BaseException:  # no block number (ZooKeeper gone, …): the written part must not stay behind
+            await _remove_tmp(part.path)
+            raise
         if lock is None:
             log.info("block_deduplicated", block_id=block_id, stage="precheck")
             await _remove_tmp(part.path)

@@ -153,3 +153,15 @@ def test_check_config_warns_about_a_loopback_interserver_host_with_a_remote_zook
     fixed = build_config({**base, "zookeeper": {"hosts": "10.0.0.5:2181"},
                           "interserver": {"host": "10.0.0.7"}}, {})
     assert config_warnings(fixed) == []
+
+
+def test_stale_spool_files_are_removed_at_start(tmp_path: Path) -> None:
+    from replicad.daemon import remove_stale_spool_files
+
+    spool = tmp_path / "tmp"
+    spool.mkdir()
+    (spool / "replicad-insert-abc.parquet").write_bytes(b"x")
+    (spool / "someone-else").write_bytes(b"keep")
+    assert remove_stale_spool_files(spool) == 1
+    assert [p.name for p in spool.iterdir()] == ["someone-else"]
+    assert remove_stale_spool_files(tmp_path / "missing") == 0

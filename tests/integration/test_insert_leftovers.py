@@ -1,0 +1,37 @@
+"""An insert that fails half-way leaves no temporary part directory behind (real ZooKeeper, in-process
+replica): the block number cannot be allocated for the second of three partitions."""
+
+from __future__ import annotations
+
+import pytest
+
+from replicad.errors import KeeperConnectionLossError
+from tests.support.table_cluster import Cluster, rows, sorted_rows
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+async def test_allocation_failure_mid_block_leaves_no_tmp_directories(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    r1 = await cluster.start("r1")
+    allocator = r1.committer.allocator
+    real = allocator.allocate
+    calls = 0
+
+    async def flaky(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise KeeperConnectionLossError("injected: no block number")
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(allocator, "allocate", flaky)
+    table = rows(range(0, 10), month=9)
+    for month in (10, 11):
+        more = rows(range(month * 100, month * 100 + 10), month=month)
+        table = table.__class__.from_batches([*table.to_batches(), *more.to_batches()])
+    with pytest.raises(KeeperConnectionLossError):
+        await r1.insert_table(table)
+    leftovers = [p.name for p in r1.layout.path.iterdir() if p.name.startswith("tmp")]
+    assert leftovers == []
+    assert len(await sorted_rows(r1)) == 10  # the first partition's part was committed, as in ClickHouse
