@@ -64,6 +64,7 @@ from replicad.service import (
     TableName,
 )
 from replicad.storage.layout import TableDataLayout
+from replicad.storage.part import columns_text as part_columns_text
 from replicad.storage.staging_area import StagingArea
 from replicad.storage.types import DataType
 from replicad.storage.writer import WriterSettings
@@ -148,6 +149,7 @@ class TableReplica:
             credentials=env.credentials,
             min_bytes_to_fsync=fsync_fetched,
         )
+        self.fetcher.part_columns_text = part_columns_text(spec.columns)
         self.puller = LogPuller(
             keeper,
             self.paths,

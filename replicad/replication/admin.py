@@ -34,7 +34,7 @@ from replicad.model.log_entry import LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.replication.commit import TempPart
 from replicad.service import ExecuteResult, Statement, StatementKind
-from replicad.storage.part import PartDirectory
+from replicad.storage.part import PartDirectory, columns_text
 
 if TYPE_CHECKING:
     from replicad.replica import TableReplica
@@ -138,7 +138,7 @@ class TableAdmin:
         tmp = r.layout.tmp_path(TMP_ATTACH, name)
         await asyncio.to_thread(os.rename, src, tmp)
         try:
-            directory = await asyncio.to_thread(_check_detached, tmp, name, r.spec.columns_text)
+            directory = await asyncio.to_thread(_check_detached, tmp, name, columns_text(r.spec.columns))
             temp = TempPart(path=tmp, partition_id=info.partition_id, rows=directory.rows,
                             checksums=directory.checksums, columns_text=directory.columns_text, block_id="")
             result = await r.committer.commit(temp)

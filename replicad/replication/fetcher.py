@@ -149,6 +149,8 @@ class PartFetcher:
         self.paths = paths
         self.store = store
         self.table_columns_text = table_columns_text
+        #: the columns.txt every part of the table has (set by the replica; None: not checked)
+        self.part_columns_text: str | None = None
         self.columns_version = columns_version
         self.credentials = credentials or FetchCredentials()
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s, sock_read=300)
@@ -401,6 +403,11 @@ class PartFetcher:
         try:
             if columns_text is None:
                 columns_text = (await asyncio.to_thread((tmp_dir / "columns.txt").read_bytes)).decode()
+            if self.part_columns_text is not None and columns_text != self.part_columns_text:
+                # a part with other columns would skip the comparison with the replicas' checksums (those are
+                # compared only between parts of the same columns): refused, whoever sent it
+                raise CorruptedDataError(f"Part {part_name} has other columns than the table: its "
+                                         f"columns.txt is {columns_text[:300]!r}")
             seen = await (state if state is not None else self._read_replica_state(part_name))
             absent = self._compare(seen, part_name, columns_text, checksums)
         except BaseException:

@@ -35,3 +35,25 @@ async def test_allocation_failure_mid_block_leaves_no_tmp_directories(
     leftovers = [p.name for p in r1.layout.path.iterdir() if p.name.startswith("tmp")]
     assert leftovers == []
     assert len(await sorted_rows(r1)) == 10  # the first partition's part was committed, as in ClickHouse
+
+
+async def test_a_fetched_part_with_other_columns_is_refused(cluster: Cluster) -> None:
+    """A part whose columns.txt is not the table's would skip the checksum comparison with the replicas
+    (ClickHouse compares only parts of equal columns): the fetch refuses it and leaves nothing behind.
+    (Here the receiver's idea of the table differs, which is the same check as a sender that changed it.)"""
+    import asyncio
+
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    good = r2.fetcher.part_columns_text
+    assert good is not None and good.startswith("columns format version: 1\n")
+    r2.fetcher.part_columns_text = good.replace("`v` UInt32", "`v` UInt64", 1)
+    await r1.insert_table(rows(range(0, 10), month=9))
+    await asyncio.sleep(3.0)
+    assert await sorted_rows(r2) == []
+    assert [p.name for p in r2.layout.path.iterdir() if p.name.startswith("tmp")] == []
+    failures = [q for q in r2.queue_rows() if "other columns than the table" in str(q.get("last_exception"))]
+    assert failures, r2.queue_rows()
+    r2.fetcher.part_columns_text = good
+    await r2.sync_replica(60)
+    assert len(await sorted_rows(r2)) == 10
