@@ -214,6 +214,7 @@ HTTP_PARAMETERS: frozenset[str] = frozenset({
     "send_progress_in_http_headers", "http_headers_progress_interval_ms", "enable_http_compression",
     "add_http_cors_header", "output_format_json_quote_64bit_integers", "date_time_input_format",
     "max_execution_time", "readonly",
+    "client_protocol_version",  # clickhouse-connect's probe; replicad answers Native as protocol 0
 })
 
 

@@ -40,12 +40,12 @@ from replicad.errors import (
 from replicad.logging import get_logger
 from replicad.memory import RELEASE_AFTER_BYTES, release_unused_memory
 from replicad.model.staged_job import StageId
-from replicad.server import auth, fault_injection, staging_api, tls
+from replicad.server import auth, fault_injection, http_body, staging_api, system_queries, tls
 from replicad.server import status as status_mod
 from replicad.server.formats import InputSpec, parse_body
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from replicad.server.metrics import Metrics
-from replicad.server.output_formats import content_type, render
+from replicad.server.output_formats import content_type
 from replicad.server.routing import (
     InsertRoute,
     SelectRoute,
@@ -314,21 +314,28 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
     if text is None:
         if not has_body:
             raise SyntaxError_("Empty query", code=62)
-        text, prefix = await _read_first_line(request.content)
+        text, prefix = await _read_first_line(http_body.request_body(request))
         if not _is_insert(text):
-            text = text + "\n" + await _read_rest(request.content, prefix)
+            text = text + "\n" + await _read_rest(http_body.request_body(request), prefix)
             prefix = b""
     elif has_body and not _is_insert(text):
-        extra = await _read_rest(request.content, b"")
+        extra = await _read_rest(http_body.request_body(request), b"")
         if extra.strip():
             text = text + "\n" + extra
     _check_query_size(text, given)
+    headers = {"X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Server-Display-Name": state.config.replica}
+    system = await system_queries.answer(text, system_queries.ServerContext(
+        state.config, params.get("database") or "default", state.started_at), state.require_catalog)
+    if system is not None:  # version(), system.settings, DESCRIBE …: what clients ask about the server
+        _start_query(request, state.metrics, "select")
+        fmt = system.format or params.get("default_format") or "TabSeparated"
+        return await http_body.send_result(request, system.result, fmt, headers, state.config.timezone,
+                                           content_type(fmt), text)
     r = await _off_loop_if_long(text, resolve, text, params.get("database") or "default")
     auth.check_route(r)
     if request.method != "POST" and not isinstance(r, SelectRoute):
         raise BadInputError("Cannot execute a query that writes with a GET request: use POST",
                             code=READONLY_CODE)
-    headers = {"X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Server-Display-Name": state.config.replica}
     _start_query(request, state.metrics, "insert" if isinstance(r, InsertRoute) else
                  "select" if isinstance(r, SelectRoute) else r.kind.value)
     if isinstance(r, InsertRoute):
@@ -358,7 +365,7 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
             block_rows=settings.max_insert_block_size, tz=cfg.timezone,
             skip_unknown_fields=bool(int(given.get("input_format_skip_unknown_fields", 0))),
             csv_delimiter=str(given.get("format_csv_delimiter", ",")), spool_dir=_spool_dir(cfg))
-        parsed = await parse_body(request.content, spec, limit, prefix)
+        parsed = await parse_body(http_body.request_body(request), spec, limit, prefix)
         name = str(table.name)
         try:
             summary = await table.insert(parsed.batches, parsed.columns, settings)
@@ -440,20 +447,8 @@ async def _select(request: web.Request, state: ApiState, r: SelectRoute, params:
             result = await table.select(r.query)
             if r.offset:
                 result = QueryResult(result.columns, _skip_rows(result.batches, r.offset))
-    chunks = render(result, fmt, state.config.timezone)
-    first = await anext(chunks, None)  # errors before any output still get a proper status code
-    resp = web.StreamResponse(headers={**headers, "X-ClickHouse-Format": fmt, "Content-Type": ctype})
-    await resp.prepare(request)
-    try:
-        if first:
-            await resp.write(first)
-        async for chunk in chunks:
-            await resp.write(chunk)
-    except ReplicadError as e:  # headers are gone: like ClickHouse, append the exception to the body
-        log.warning("select_failed_midway", query=r.query.text[:200], error=str(e))
-        await resp.write(error_text(e).encode())
-    await resp.write_eof()
-    return resp
+    return await http_body.send_result(request, result, fmt, headers, state.config.timezone, ctype,
+                                       r.query.text)
 
 
 async def _skip_rows(batches: AsyncIterator[pa.RecordBatch], n: int) -> AsyncIterator[pa.RecordBatch]:

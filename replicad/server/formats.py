@@ -47,7 +47,7 @@ __all__ = ["INPUT_FORMATS", "BodySource", "InputSpec", "ParsedBody", "SyncBody",
 
 _ALIASES = {"TSV": "TabSeparated", "TSVWithNames": "TabSeparatedWithNames"}
 INPUT_FORMATS = frozenset({"JSONEachRow", "TabSeparated", "TSV", "TabSeparatedWithNames", "TSVWithNames",
-                           "CSV", "CSVWithNames", "ArrowStream", "Parquet"})
+                           "CSV", "CSVWithNames", "ArrowStream", "Parquet", "Native", "Arrow"})
 UNKNOWN_FORMAT = 73
 INCORRECT_DATA = 117
 NO_SUCH_COLUMN = 16
@@ -538,6 +538,18 @@ def _parquet(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
             os.unlink(path)
 
 
+def _native(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
+    from replicad.server.native_format import parse_native  # imports this module
+
+    return parse_native(body, spec)
+
+
+def _arrow_file(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
+    from replicad.server.arrow_file import parse_arrow_file  # imports this module
+
+    return parse_arrow_file(body, spec)
+
+
 _PARSERS = {
     "TabSeparated": _tsv,
     "TabSeparatedWithNames": _tsv_with_names,
@@ -546,4 +558,6 @@ _PARSERS = {
     "JSONEachRow": _json,
     "ArrowStream": _arrow_stream,
     "Parquet": _parquet,
+    "Native": _native,
+    "Arrow": _arrow_file,
 }

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as pa_ipc
 
 from replicad.errors import BadInputError
+from replicad.server import arrow_file, native_format
 from replicad.service import QueryResult
 from replicad.storage.types import DataType
 
@@ -35,6 +36,8 @@ OUTPUT_FORMATS: dict[str, str] = {
     "CSVWithNames": "text/csv; charset=UTF-8; header=present",
     "JSONEachRow": "application/json; charset=UTF-8",
     "ArrowStream": "application/octet-stream",
+    "Native": "application/octet-stream",
+    "Arrow": "application/octet-stream",
 }
 RENDER_ROWS = 65536  # rows rendered at a time (keeps 32-bit string offsets safe)
 _TSV_ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\0", "\\0"), ("\b", "\\b"), ("\f", "\\f"),
@@ -58,6 +61,11 @@ async def render(result: QueryResult, fmt: str, tz: str = "UTC") -> AsyncIterato
     types = [t for _, t in result.columns]
     if fmt == "ArrowStream":
         async for chunk in _render_arrow(result, names, types, tz):
+            yield chunk
+        return
+    if fmt in ("Native", "Arrow"):  # the formats clickhouse-connect reads
+        async for chunk in (native_format.render_native(result) if fmt == "Native"
+                            else arrow_file.render_arrow_file(result, tz)):
             yield chunk
         return
     if fmt in ("TabSeparatedWithNames", "TSVWithNames"):
