@@ -65,7 +65,7 @@ class Answer:
 
 
 def _mask(sql: str) -> str:
-    """``sql`` with quoted text and everything inside parentheses blanked (same length)."""
+    """``sql`` with quoted text (as NULs) and everything inside parentheses (as spaces) blanked."""
     out, depth, i = list(sql), 0, 0
     while i < len(sql):
         c = sql[i]
@@ -74,7 +74,7 @@ def _mask(sql: str) -> str:
             while j < len(sql) and sql[j] != c:
                 j += 2 if sql[j] == "\\" else 1
             for k in range(i, min(j + 1, len(sql))):
-                out[k] = " "
+                out[k] = "\0"
             i = j + 1
             continue
         if c == "(":
