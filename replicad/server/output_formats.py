@@ -139,7 +139,7 @@ def column_text(arr: pa.Array | pa.ChunkedArray, style: Style) -> pa.Array:
     elif pa.types.is_boolean(t):
         out = pc.if_else(arr, pa.scalar(b"1"), pa.scalar(b"0"))
     elif pa.types.is_decimal(t):
-        out = arr.cast(pa.string()).cast(pa.binary())
+        out = _decimal_text(arr)
     elif pa.types.is_timestamp(t) or pa.types.is_date(t):
         out = _datetime_text(arr)
         out = _string_text(out, style)
@@ -148,6 +148,17 @@ def column_text(arr: pa.Array | pa.ChunkedArray, style: Style) -> pa.Array:
     if arr.null_count:
         out = pc.if_else(arr.is_null(), pa.scalar(null_text.encode(), pa.binary()), out)
     return out
+
+
+def _decimal_text(arr: pa.Array) -> pa.Array:
+    """Decimals with all their scale's digits; Arrow writes small ones (0 at scale 10) as ``0E-10``."""
+    text = arr.cast(pa.string())
+    sci = pc.fill_null(pc.match_substring(text, "E"), False)
+    if pc.any(sci).as_py():
+        scale = arr.type.scale
+        fixed = pa.array([format(v, f".{scale}f") for v in arr.filter(sci).to_pylist()], pa.string())
+        text = pc.replace_with_mask(text, sci, fixed)
+    return text.cast(pa.binary())
 
 
 def _is_stringish(t: pa.DataType) -> bool:

@@ -48,14 +48,15 @@ NAMES = [n for n, _ in COLUMNS]
 
 def ddl(table: str) -> str:
     cols = ", ".join(f"{n} {t}" for n, t in COLUMNS)
-    return (f"CREATE TABLE {table} ({cols}) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{{shard}}/{table}', "
-            f"'{{replica}}') PARTITION BY toYYYYMM(d) ORDER BY id")
+    return (f"CREATE TABLE {table} ({cols}) ENGINE = ReplicatedMergeTree("
+            f"'/clickhouse/tables/{{shard}}/{table}', '{{replica}}') PARTITION BY toYYYYMM(d) ORDER BY id")
 
 
 def make_rows(start: int, n: int) -> list[list[Any]]:
     out = []
     for k in range(start, start + n):
-        out.append([dt.date(2024, 1 + k % 3, 1 + k % 28), dt.datetime(2024, 3, 1, 12, 0, 0) + dt.timedelta(seconds=k * 37),
+        out.append([dt.date(2024, 1 + k % 3, 1 + k % 28),
+                    dt.datetime(2024, 3, 1, 12, 0, 0) + dt.timedelta(seconds=k * 37),
                     k, (-1) ** k * k * 1000, k / 8, f"s{k}\t'\\", None if k % 3 == 0 else f"n{k}",
                     f"lc{k % 4}", list(range(k % 4)), decimal.Decimal(k) / 1000, "x" if k % 2 else "y"])
     return out
@@ -102,12 +103,13 @@ def tsv(daemon: Daemon, table: str, cols: str = "*") -> str:
 # ---- hostile input first -------------------------------------------------------------------------------
 
 
-def test_dataframe_with_a_wrong_type_fails_clearly_and_inserts_nothing(client: Client, daemon: Daemon) -> None:
+def test_dataframe_with_a_wrong_type_fails_clearly_and_inserts_nothing(client: Client,
+                                                                        daemon: Daemon) -> None:
     table = fresh_table(client, "wrong_type")
     df = pd.DataFrame({"d": [dt.date(2024, 1, 1)] * 3, "ts": [dt.datetime(2024, 1, 1)] * 3, "id": [1, 2, 3],
                        "i": ["not", "a", "number"], "f": [1.0, 2.0, 3.0], "s": ["a", "b", "c"],
                        "ns": [None, "x", None]})
-    with pytest.raises(Exception) as err:  # noqa: B017 - the client raises its own serialisation error
+    with pytest.raises(Exception) as err:
         client.insert_df(table, df, column_names=SIMPLE)
     assert "i" in str(err.value) or "int" in str(err.value).lower(), str(err.value)
     assert count(daemon, table) == 0
@@ -124,13 +126,16 @@ def test_dataframe_with_a_wrong_type_fails_clearly_and_inserts_nothing(client: C
     b"\x01\x02\x01s\x06String\x05ab",  # a string running past the end
     b"\x01\x01\x02zz\x06UInt64" + bytes(8),  # unknown column
     b"\x01\xff\xff\xff\xff\xff\xff\xff\xff\x7f\x01i\x06UInt64",  # absurd row count
-    b"\x01\x02\x01a\x0cArray(Int32)" + (5).to_bytes(8, "little") + (2).to_bytes(8, "little"),  # offsets go back
+    # array offsets going back
+    b"\x01\x02\x01a\x0cArray(Int32)" + (5).to_bytes(8, "little") + (2).to_bytes(8, "little"),
 ])
-def test_garbage_native_bodies_are_400_and_insert_nothing(daemon: Daemon, client: Client, body: bytes) -> None:
+def test_garbage_native_bodies_are_400_and_insert_nothing(daemon: Daemon, client: Client,
+                                                           body: bytes) -> None:
     table = "db.garbage_native"
     if count_or_none(daemon, table) is None:
         client.command(f"CREATE TABLE {table} (i UInt64, s String, a Array(Int32)) ENGINE = "
-                       f"ReplicatedMergeTree('/clickhouse/tables/{{shard}}/{table}', '{{replica}}') ORDER BY i")
+                       f"ReplicatedMergeTree('/clickhouse/tables/{{shard}}/{table}', '{{replica}}') "
+                       "ORDER BY i")
     r = query(daemon.url, f"INSERT INTO {table} FORMAT Native", body)
     assert r.status == 400, r.text
     assert r.text.startswith("Code: "), r.text
@@ -188,11 +193,12 @@ def test_connect_time_queries_are_answered_as_clickhouse(client: Client, daemon:
             "enable_http_compression"} <= set(settings)
     assert "max_threads" not in settings and "index_granularity" not in settings  # not honoured per query
     assert settings["insert_quorum"].value == "0" and settings["insert_quorum"].readonly == 0
-    row = client.query("SELECT currentDatabase(), user(), hostName() AS h, 1 + 2 AS three, 'a' AS s, today(), "
-                       "uptime(), now()")
+    row = client.query("SELECT currentDatabase(), user(), hostName() AS h, 1 + 2 AS three, 'a' AS s, "
+                       "today(), uptime(), now()")
     assert row.result_rows[0][:2] == ("default", "default") and row.result_rows[0][3:5] == (3, "a")
     assert row.column_names[3:5] == ("three", "s")
-    assert client.query("SELECT count() FROM system.settings WHERE name = 'insert_quorum'").result_rows == [(1,)]
+    one = client.query("SELECT count() FROM system.settings WHERE name = 'insert_quorum'")
+    assert one.result_rows == [(1,)]
     top = client.query("SELECT name FROM system.settings ORDER BY name DESC LIMIT 2").result_rows
     assert top == sorted(((n,) for n in settings), reverse=True)[:2]
 
@@ -249,7 +255,7 @@ def test_insert_rows_dataframe_and_arrow_read_back_exactly(daemon: Daemon, compr
     client.insert_arrow(table, arrow)
 
     everything = client.query(f"SELECT * FROM {table} ORDER BY id").result_rows
-    expected = rows + [[*r[:2], r[2] + 1000, *r[3:]] for r in rows] + [[*r[:2], r[2] + 2000, *r[3:]] for r in rows]
+    expected = rows + [[*r[:2], r[2] + plus, *r[3:]] for plus in (1000, 2000) for r in rows]
     assert [list(r) for r in everything] == expected
     assert tsv(daemon, table) == expected_tsv(expected)
     by_arrow = client.query_arrow(f"SELECT id, ns FROM {table} WHERE id >= 2000 ORDER BY id LIMIT 5")
