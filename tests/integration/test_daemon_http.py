@@ -381,7 +381,7 @@ BAD: list[tuple[str, str, bytes, dict[str, str], int, int, list[str]]] = [
      _arrow_with("s", pa.array(["a", None, "c"])), {}, 400, 27, ["column s", "row 2"]),
     ("arrow_garbage", "INSERT INTO db.err FORMAT ArrowStream", b"not an arrow stream", {}, 400, 27, []),
     ("parquet_garbage", "INSERT INTO db.err FORMAT Parquet", b"PAR1 garbage", {}, 400, 27, ["Parquet"]),
-    ("unknown_format", "INSERT INTO db.err FORMAT Native", GOOD_TSV, {}, 400, 73, ["Native"]),
+    ("unknown_format", "INSERT INTO db.err FORMAT Protobuf", GOOD_TSV, {}, 400, 73, ["Protobuf"]),
     ("unknown_table", "INSERT INTO db.nope FORMAT TSV", GOOD_TSV, {}, 404, 60, ["db.nope"]),
     ("unknown_column", "INSERT INTO db.err (id, nope) FORMAT TSV", b"1\t2\n", {}, 400, 16, ["nope"]),
     ("unknown_setting", "INSERT INTO db.err FORMAT TSV", GOOD_TSV, {"no_such_setting": "1"}, 400, 115,
