@@ -10,18 +10,14 @@ each batch as it is rendered and the footer at the end.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import io
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as pa_ipc
-
-from replicad.service import QueryResult
 
 
 def parse_arrow_file(body: Any, spec: Any) -> Iterator[Any]:
@@ -45,34 +41,3 @@ def parse_arrow_file(body: Any, spec: Any) -> Iterator[Any]:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
-
-
-async def render_arrow_file(result: QueryResult, tz: str) -> AsyncIterator[bytes]:
-    """A SELECT's rows as an Arrow IPC file (columns in their user Arrow form, as ``ArrowStream``)."""
-    names = [n for n, _ in result.columns]
-    types = [t for _, t in result.columns]
-    sink = io.BytesIO()
-    writer: pa_ipc.RecordBatchFileWriter | None = None
-
-    def convert(batch: pa.RecordBatch) -> pa.RecordBatch:
-        arrays = [dt.to_user_arrow(batch.column(i), tz) for i, dt in enumerate(types)]
-        return pa.RecordBatch.from_arrays(arrays, names=names)
-
-    def drain() -> bytes:
-        data = sink.getvalue()
-        sink.seek(0)
-        sink.truncate()
-        return data
-
-    async for batch in result.batches:
-        user = await asyncio.to_thread(convert, batch)
-        if writer is None:
-            writer = pa_ipc.new_file(sink, user.schema)
-        writer.write_batch(user)
-        yield drain()
-    if writer is None:  # no rows: the schema and the footer
-        empty = convert(pa.RecordBatch.from_arrays([pa.array([], dt.arrow_type) for dt in types],
-                                                   names=names))
-        writer = pa_ipc.new_file(sink, empty.schema)
-    writer.close()
-    yield drain()

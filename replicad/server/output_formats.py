@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as pa_ipc
 
 from replicad.errors import BadInputError
-from replicad.server import arrow_file, native_format
+from replicad.server import native_format
 from replicad.service import QueryResult
 from replicad.storage.types import DataType
 
@@ -59,13 +59,12 @@ async def render(result: QueryResult, fmt: str, tz: str = "UTC") -> AsyncIterato
     content_type(fmt)
     names = [n for n, _ in result.columns]
     types = [t for _, t in result.columns]
-    if fmt == "ArrowStream":
-        async for chunk in _render_arrow(result, names, types, tz):
+    if fmt in ("ArrowStream", "Arrow"):  # Arrow IPC stream, or file (clickhouse-connect's query_arrow)
+        async for chunk in render_arrow(result, names, types, tz, file=fmt == "Arrow"):
             yield chunk
         return
-    if fmt in ("Native", "Arrow"):  # the formats clickhouse-connect reads
-        async for chunk in (native_format.render_native(result) if fmt == "Native"
-                            else arrow_file.render_arrow_file(result, tz)):
+    if fmt == "Native":  # the format clickhouse-connect reads
+        async for chunk in native_format.render_native(result):
             yield chunk
         return
     if fmt in ("TabSeparatedWithNames", "TSVWithNames"):
@@ -268,10 +267,13 @@ def _tsv_escape_text(s: str) -> str:
 # ---- ArrowStream -----------------------------------------------------------------------------------------
 
 
-async def _render_arrow(result: QueryResult, names: list[str], types: list[DataType],
-                        tz: str) -> AsyncIterator[bytes]:
+async def render_arrow(result: QueryResult, names: list[str], types: list[DataType],
+                       tz: str, *, file: bool = False) -> AsyncIterator[bytes]:
+    """Rows as Arrow IPC (columns in their user Arrow form): the stream format, or with ``file`` the file
+    format (its footer written at the end)."""
     sink = io.BytesIO()
     writer: pa_ipc.RecordBatchStreamWriter | None = None
+    new_writer = pa_ipc.new_file if file else pa_ipc.new_stream
 
     def convert(batch: pa.RecordBatch) -> pa.RecordBatch:
         arrays = [dt.to_user_arrow(batch.column(i), tz) for i, dt in enumerate(types)]
@@ -286,13 +288,13 @@ async def _render_arrow(result: QueryResult, names: list[str], types: list[DataT
     async for batch in result.batches:
         user = await asyncio.to_thread(convert, batch)
         if writer is None:
-            writer = pa_ipc.new_stream(sink, user.schema)
+            writer = new_writer(sink, user.schema)
         writer.write_batch(user)
         yield drain()
     if writer is None:  # no rows: the schema alone
         empty = convert(pa.RecordBatch.from_arrays([pa.array([], dt.arrow_type) for dt in types],
                                                    names=names))
-        writer = pa_ipc.new_stream(sink, empty.schema)
+        writer = new_writer(sink, empty.schema)
     writer.close()
     yield drain()
 

@@ -55,7 +55,7 @@ def route(text: str, default_database: str = "default") -> Route:
     lead = text.lstrip()
     if lead[:6].upper() == "INSERT":  # no comment stripping: inline data may follow FORMAT
         return _insert(lead, default_database)
-    sql = _strip_comments(text).strip().rstrip(";").strip()
+    sql = strip_comments(text).strip().rstrip(";").strip()
     head = sql[:40].upper()
     if head.startswith(("SELECT", "WITH")):
         return _select(sql, default_database)
@@ -231,7 +231,7 @@ def _statement(sql: str, db: str) -> StatementRoute:
 # ---- lexical helpers -----------------------------------------------------------------------------------
 
 
-def _strip_comments(sql: str) -> str:
+def strip_comments(sql: str) -> str:
     out, i, n = [], 0, len(sql)
     while i < n:
         c = sql[i]

@@ -34,6 +34,7 @@ from replicad import settings as settings_table
 from replicad.config import Config
 from replicad.errors import SyntaxError_, UnknownTableError
 from replicad.server import auth
+from replicad.server.routing import strip_comments
 from replicad.service import Catalog, QueryResult, TableName
 from replicad.sql.expressions import compile_expression
 from replicad.storage.types import DataType, parse_type
@@ -89,26 +90,7 @@ def _mask(sql: str) -> str:
 
 def _clean(text: str) -> str:
     """``text`` without comments (``--`` to the line end, ``/* … */``), outer blanks and a final ``;``."""
-    out, i, n = [], 0, len(text)
-    while i < n:
-        c = text[i]
-        if c in "'\"`":
-            j = i + 1
-            while j < n and text[j] != c:
-                j += 2 if text[j] == "\\" else 1
-            out.append(text[i:j + 1])
-            i = j + 1
-        elif text.startswith("--", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-        elif text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            i = n if j < 0 else j + 2
-            out.append(" ")
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out).strip().rstrip(";").strip()
+    return strip_comments(text).strip().rstrip(";").strip()
 
 
 _FORMAT = re.compile(r"\bFORMAT\s+([A-Za-z][A-Za-z0-9_]*)\s*$", re.IGNORECASE)
