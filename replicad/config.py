@@ -114,6 +114,14 @@ class ApiConfig(_Section):
     listen_host: str = "127.0.0.1"
     port: int = Field(default=8123, ge=1, le=65535)
     max_body_bytes: int = Field(default=10 * 1024**3, gt=0)
+    #: a request body that sends nothing for this long is refused (408, code 209; ClickHouse's
+    #: http_receive_timeout)
+    receive_timeout_s: float = Field(default=30.0, gt=0, le=86400)
+    #: one line of a line-based input format (TSV, JSONEachRow, a header) at most (400, code 117)
+    max_line_bytes: int = Field(default=64 << 20, ge=1024)
+    #: inserts at once, each with a parser thread of its own (not the shared executor); more are refused
+    #: with 503 (code 202, retriable), as ClickHouse's max_concurrent_queries
+    max_concurrent_inserts: int = Field(default=100, ge=1, le=4096)
     drain_timeout_s: float = Field(default=30.0, ge=0)
     #: a request that needs the tables while the daemon is still loading them waits this long for them
     startup_wait_s: float = Field(default=120.0, ge=0)

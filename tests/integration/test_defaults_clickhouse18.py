@@ -35,7 +35,7 @@ from replicad.keeper.client import Keeper
 from replicad.model.table_metadata import ColumnsDescription
 from replicad.replica import ReplicaEnv, TableReplica
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
-from replicad.server.api import _insert_columns
+from replicad.server.insert_input import insert_columns as _insert_columns
 from replicad.server.interserver import InterserverServer
 from replicad.service import SelectQuery, TableName
 from replicad.sql.ddl import parse_create_table
