@@ -70,6 +70,12 @@ class InterserverConfig(_Section):
     tls_cert_file: Path | None = None  # both set: the listener speaks HTTPS, peers are told scheme https
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None  # CA bundle peers' certificates are checked against (default: system)
+    #: open connections at most (one more is answered 503 and closed)
+    max_connections: int = Field(default=1024, ge=1, le=65536)
+    #: parts sent at once in all (429 beyond; replicated_max_parallel_sends may lower it); 0 = no limit
+    max_parallel_sends: int = Field(default=64, ge=0)
+    #: a peer that takes no bytes of an answer for this long is cut off (ClickHouse's http_send_timeout)
+    send_timeout_s: float = Field(default=30.0, gt=0, le=86400)
 
     @field_validator("user", "password", "tls_cert_file", "tls_key_file", "tls_ca_file", mode="before")
     @classmethod
