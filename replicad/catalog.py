@@ -311,6 +311,7 @@ class ReplicationEngine:
             tz=config.timezone,
             credentials=FetchCredentials(ic.user, ic.password, peer_ssl),
             activation_timeout_s=zk.session_timeout_s + 5.0,
+            max_fetch_part_bytes=ic.max_fetch_part_bytes,
         )
         self._catalog = ReplicaCatalog(
             config.data_path,

@@ -76,6 +76,8 @@ class InterserverConfig(_Section):
     max_parallel_sends: int = Field(default=64, ge=0)
     #: a peer that takes no bytes of an answer for this long is cut off (ClickHouse's http_send_timeout)
     send_timeout_s: float = Field(default=30.0, gt=0, le=86400)
+    #: a fetched part may be this large at most (its declared and streamed sizes are checked against it)
+    max_fetch_part_bytes: int = Field(default=1 << 40, gt=0)
 
     @field_validator("user", "password", "tls_cert_file", "tls_key_file", "tls_ca_file", mode="before")
     @classmethod

@@ -148,6 +148,7 @@ class TableReplica:
             table_columns_text=spec.columns_text,
             credentials=env.credentials,
             min_bytes_to_fsync=fsync_fetched,
+            max_part_bytes=env.max_fetch_part_bytes,
         )
         self.fetcher.part_columns_text = part_columns_text(spec.columns)
         self.puller = LogPuller(

@@ -13,6 +13,7 @@ Errors answer ``Code: <n>. DB::Exception: <message>`` with ClickHouse's code in
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import time
 import uuid
@@ -30,6 +31,7 @@ from replicad.config import Config
 from replicad.errors import (
     BadInputError,
     BodyTooLargeError,
+    NotEnoughSpaceError,
     ReadOnlyError,
     ReplicadError,
     SyntaxError_,
@@ -165,6 +167,13 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
             "The query is nested too deeply" if isinstance(e, RecursionError)
             else f"A value is out of range: {e}", code=306 if isinstance(e, RecursionError) else 69)
         resp = error_response(client_error)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            log.error("request_crashed", path=request.path, error=f"{type(e).__name__}: {e}", exc_info=True)
+            resp = error_response(ReplicadError(f"{type(e).__name__}: {e.strerror}", code=1001))
+        else:  # the disk is full: 507, retriable, no machine path in the answer
+            log.error("request_failed_disk_full", path=request.path, error=str(e))
+            resp = error_response(NotEnoughSpaceError(f"Cannot write to disk: {e.strerror}"))
     except Exception as e:
         log.error("request_crashed", path=request.path, error=f"{type(e).__name__}: {e}", exc_info=True)
         resp = error_response(ReplicadError(f"{type(e).__name__}: {e}", code=1001))
