@@ -24,6 +24,7 @@ pieces ahead of the socket (:func:`iter_part_body`).  The receiver's thread is
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import struct
@@ -33,7 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from replicad.errors import CorruptedDataError, InsecurePathError, NotEnoughSpaceError
+from replicad.errors import (
+    CorruptedDataError,
+    InsecurePathError,
+    NotEnoughSpaceError,
+    UnsupportedPartFormatError,
+)
 from replicad.model.checksums import Checksums, MinimalisticChecksums
 from replicad.model.cityhash import FileHasher
 from replicad.model.varint import encode_varuint
@@ -377,6 +383,13 @@ class _SpaceGuard:
                                       "bytes free")
 
 
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
 def _free_bytes(directory: Path) -> int:
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize
@@ -463,10 +476,15 @@ async def _receive(
         await space.part_declared(sum_size)
     if version >= 2:
         ttl = (await body.string("ttl infos", 1 << 20)).decode("utf-8", "replace")
-        if not ttl.startswith(TTL_INFOS_HEADER):
+        if not ttl.startswith(TTL_INFOS_HEADER) or not _is_json_object(ttl[len(TTL_INFOS_HEADER):]):
             raise CorruptedDataError(f"Bad ttl infos in part body: {ttl[:40]!r}")
     if version >= 3:
         part_type = (await body.string("part type", 64)).decode("ascii", "replace")
+        if part_type in ("Compact", "InMemory"):
+            raise UnsupportedPartFormatError(f"The sender's part is {part_type}: only Wide parts are "
+                                             "received")
+        if part_type != "Wide":
+            raise CorruptedDataError(f"Bad part type in part body: {part_type!r}")
     if version >= 5:
         uuid = (await body.exactly(36, "part uuid")).decode("ascii", "replace")
         if not _UUID_RE.fullmatch(uuid):
