@@ -59,6 +59,13 @@ class NotEnoughSpaceError(ReplicadError):
         super().__init__(message, retriable=True)
 
 
+class TooManyRowsOrBytesError(ReplicadError):
+    """A query would hold more rows or bytes than its limits allow (max_rows_to_sort / max_bytes_to_sort)."""
+
+    code = 396  # TOO_MANY_ROWS_OR_BYTES
+    http_status = 400
+
+
 class ReadOnlyError(ReplicadError):
     code = 242  # TABLE_IS_READ_ONLY
     http_status = 503

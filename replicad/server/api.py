@@ -13,6 +13,7 @@ Errors answer ``Code: <n>. DB::Exception: <message>`` with ClickHouse's code in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import json
 import time
@@ -352,7 +353,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
             prefix = (r.inline_data + "\n").encode() + prefix
         return await _insert(request, state, r, given, query_id, prefix, headers)
     if isinstance(r, SelectRoute):
-        return await _select(request, state, r, params, headers)
+        return await _select(request, state, r, params, given, headers)
     return await _statement(state, r, text, given, headers)
 
 
@@ -403,7 +404,7 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
 
 
 async def _select(request: web.Request, state: ApiState, r: SelectRoute, params: Mapping[str, str],
-                  headers: dict[str, str]) -> web.StreamResponse:
+                  given: Mapping[str, Any], headers: dict[str, str]) -> web.StreamResponse:
     fmt = r.format or params.get("default_format") or "TabSeparated"
     ctype = content_type(fmt)
     if r.constant is not None:
@@ -418,7 +419,12 @@ async def _select(request: web.Request, state: ApiState, r: SelectRoute, params:
             counted = pa.table({"count()": pa.array([n], pa.uint64())})
             result = QueryResult.from_table([("count()", parse_type("UInt64"))], counted)
         else:
-            result = await table.select(r.query)
+            def get(name: str) -> int:
+                return int(given[name] if name in given else state.config.setting(name))
+
+            query = dataclasses.replace(r.query, max_rows_to_sort=get("max_rows_to_sort"),
+                                        max_bytes_to_sort=get("max_bytes_to_sort"))
+            result = await table.select(query)
             if r.offset:
                 result = QueryResult(result.columns, _skip_rows(result.batches, r.offset))
     return await http_body.send_result(request, result, fmt, headers, state.config.timezone, ctype,
