@@ -17,6 +17,7 @@ import os
 import random
 import struct
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import pytest
@@ -43,6 +44,8 @@ class LyingProxy:
         self.mode = "truth"
         self.rng = random.Random(0)
         self.other_body: bytes | None = None  # a genuine body of another part (for "swap")
+        self.other_name = ""  # that part (asked for, it is the truth)
+        self.asked = ""  # the part of the request being answered
         self.served = 0
         self.last = ""  # what the last answer's lie was
         self._server: asyncio.Server | None = None
@@ -64,6 +67,8 @@ class LyingProxy:
                 if line.lower().startswith(b"content-length:"):
                     length = int(line.split(b":")[1])
             request = head + await reader.readexactly(length)
+            target = head.split(b" ", 2)[1].decode("latin-1")
+            self.asked = parse_qs(urlsplit(target).query).get("part", [""])[0]
             status, headers, body = await self._upstream(request)
             self.served += 1
             await self._answer(writer, status, headers, body)
@@ -113,7 +118,7 @@ class LyingProxy:
             headers = [h for h in headers if not h.lower().startswith(b"set-cookie")]
             headers.append(b"Set-Cookie: server_protocol_version=" + version + b"; Path=/")
             self.last = f"cookie {version!r}"
-        elif mode == "swap" and self.other_body is not None:
+        elif mode == "swap" and self.other_body is not None and self.asked != self.other_name:
             body = self.other_body
         elif mode == "name":
             evil = rng.choice([b"../../x.txt", b"/etc/x.bin", b"a/../../x.b", b"..\x00......."])
@@ -212,5 +217,46 @@ async def test_every_lie_is_refused_and_the_truth_gets_through(cluster: Cluster,
         mine = await sorted_rows(r2)
         theirs = [r for r in await sorted_rows(r1) if r["id"] >= 100]
         assert mine == theirs
+    finally:
+        await proxy.stop()
+
+
+async def test_an_early_download_of_a_lie_is_refused_at_commit(cluster: Cluster) -> None:
+    """Early downloads (started while the log entries are copied) skip the comparison with the source's
+    checksums in ZooKeeper during the download, for speed: the commit makes it, against every replica that
+    registered the part.  A consistent lie (a valid body of another part) taken early is refused there."""
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    proxy = LyingProxy(cluster.servers["r1"].port)
+    await proxy.start()
+    try:
+        host_path = r1.paths.me.host
+        address = ReplicaAddress.parse((await r1.keeper.get(host_path))[0])
+        await r1.keeper.set(host_path, ReplicaAddress(address.host, proxy.port, address.queries_port,
+                                                      address.database, address.table,
+                                                      address.scheme).to_text().encode())
+        await r1.insert_table(rows(range(0, 50), month=10))
+        await r2.sync_replica(60)  # through the proxy, telling the truth: r2 now knows r1's address
+        first = r1.store.active_names()[0]
+        async with aiohttp.ClientSession() as s:
+            params = {"endpoint": f"DataPartsExchange:{r1.paths.me.root}", "part": first, "compress": "false",
+                      "client_protocol_version": str(RECEIVE_MAX_PROTOCOL_VERSION)}
+            async with s.post(f"http://127.0.0.1:{cluster.servers['r1'].port}/", params=params) as resp:
+                proxy.other_body, proxy.other_name = await resp.read(), first
+        proxy.mode = "swap"
+        taken = r2.fetcher.early_fetches_taken
+        await r1.insert_table(rows(range(100, 170), month=11))
+        second = next(n for n in r1.store.active_names() if n != first)
+        deadline = asyncio.get_running_loop().time() + 20
+        while r2.fetcher.early_fetches_taken == taken and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+        assert r2.fetcher.early_fetches_taken > taken, "the early download was not used"
+        await asyncio.sleep(1.0)
+        assert r2.store.get(second) is None
+        assert await r2.keeper.exists(r2.paths.me.part(second)) is None
+        assert [p.name for p in r2.layout.path.iterdir() if p.name.startswith("tmp")] == []
+        proxy.mode = "truth"
+        await r2.sync_replica(60)
+        assert await sorted_rows(r2) == await sorted_rows(r1)
     finally:
         await proxy.stop()
