@@ -36,7 +36,7 @@ lock:
 	$(BIN)/python scripts/lock.py
 
 lint: venv
-	$(BIN)/ruff check replicad tests bench
+	$(BIN)/ruff check replicad tests bench scripts
 	$(BIN)/mypy
 
 test: deps lint
