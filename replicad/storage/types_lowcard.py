@@ -94,6 +94,7 @@ class LowCardinalityType(DataType):
             raise CorruptedDataError(f"{self.name}: missing stream {e}") from None
         ipos, dpos = pos.get("", 0), pos.get(".dict", 0)
         dictionary: pa.Array | None = None
+        read_dictionary = False
         pieces: list[pa.Array] = []
         remaining = n
         view = memoryview(index_buf)
@@ -108,6 +109,7 @@ class LowCardinalityType(DataType):
                 raise CorruptedDataError(f"{self.name}: bad index serialization type {flags:#x}")
             if flags & NEED_GLOBAL_DICTIONARY and (dictionary is None or flags & NEED_UPDATE_DICTIONARY):
                 dictionary, dpos = self._read_keys(dview, dpos, "dictionary")
+                read_dictionary = True
             keys = dictionary if flags & NEED_GLOBAL_DICTIONARY else None
             if flags & HAS_ADDITIONAL_KEYS:
                 extra, ipos = self._read_keys(view, ipos, "additional keys")
@@ -134,7 +136,8 @@ class LowCardinalityType(DataType):
             pieces.append(values)
             remaining -= rows
         pos[""] = ipos
-        pos[".dict"] = dpos
+        if read_dictionary:  # (a Compact part's granule has additional keys only, no dictionary stream)
+            pos[".dict"] = dpos
         if not pieces:
             return pa.array([], pa.binary())
         return pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)

@@ -1,0 +1,262 @@
+"""Serialization variants current ClickHouse writes into parts, for reading them.
+
+ClickHouse 18.16 knows one binary serialization per type (see :mod:`replicad.storage.types_base`).
+Current ClickHouse (26.x, FACTS §5.2) records per part, in ``serialization.json``, two variants the
+reader must follow:
+
+* ``"types_serialization_versions": {"string": 1}`` (``string_serialization_version='with_size_stream'``):
+  a String is two streams, ``<c>.size`` (UInt64 length per row) and ``<c>`` (the bytes, concatenated
+  without length prefixes).  With ``"propagate_types_serialization_versions_to_nested_types": true`` this
+  holds for Strings inside Nullable and Array as well (``<c>.null``, ``<c>.size``, ``<c>``;
+  ``<c>.size0``, ``<c>.size``, ``<c>``).  LowCardinality dictionaries keep length-prefixed keys.
+* ``"kind": "Sparse"`` for a column: stream ``<c>.sparse.idx`` holds, per granule, one VarUInt per
+  non-default row (the number of default rows before it) and a closing VarUInt with bit 62 set (the
+  trailing default rows of the granule); the column's own streams hold only the non-default values.
+
+:func:`serialization_of` maps a column's :class:`DataType` to a stand-in type whose substreams and
+:meth:`DataType.deserialize` follow the part's variant; the stand-ins keep the type's name, so they
+compare equal to the declared type.  :func:`deserialize_sequential` decodes a column whose substreams
+are concatenated in one buffer, as Compact parts store each granule.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
+from replicad.storage.types_base import DataType
+from replicad.storage.types_composite import ArrayType, NullableType, _take_stream
+from replicad.storage.types_lowcard import KEYS_VERSION, LowCardinalityType
+from replicad.storage.types_string import StringType
+
+SPARSE_SUFFIX = ".sparse.idx"
+STRING_SIZE_SUFFIX = ".size"
+END_OF_GRANULE_FLAG = 1 << 62
+
+
+@dataclass(frozen=True)
+class SerializationInfo:
+    """What ``serialization.json`` says (an absent file means 18.16's defaults)."""
+
+    string_size_stream: bool = False
+    propagate_to_nested: bool = True
+    #: column name -> kind ("Default", "Sparse", ...)
+    kinds: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, data: bytes | None, part_name: str = "") -> SerializationInfo:
+        if data is None:
+            return cls()
+        try:
+            info = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptedDataError(f"part {part_name}: bad serialization.json: {e}") from None
+        if not isinstance(info, dict):
+            raise CorruptedDataError(f"part {part_name}: serialization.json is not an object")
+        version = info.get("version", 0)
+        if version not in (0, 1, 2):
+            raise UnsupportedPartFormatError(
+                f"part {part_name}: serialization.json version {version} is not supported"
+            )
+        versions = info.get("types_serialization_versions") or {}
+        string_version = versions.get("string", 0)
+        if string_version in (0, "0", "single_stream"):
+            sized = False
+        elif string_version in (1, "1", "with_size_stream"):
+            sized = True
+        else:
+            raise UnsupportedPartFormatError(
+                f"part {part_name}: String serialization version {string_version!r} is not supported"
+            )
+        kinds: dict[str, str] = {}
+        for col in info.get("columns") or []:
+            if isinstance(col, dict) and isinstance(col.get("name"), str):
+                kinds[col["name"]] = str(col.get("kind", "Default"))
+        propagate = bool(info.get("propagate_types_serialization_versions_to_nested_types", True))
+        return cls(sized, propagate, kinds)
+
+
+class SizedStringType(StringType):
+    """String as two streams: ``.size`` (UInt64 per row) and the bytes."""
+
+    def _substreams(self, array_level: int) -> list[str]:
+        return [STRING_SIZE_SUFFIX, ""]
+
+    def _deserialize_from(
+        self, bufs: dict[str, bytes], pos: dict[str, int], n: int, array_level: int
+    ) -> pa.Array:
+        sizes = np.frombuffer(_take_stream(bufs, pos, STRING_SIZE_SUFFIX, 8 * n, self.name), dtype="<u8")
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        if n:
+            np.cumsum(sizes, out=offsets[1:])
+        total = int(offsets[-1])
+        data = _take_stream(bufs, pos, "", total, self.name)
+        if total < 2**31:
+            return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                          pa.py_buffer(bytes(data))])
+        return pa.Array.from_buffers(pa.large_binary(), n,
+                                     [None, pa.py_buffer(offsets), pa.py_buffer(bytes(data))])
+
+
+def _read_varuint(view: memoryview, at: int, what: str) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(view):
+            raise CorruptedDataError(f"{what}: truncated VarUInt")
+        b = view[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, at
+        shift += 7
+        if shift > 63:
+            raise CorruptedDataError(f"{what}: VarUInt too long")
+
+
+class SparseType(DataType):
+    """A Sparse column: ``.sparse.idx`` offsets, then the inner type's streams for non-default rows."""
+
+    def __init__(self, inner: DataType) -> None:
+        if inner.is_nullable:
+            raise UnsupportedPartFormatError(f"Sparse serialization of {inner.name} is not supported")
+        self.inner = inner
+        self.name = inner.name
+        self.arrow_type = inner.arrow_type
+        self.field_type = inner.field_type
+        self.field_kind = inner.field_kind
+
+    def _substreams(self, array_level: int) -> list[str]:
+        return [SPARSE_SUFFIX, *self.inner._substreams(array_level)]
+
+    def _deserialize_from(
+        self, bufs: dict[str, bytes], pos: dict[str, int], n: int, array_level: int
+    ) -> pa.Array:
+        try:
+            buf = bufs[SPARSE_SUFFIX]
+        except KeyError:
+            raise CorruptedDataError(f"{self.name}: missing stream {SPARSE_SUFFIX!r}") from None
+        view = memoryview(buf)
+        at = pos.get(SPARSE_SUFFIX, 0)
+        positions: list[int] = []
+        row = 0
+        closed = n == 0
+        while row < n or not closed:
+            group, at = _read_varuint(view, at, f"{self.name} {SPARSE_SUFFIX}")
+            if group & END_OF_GRANULE_FLAG:
+                row += group & ~END_OF_GRANULE_FLAG
+                closed = True
+            else:
+                row += group
+                positions.append(row)
+                row += 1
+                closed = False
+            if row > n:
+                raise CorruptedDataError(f"{self.name}: sparse offsets cover {row} rows, expected {n}")
+        pos[SPARSE_SUFFIX] = at
+        values = self.inner._deserialize_from(bufs, pos, len(positions), array_level)
+        if len(positions) == n:
+            return values
+        take = np.zeros(n, dtype=np.int64)
+        take[np.asarray(positions, dtype=np.int64)] = np.arange(1, len(positions) + 1)
+        combined = pa.concat_arrays([self.inner.defaults(1), values])
+        return combined.take(pa.array(take))
+
+    def encode(self, arr: pa.Array) -> bytes:
+        raise TypeError("Sparse columns are read only")
+
+    def decode(self, data: memoryview, n: int) -> tuple[pa.Array, int]:
+        raise TypeError("Sparse columns have several streams: use deserialize()")
+
+    def convert(self, arr: pa.Array, tz: str) -> pa.Array:
+        return self.inner.convert(arr, tz)
+
+    def defaults(self, n: int) -> pa.Array:
+        return self.inner.defaults(n)
+
+
+def _with_string_sizes(dtype: DataType, nested: bool) -> DataType:
+    if isinstance(dtype, StringType) and not isinstance(dtype, SizedStringType):
+        return SizedStringType()
+    if not nested:
+        return dtype
+    if isinstance(dtype, NullableType):
+        return NullableType(_with_string_sizes(dtype.inner, nested))
+    if isinstance(dtype, ArrayType):
+        return ArrayType(_with_string_sizes(dtype.inner, nested))
+    return dtype  # LowCardinality keys keep their length prefixes
+
+
+def serialization_of(name: str, dtype: DataType, info: SerializationInfo) -> DataType:
+    """The stand-in type that reads column ``name`` as the part serialized it."""
+    out = _with_string_sizes(dtype, info.propagate_to_nested) if info.string_size_stream else dtype
+    kind = info.kinds.get(name, "Default")
+    if kind == "Sparse":
+        return SparseType(out)
+    if kind != "Default":
+        raise UnsupportedPartFormatError(f"column {name!r} uses {kind} serialization, which is not supported")
+    return out
+
+
+def has_low_cardinality(dtype: DataType) -> bool:
+    while True:
+        if isinstance(dtype, LowCardinalityType):
+            return True
+        inner = getattr(dtype, "inner", None)
+        if inner is None:
+            return False
+        dtype = inner
+
+
+class _OneBuffer(dict[str, bytes]):
+    """Every substream suffix names the same buffer."""
+
+    def __init__(self, buf: bytes) -> None:
+        super().__init__()
+        self.buf = buf
+
+    def __getitem__(self, key: str) -> bytes:
+        return self.buf
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+class _OneCursor(dict[str, int]):
+    """One read position shared by every substream suffix (they follow each other in the buffer)."""
+
+    def __init__(self, start: int) -> None:
+        super().__init__()
+        self.at = start
+
+    def get(self, key: str, default: Any = None) -> int:
+        return self.at
+
+    def __getitem__(self, key: str) -> int:
+        return self.at
+
+    def __setitem__(self, key: str, value: int) -> None:
+        self.at = value
+
+
+def deserialize_sequential(dtype: DataType, buf: bytes, n: int, what: str = "") -> pa.Array:
+    """Rows of ``dtype`` (a :func:`serialization_of` stand-in) whose substreams follow each other in ``buf``.
+
+    This is how a Compact part stores one granule of one column: the state prefix (LowCardinality's
+    key-serialization version), then every substream in order.  The whole buffer must be consumed.
+    """
+    start = 0
+    if has_low_cardinality(dtype):
+        if len(buf) < 8 or int.from_bytes(buf[:8], "little") != KEYS_VERSION:
+            raise CorruptedDataError(f"{what}: LowCardinality key-serialization version missing")
+        start = 8
+    cursor = _OneCursor(start)
+    arr = dtype._deserialize_from(_OneBuffer(buf), cursor, n, 0)
+    if cursor.at != len(buf):
+        left = len(buf) - cursor.at
+        raise CorruptedDataError(f"{what}: {left} unread bytes after {n} rows of {dtype.name}")
+    return arr

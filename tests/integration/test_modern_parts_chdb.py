@@ -1,0 +1,205 @@
+"""Parts as current ClickHouse (chdb, 26.x) writes them, read by replicad's PartReader.
+
+Every case creates a MergeTree table in chdb with some settings, inserts rows, and reads the single
+part chdb wrote (``verify=True`` re-hashes every file against checksums.txt).  The rows are checked
+twice: against the generated values, and against chdb's own answer: the rows replicad read are written
+as an 18.16-layout Wide part (PartWriter), ATTACHed to a second chdb table, and both tables must give
+the same ``SELECT * ORDER BY k``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from replicad.storage.part import PartDirectory
+from replicad.storage.reader import PartReader, incompatibilities_with_18_16
+from replicad.storage.types import parse_type
+from replicad.storage.writer import PartWriter, WriterSettings
+from tests.support.part_rows import ALL_TYPES, ddl_columns, make_rows
+
+chdb_session = pytest.importorskip("chdb.session")
+
+pytestmark = pytest.mark.integration
+
+_names = itertools.count()
+
+#: current ClickHouse writing the 18.16 layout (FACTS §1.6): the table replicad's rows are attached to
+COMPAT = (
+    "index_granularity_bytes = 0, min_bytes_for_wide_part = 0, min_rows_for_wide_part = 0, "
+    "compress_marks = 0, compress_primary_key = 0, string_serialization_version = 'single_stream', "
+    "serialization_info_version = 'basic', ratio_of_defaults_for_sparse_serialization = 1, "
+    "replace_long_file_name_to_hash = 0"
+)
+WIDE = "min_bytes_for_wide_part = 0, min_rows_for_wide_part = 0"
+
+
+@pytest.fixture(scope="module")
+def chs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    s = chdb_session.Session(str(tmp_path_factory.mktemp("chdb_modern")))
+    s.query("CREATE DATABASE IF NOT EXISTS db ENGINE = Atomic")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def q(chs: Any, sql: str) -> str:
+    return str(chs.query(sql, "TabSeparated"))
+
+
+def data_path(chs: Any, table: str) -> Path:
+    db, name = table.split(".")
+    text = q(chs, "SELECT arrayJoin(data_paths) FROM system.tables "
+                  f"WHERE database = '{db}' AND name = '{name}'")
+    return Path(text.strip())
+
+
+def only_part(chs: Any, table: str) -> Path:
+    names = q(chs, f"SELECT name FROM system.parts WHERE database = 'db' AND table = '{table.split('.')[1]}' "
+                   "AND active").split()
+    assert len(names) == 1, names
+    return data_path(chs, table) / names[0]
+
+
+def create(chs: Any, columns: list[tuple[str, str]], settings: str) -> str:
+    name = f"db.m{next(_names)}"
+    q(chs, f"CREATE TABLE {name} ({ddl_columns(columns)}) ENGINE = MergeTree ORDER BY k"
+           + (f" SETTINGS {settings}" if settings else ""))
+    return name
+
+
+def check_against_chdb(chs: Any, source: str, columns: list[tuple[str, str]], got: pa.Table) -> None:
+    """``got`` (read by replicad from ``source``'s part) as an 18.16 part in chdb answers like ``source``."""
+    target = create(chs, columns, "index_granularity = 8192, " + COMPAT)
+    part = "all_1_1_0"
+    types = [(n, parse_type(t)) for n, t in columns]
+    with PartWriter(data_path(chs, target) / "detached" / part, types,
+                    WriterSettings(index_granularity=8192, fsync=False), primary_key=["k"]) as w:
+        w.write(got)
+        w.finish()
+    q(chs, f"ALTER TABLE {target} ATTACH PART '{part}'")
+    assert q(chs, f"SELECT * FROM {target} ORDER BY k") == q(chs, f"SELECT * FROM {source} ORDER BY k")
+    q(chs, f"DROP TABLE {target} SYNC")
+
+
+def read_part(part: Path, columns: list[tuple[str, str]]) -> pa.Table:
+    with PartReader(part, {n: parse_type(t) for n, t in columns}, verify=True) as reader:
+        got = reader.read()
+        if reader.granules > 2:  # batch reading (granule ranges inside the part) gives the same rows
+            batches = pa.concat_tables(list(reader.iter_batches(granules_per_batch=2))).combine_chunks()
+            assert batches.equals(got)
+    return got
+
+
+def run_case(chs: Any, columns: list[tuple[str, str]], settings: str, n: int, seed: int) -> Path:
+    table, tsv = make_rows(columns, n, seed)
+    t = create(chs, columns, settings)
+    chs.query(f"INSERT INTO {t} FORMAT TabSeparated\n" + tsv.decode())
+    part = only_part(chs, t)
+    got = read_part(part, columns)
+    for name in table.column_names:
+        assert got.column(name).equals(table.column(name)), name
+    check_against_chdb(chs, t, columns, got)
+    return part
+
+
+def files(part: Path) -> set[str]:
+    return {p.name for p in part.iterdir()}
+
+
+def test_compact_default_settings(chs: Any) -> None:
+    """chdb's defaults: a Compact part, data.cmrk4 (marks per substream), string size streams."""
+    part = run_case(chs, ALL_TYPES, "index_granularity = 100", 1000, seed=1)
+    f = files(part)
+    assert {"data.bin", "data.cmrk4", "columns_substreams.txt", "primary.cidx", "serialization.json",
+            "metadata_version.txt", "default_compression_codec.txt"} <= f
+    assert "Compact part (data.bin)" in incompatibilities_with_18_16(PartDirectory.at(part))
+
+
+@pytest.mark.parametrize("settings, marks", [
+    ("write_marks_for_substreams_in_compact_parts = 0", "data.cmrk3"),
+    ("write_marks_for_substreams_in_compact_parts = 0, compress_marks = 0", "data.mrk3"),
+    ("compress_marks = 0", "data.mrk4"),
+])
+def test_compact_marks_variants(chs: Any, settings: str, marks: str) -> None:
+    part = run_case(chs, ALL_TYPES, "index_granularity = 64, " + settings, 700, seed=2)
+    assert marks in files(part)
+
+
+def test_compact_single_stream_strings_and_adaptive_granules(chs: Any) -> None:
+    """Strings with length prefixes (pre-25.x layout) and granules cut by bytes, not rows."""
+    run_case(chs, ALL_TYPES, "index_granularity = 8192, index_granularity_bytes = 4096, "
+                             "string_serialization_version = 'single_stream'", 3000, seed=3)
+
+
+def test_compact_one_granule(chs: Any) -> None:
+    run_case(chs, ALL_TYPES, "", 1, seed=4)
+
+
+def test_wide_default_settings(chs: Any) -> None:
+    """Wide with 26.x defaults: .cmrk2 marks with the final mark, primary.cidx, String size streams."""
+    part = run_case(chs, ALL_TYPES, "index_granularity = 100, " + WIDE, 1000, seed=5)
+    f = files(part)
+    assert {"s.size.bin", "s.size.cmrk2", "as_.size.bin", "ns.size.bin", "primary.cidx"} <= f
+    reasons = incompatibilities_with_18_16(PartDirectory.at(part))
+    assert any("size stream" in r for r in reasons) and any(".cmrk2" in r for r in reasons)
+
+
+def test_wide_adaptive_granularity_uncompressed_marks(chs: Any) -> None:
+    part = run_case(chs, ALL_TYPES, f"index_granularity = 8192, index_granularity_bytes = 2048, {WIDE}, "
+                                    "compress_marks = 0, compress_primary_key = 0", 2000, seed=6)
+    assert "k.mrk2" in files(part) and "primary.idx" in files(part)
+
+
+SPARSE_COLUMNS = [("k", "UInt64"), ("u", "UInt32"), ("i", "Int64"), ("f", "Float64"), ("s", "String"),
+                  ("ts", "DateTime"), ("dec", "Decimal(18, 4)"), ("fs", "FixedString(3)"),
+                  ("a", "Array(UInt8)"), ("ni", "Nullable(Int32)"), ("lc", "LowCardinality(String)")]
+SPARSE_SELECT = (
+    "SELECT number, if(number % 17 = 3, number, 0), if(number % 50 = 0, -number, 0), "
+    "if(number % 9 = 1, number / 4, 0), if(number % 13 = 0, toString(number), ''), "
+    "if(number % 20 = 7, toDateTime(number), toDateTime(0)), if(number % 11 = 0, number / 8, 0), "
+    "if(number % 7 = 0, 'abc', ''), if(number % 10 = 0, [1, 2], []), if(number % 3 = 0, NULL, 0), "
+    "if(number % 4 = 0, 'x', '') FROM numbers({n})"
+)
+
+
+@pytest.mark.parametrize("layout", ["wide", "compact"])
+def test_sparse_columns(chs: Any, layout: str) -> None:
+    settings = "index_granularity = 128, ratio_of_defaults_for_sparse_serialization = 0.5"
+    if layout == "wide":
+        settings += ", " + WIDE
+    t = create(chs, SPARSE_COLUMNS, settings)
+    q(chs, f"INSERT INTO {t} " + SPARSE_SELECT.format(n=5000))
+    part = only_part(chs, t)
+    info = json.loads((part / "serialization.json").read_bytes())
+    sparse = {c["name"] for c in info["columns"] if c["kind"] == "Sparse"}
+    assert {"u", "i", "s", "ts", "dec"} <= sparse, sparse
+    if layout == "wide":
+        assert "u.sparse.idx.bin" in files(part)
+    assert any("sparse" in r for r in incompatibilities_with_18_16(PartDirectory.at(part)))
+    check_against_chdb(chs, t, SPARSE_COLUMNS, read_part(part, SPARSE_COLUMNS))
+
+
+def test_merged_and_column_subset(chs: Any) -> None:
+    """A part merged by chdb from three inserts; reading a subset of columns of a Compact part."""
+    columns = ALL_TYPES
+    t = create(chs, columns, "index_granularity = 50")
+    for seed in (0, 1, 2):
+        _table, tsv = make_rows(columns, 300, seed)
+        lines = [line.split("\t", 1) for line in tsv.decode().splitlines()]
+        text = "".join(f"{int(k) + 300 * seed}\t{rest}\n" for k, rest in lines)
+        chs.query(f"INSERT INTO {t} FORMAT TabSeparated\n" + text)
+    q(chs, f"OPTIMIZE TABLE {t} FINAL")
+    part = only_part(chs, t)
+    check_against_chdb(chs, t, columns, read_part(part, columns))
+    subset = [c for c in columns if c[0] in ("k", "ns", "lc", "dec38")]
+    with PartReader(part, {n: parse_type(ty) for n, ty in subset}) as reader:
+        got = reader.read()
+    assert got.column_names == [n for n, _t in subset] and got.num_rows == 900
