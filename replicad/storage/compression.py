@@ -23,6 +23,7 @@ import zstandard
 
 from replicad.errors import CorruptedDataError
 from replicad.model.cityhash import BytesLike, FileHasher, cityhash128
+from replicad.storage.codecs import DECODERS, METHOD_MULTIPLE, decode_multiple
 
 METHOD_NONE = 0x02
 METHOD_LZ4 = 0x82
@@ -180,6 +181,13 @@ def _decode_payload(code: int, payload: memoryview, size: int, file_name: str, o
             out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=max(size, 1))
         elif code == METHOD_NONE:
             out = bytes(payload)
+        elif code == METHOD_MULTIPLE:
+            def stage(method: int, data: bytes, dsize: int) -> bytes:
+                return _decode_payload(method, memoryview(data), dsize, file_name, offset)
+
+            out = decode_multiple(bytes(payload), size, stage)
+        elif code in DECODERS:
+            out = DECODERS[code](bytes(payload), size)
         elif code in _MODERN_METHODS:
             raise _corrupt(file_name, offset, f"unsupported compression codec {_MODERN_METHODS[code]}")
         else:

@@ -71,7 +71,7 @@ def only_part(chs: Any, table: str) -> Path:
 def create(chs: Any, columns: list[tuple[str, str]], settings: str) -> str:
     name = f"db.m{next(_names)}"
     q(chs, f"CREATE TABLE {name} ({ddl_columns(columns)}) ENGINE = MergeTree ORDER BY k"
-           + (f" SETTINGS {settings}" if settings else ""))
+           + (f" SETTINGS {settings}" if settings else "") + " SETTINGS allow_suspicious_codecs = 1")
     return name
 
 
@@ -203,3 +203,44 @@ def test_merged_and_column_subset(chs: Any) -> None:
     with PartReader(part, {n: parse_type(ty) for n, ty in subset}) as reader:
         got = reader.read()
     assert got.column_names == [n for n, _t in subset] and got.num_rows == 900
+
+
+CODEC_COLUMNS = [
+    ("k", "UInt64 CODEC(Delta, LZ4)"),
+    ("d8", "Int8 CODEC(Delta)"), ("d16", "UInt16 CODEC(Delta(2), ZSTD(3))"), ("d32", "Int32 CODEC(Delta(4))"),
+    ("d64", "DateTime CODEC(Delta, ZSTD)"),
+    ("dd8", "UInt8 CODEC(DoubleDelta)"), ("dd16", "Int16 CODEC(DoubleDelta)"),
+    ("dd32", "DateTime CODEC(DoubleDelta, LZ4)"), ("dd64", "Int64 CODEC(DoubleDelta)"),
+    ("g32", "Float32 CODEC(Gorilla)"), ("g64", "Float64 CODEC(Gorilla, ZSTD(1))"),
+    ("gi", "UInt64 CODEC(Gorilla)"),
+    ("t8", "Int8 CODEC(T64)"), ("tu16", "UInt16 CODEC(T64, LZ4)"), ("t32", "Int32 CODEC(T64('bit'))"),
+    ("t64", "Int64 CODEC(T64)"), ("tu64", "UInt64 CODEC(T64('bit'), ZSTD)"), ("tdate", "Date CODEC(T64)"),
+    ("tdec", "Decimal(18, 3) CODEC(T64)"),
+    ("z", "String CODEC(ZSTD(9))"), ("hc", "String CODEC(LZ4HC(9))"), ("none", "Array(UInt32) CODEC(NONE)"),
+    ("ns", "Nullable(Int32) CODEC(Delta, LZ4)"),
+]
+CODEC_SELECT = (
+    "SELECT number, toInt8(number * 7 % 256 - 128), toUInt16(number * 3), toInt32(number * number) - 5000, "
+    "toDateTime(1700000000 + number * 60), toUInt8(number % 200), toInt16(number * 5 - 20000), "
+    "toDateTime(1700000000 + number * number % 1000), toInt64(number * 1000003) * if(number % 3 = 0, -1, 1), "
+    "toFloat32(sin(number / 10)), 1.5 + number / 100, number * 1000, toInt8(number % 100 - 50), "
+    "toUInt16(number * 13 % 65536), toInt32(number % 1000 - 500), "
+    "if(number % 5 = 0, -9223372036854775807, number * 12345), "
+    "if(number % 7 = 0, 18446744073709551615, number), toDate('2024-02-01') + number % 30, "
+    "toDecimal64(number / 8, 3) - 100, repeat(toString(number % 10), number % 20), toString(number), "
+    "range(number % 4), if(number % 4 = 0, NULL, toInt32(number)) FROM numbers({n})"
+)
+
+
+def _plain(columns: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(n, t.split(" CODEC")[0]) for n, t in columns]
+
+
+@pytest.mark.parametrize("layout", ["wide", "compact"])
+def test_codecs(chs: Any, layout: str) -> None:
+    """Every codec a column can have, read from chdb's part and compared with chdb's own answer."""
+    settings = "index_granularity = 1000" + (", " + WIDE if layout == "wide" else "")
+    t = create(chs, CODEC_COLUMNS, settings)
+    q(chs, f"INSERT INTO {t} " + CODEC_SELECT.format(n=3000))
+    part = only_part(chs, t)
+    check_against_chdb(chs, t, _plain(CODEC_COLUMNS), read_part(part, _plain(CODEC_COLUMNS)))
