@@ -18,6 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from replicad.storage.merge import PartSchema, merge_parts
+from replicad.storage.mutate import mutate_part
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader, incompatibilities_with_18_16
 from replicad.storage.types import parse_type
@@ -244,3 +246,40 @@ def test_codecs(chs: Any, layout: str) -> None:
     q(chs, f"INSERT INTO {t} " + CODEC_SELECT.format(n=3000))
     part = only_part(chs, t)
     check_against_chdb(chs, t, _plain(CODEC_COLUMNS), read_part(part, _plain(CODEC_COLUMNS)))
+
+
+def test_merge_and_mutate_modern_parts_give_18_16_parts(chs: Any, tmp_path: Path) -> None:
+    """Merging chdb's Compact and Wide parts, and mutating one (even untouched), writes 18.16 Wide parts
+    (``.mrk``, no serialization.json ...) with the rows chdb answers."""
+    columns = [c for c in ALL_TYPES if c[0] != "d"]
+    schema = PartSchema(columns=tuple((n, parse_type(t)) for n, t in columns), order_by="k")
+    compact = create(chs, columns, "index_granularity = 64")
+    wide = create(chs, columns, "index_granularity = 64, ratio_of_defaults_for_sparse_serialization = 0.5, "
+                                + WIDE)
+    table, tsv = make_rows(columns, 600, seed=21)
+    for t in (compact, wide):
+        chs.query(f"INSERT INTO {t} FORMAT TabSeparated\n" + tsv.decode())
+    sources = [only_part(chs, compact), only_part(chs, wide)]
+    merged = tmp_path / "merged"
+    merge_parts(sources, merged, schema, WriterSettings(index_granularity=8192, fsync=False))
+    assert incompatibilities_with_18_16(PartDirectory.at(merged)) == []
+    assert "k.mrk" in files(merged) and "serialization.json" not in files(merged)
+    got = PartReader(merged, verify=True).read()
+    doubled = pa.concat_tables([table, table]).sort_by([("k", "ascending")])
+    assert got.column("k").combine_chunks().equals(doubled.column("k").combine_chunks())
+    both = create(chs, columns, "")
+    for _ in range(2):  # the same rows twice: ties in ORDER BY k are identical rows
+        chs.query(f"INSERT INTO {both} FORMAT TabSeparated\n" + tsv.decode())
+    check_against_chdb(chs, both, columns, got)
+
+    untouched = tmp_path / "untouched"
+    mutate_part(sources[0], untouched, schema, [("DELETE", "k > 1000000")],
+                WriterSettings(index_granularity=8192, fsync=False))
+    assert incompatibilities_with_18_16(PartDirectory.at(untouched)) == []
+    updated = tmp_path / "updated"
+    mutate_part(sources[1], updated, schema, [("UPDATE", "k % 2 = 0", {"i32": "i32 + 1"})],
+                WriterSettings(index_granularity=8192, fsync=False))
+    assert incompatibilities_with_18_16(PartDirectory.at(updated)) == []
+    q(chs, f"ALTER TABLE {wide} UPDATE i32 = i32 + 1 WHERE k % 2 = 0 SETTINGS mutations_sync = 2")
+    check_against_chdb(chs, compact, columns, PartReader(untouched, verify=True).read())
+    check_against_chdb(chs, wide, columns, PartReader(updated, verify=True).read())
