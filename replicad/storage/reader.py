@@ -25,6 +25,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from replicad.errors import CorruptedDataError, MetadataMismatchError, UnsupportedPartFormatError
+from replicad.model.siphash import siphash128
 from replicad.storage.compact import CompactData, CompactMarks, find_marks
 from replicad.storage.compressed_file import CompressedFile
 from replicad.storage.compression import decompress_all
@@ -108,11 +109,20 @@ def detect_layout(part: PartDirectory, columns: Mapping[str, DataType]) -> _Layo
     first = next(iter(columns.items()), None)
     if first is None:
         return _MARK_LAYOUTS[".mrk"]
-    stem = stream_stem(first[0], serialization_of(first[0], first[1], info).substreams()[0])
+    stem = file_stem(files, stream_stem(first[0], serialization_of(first[0], first[1], info).substreams()[0]))
     for ext, layout in _MARK_LAYOUTS.items():
         if stem + ext in files:
             return layout
     raise CorruptedDataError(f"part {name}: no marks file for stream {stem}")
+
+
+def file_stem(files: set[str], stem: str) -> str:
+    """The file stem of a stream: its escaped name, or, when current ClickHouse shortened a long name
+    (``replace_long_file_name_to_hash``, names over ``max_file_name_length``), the hex SipHash-128 of it."""
+    if stem + DATA_EXT in files:
+        return stem
+    hashed = siphash128(stem.encode("utf-8"))[::-1].hex()
+    return hashed if hashed + DATA_EXT in files else stem
 
 
 def serialization_info(part: PartDirectory) -> SerializationInfo:
@@ -152,10 +162,10 @@ def incompatibilities_with_18_16(part: PartDirectory) -> list[str]:
 class _StreamReader:
     """One substream's ``.bin`` (memory-mapped) and marks."""
 
-    def __init__(self, part: PartDirectory, stem: str, layout: _Layout) -> None:
+    def __init__(self, part: PartDirectory, stem: str, layout: _Layout, file: str) -> None:
         self.stem = stem
-        self.file = CompressedFile(part.path / (stem + DATA_EXT), part.name)
-        marks_path = part.path / (stem + layout.marks_ext)
+        self.file = CompressedFile(part.path / (file + DATA_EXT), part.name)
+        marks_path = part.path / (file + layout.marks_ext)
         try:
             raw = marks_path.read_bytes()
         except FileNotFoundError:
@@ -247,12 +257,13 @@ class PartReader:
             self.row_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
             return
         marks_count = None
+        files = set(self.part.files())
         for name, dtype in self._serial.items():
             for suffix in dtype.substreams():
                 stem = stream_stem(name, suffix)
                 if stem in self._streams:
                     continue  # Nested columns share their .size0 stream
-                s = _StreamReader(self.part, stem, self.layout)
+                s = _StreamReader(self.part, stem, self.layout, file_stem(files, stem))
                 self._streams[stem] = s
                 if marks_count is None:
                     marks_count = len(s.marks)

@@ -283,3 +283,22 @@ def test_merge_and_mutate_modern_parts_give_18_16_parts(chs: Any, tmp_path: Path
     q(chs, f"ALTER TABLE {wide} UPDATE i32 = i32 + 1 WHERE k % 2 = 0 SETTINGS mutations_sync = 2")
     check_against_chdb(chs, compact, columns, PartReader(untouched, verify=True).read())
     check_against_chdb(chs, wide, columns, PartReader(updated, verify=True).read())
+
+
+@pytest.mark.parametrize("layout", ["wide", "compact"])
+def test_projection_and_hashed_long_file_names(chs: Any, layout: str) -> None:
+    """A projection sub-part (verified through checksums.txt, not read) and a column whose stream names
+    exceed max_file_name_length (files named by the SipHash-128 of the stream name)."""
+    long_name = "a_rather_long_column_name_" * 6
+    columns = [("k", "UInt64"), ("v", "String"), (long_name, "Array(String)")]
+    settings = "index_granularity = 16" + (", " + WIDE if layout == "wide" else "")
+    name = f"db.m{next(_names)}"
+    q(chs, f"CREATE TABLE {name} ({ddl_columns(columns)}, PROJECTION pr (SELECT v, count() GROUP BY v)) "
+           f"ENGINE = MergeTree ORDER BY k SETTINGS {settings}")
+    q(chs, f"INSERT INTO {name} SELECT number, toString(number % 3), [toString(number)] FROM numbers(100)")
+    part = only_part(chs, name)
+    assert (part / "pr.proj" / "checksums.txt").exists()
+    if layout == "wide":
+        assert not any(f.startswith(long_name) for f in files(part))
+    assert "projections (*.proj)" in incompatibilities_with_18_16(PartDirectory.at(part))
+    check_against_chdb(chs, name, columns, read_part(part, columns))
