@@ -410,6 +410,23 @@ def mutate_part(
         return _rewrite_part(source, reader, out, keys, compiled, settings, granules_per_batch)
 
 
+def rewrite_part(
+    source_dir: str | os.PathLike[str],
+    tmp_dir: str | os.PathLike[str],
+    schema: TableSchemaLike,
+    settings: WriterSettings | None = None,
+    *,
+    granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
+) -> WrittenPart:
+    """The part in ``source_dir`` (any layout the reader reads: a Compact part of current ClickHouse ...)
+    rewritten as an 18.16 Wide part with the same rows.  Blocking: run it in a worker thread."""
+    settings = settings or WriterSettings()
+    keys = TableKeys(schema)
+    source = PartDirectory(Path(source_dir))
+    with PartReader(source, keys.types, index_granularity=settings.index_granularity) as reader:
+        return _rewrite_part(source, reader, Path(tmp_dir), keys, [], settings, granules_per_batch)
+
+
 def iter_mutated(
     source_dir: str | os.PathLike[str],
     schema: TableSchemaLike,
@@ -434,4 +451,5 @@ __all__ = [
     "compile_commands",
     "iter_mutated",
     "mutate_part",
+    "rewrite_part",
 ]
