@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from replicad.server.status import part_sizes
 from replicad.storage.merge import PartSchema, merge_parts
 from replicad.storage.mutate import mutate_part
 from replicad.storage.part import PartDirectory
@@ -152,6 +153,9 @@ def test_wide_default_settings(chs: Any) -> None:
     assert {"s.size.bin", "s.size.cmrk2", "as_.size.bin", "ns.size.bin", "primary.cidx"} <= f
     reasons = incompatibilities_with_18_16(PartDirectory.at(part))
     assert any("size stream" in r for r in reasons) and any(".cmrk2" in r for r in reasons)
+    marks = q(chs, f"SELECT marks FROM system.parts WHERE active AND name = '{part.name}' "
+                   f"AND path LIKE '%{part.parent.name}%'")
+    assert part_sizes(PartDirectory.at(part).checksums)["marks"] == int(marks)
 
 
 def test_wide_adaptive_granularity_uncompressed_marks(chs: Any) -> None:
