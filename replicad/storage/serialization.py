@@ -6,8 +6,9 @@ reader must follow:
 
 * ``"types_serialization_versions": {"string": 1}`` (``string_serialization_version='with_size_stream'``):
   a String is two streams, ``<c>.size`` (UInt64 length per row) and ``<c>`` (the bytes, concatenated
-  without length prefixes).  With ``"propagate_types_serialization_versions_to_nested_types": true`` this
-  holds for Strings inside Nullable and Array as well (``<c>.null``, ``<c>.size``, ``<c>``;
+  without length prefixes).  Only for top-level String columns, unless (26.3+)
+  ``"propagate_types_serialization_versions_to_nested_types": true``: then for Strings inside Nullable and
+  Array as well (``<c>.null``, ``<c>.size``, ``<c>``;
   ``<c>.size0``, ``<c>.size``, ``<c>``).  LowCardinality dictionaries keep length-prefixed keys.
 * ``"kind": "Sparse"`` for a column: stream ``<c>.sparse.idx`` holds, per granule, one VarUInt per
   non-default row (the number of default rows before it) and a closing VarUInt with bit 62 set (the
@@ -44,7 +45,7 @@ class SerializationInfo:
     """What ``serialization.json`` says (an absent file means 18.16's defaults)."""
 
     string_size_stream: bool = False
-    propagate_to_nested: bool = True
+    propagate_to_nested: bool = False
     #: column name -> kind ("Default", "Sparse", ...)
     kinds: dict[str, str] = field(default_factory=dict)
 
@@ -77,7 +78,8 @@ class SerializationInfo:
         for col in info.get("columns") or []:
             if isinstance(col, dict) and isinstance(col.get("name"), str):
                 kinds[col["name"]] = str(col.get("kind", "Default"))
-        propagate = bool(info.get("propagate_types_serialization_versions_to_nested_types", True))
+        # absent (before 26.3, or with propagation off): only top-level String columns have size streams
+        propagate = bool(info.get("propagate_types_serialization_versions_to_nested_types", False))
         return cls(sized, propagate, kinds)
 
 

@@ -142,6 +142,16 @@ def test_compact_single_stream_strings_and_adaptive_granules(chs: Any) -> None:
                              "string_serialization_version = 'single_stream'", 3000, seed=3)
 
 
+@pytest.mark.parametrize("layout", ["wide", "compact"])
+def test_size_streams_for_top_level_strings_only(chs: Any, layout: str) -> None:
+    """Before 26.3 (propagate_types_serialization_versions_to_nested_types = 0) only top-level String
+    columns have a size stream; Nullable(String) and Array(String) keep length prefixes."""
+    settings = "index_granularity = 100, propagate_types_serialization_versions_to_nested_types = 0"
+    part = run_case(chs, ALL_TYPES, settings + (", " + WIDE if layout == "wide" else ""), 500, seed=8)
+    if layout == "wide":
+        assert "s.size.bin" in files(part) and "ns.size.bin" not in files(part)
+
+
 def test_compact_one_granule(chs: Any) -> None:
     run_case(chs, ALL_TYPES, "", 1, seed=4)
 

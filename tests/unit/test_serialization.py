@@ -72,7 +72,7 @@ def test_sized_string_and_nested(values: list[bytes]) -> None:
     sizes = struct.pack(f"<{len(values)}Q", *map(len, values))
     got = SizedStringType().deserialize({".size": sizes, "": b"".join(values)}, len(values))
     assert got.equals(pa.array(values, pa.binary()))
-    info = SerializationInfo(string_size_stream=True)
+    info = SerializationInfo(string_size_stream=True, propagate_to_nested=True)
     arr_type = serialization_of("a", T("Array(Nullable(String))"), info)
     assert arr_type.substreams() == [".size0", ".null", ".size", ""]
     assert arr_type == T("Array(Nullable(String))")  # the stand-in keeps the type's name
