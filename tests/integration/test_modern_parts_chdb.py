@@ -17,6 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from replicad.server.status import part_sizes
 from replicad.storage.merge import PartSchema, merge_parts
@@ -316,3 +318,40 @@ def test_projection_and_hashed_long_file_names(chs: Any, layout: str) -> None:
         assert not any(f.startswith(long_name) for f in files(part))
     assert "projections (*.proj)" in incompatibilities_with_18_16(PartDirectory.at(part))
     check_against_chdb(chs, name, columns, read_part(part, columns))
+
+
+@st.composite
+def codec_cases(draw: st.DrawFn) -> tuple[str, list[int], list[float]]:
+    n = draw(st.integers(1, 1500))
+    style = draw(st.sampled_from(["random", "smooth", "constant"]))
+    if style == "random":
+        ints = draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n))
+    elif style == "smooth":
+        start, step = draw(st.integers(-(2**40), 2**40)), draw(st.integers(-1000, 1000))
+        jitter = draw(st.lists(st.integers(-3, 3), min_size=n, max_size=n))
+        ints = [start + i * step + j for i, j in enumerate(jitter)]
+    else:
+        ints = [draw(st.integers(-(2**63), 2**63 - 1))] * n
+    floats = [float(v % 100003) / 7 if i % 5 else float(i) for i, v in enumerate(ints)]
+    codec = draw(st.sampled_from(["Delta", "DoubleDelta", "Gorilla", "T64", "T64('bit')", "Delta, ZSTD",
+                                  "DoubleDelta, LZ4", "T64, ZSTD(3)"]))
+    return codec, ints, floats
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=codec_cases(), compact=st.booleans())
+def test_codecs_random_values(chs: Any, case: tuple[str, list[int], list[float]], compact: bool) -> None:
+    """Random and smooth sequences through chdb's own codec encoders, decoded by replicad."""
+    codec, ints, floats = case
+    float_codec = "Gorilla" if codec.startswith("T64") else codec
+    columns = [("k", "UInt64"), ("i", f"Int64 CODEC({codec})"), ("u", f"UInt16 CODEC({codec})"),
+               ("f", f"Float64 CODEC({float_codec})")]
+    t = create(chs, columns, "index_granularity = 512" + ("" if compact else ", " + WIDE))
+    pairs = enumerate(zip(ints, floats, strict=True))
+    rows = "".join(f"{k}\t{v}\t{v % 65536}\t{f!r}\n" for k, (v, f) in pairs)
+    chs.query(f"INSERT INTO {t} FORMAT TabSeparated\n" + rows)
+    got = read_part(only_part(chs, t), _plain(columns))
+    assert got.column("i").to_pylist() == ints
+    assert got.column("u").to_pylist() == [v % 65536 for v in ints]
+    assert got.column("f").to_pylist() == floats
+    q(chs, f"DROP TABLE {t} SYNC")
