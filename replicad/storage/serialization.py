@@ -32,6 +32,7 @@ import pyarrow as pa
 from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
 from replicad.storage.types_base import DataType
 from replicad.storage.types_composite import ArrayType, NullableType, _take_stream
+from replicad.storage.types_enum import EnumType
 from replicad.storage.types_lowcard import KEYS_VERSION, LowCardinalityType
 from replicad.storage.types_string import StringType
 
@@ -165,8 +166,14 @@ class SparseType(DataType):
             return values
         take = np.zeros(n, dtype=np.int64)
         take[np.asarray(positions, dtype=np.int64)] = np.arange(1, len(positions) + 1)
-        combined = pa.concat_arrays([self.inner.defaults(1), values])
+        combined = pa.concat_arrays([self._zero(), values])
         return combined.take(pa.array(take))
+
+    def _zero(self) -> pa.Array:
+        """The value the offsets leave out: all-zero bytes (an Enum's 0, not its smallest code)."""
+        if isinstance(self.inner, EnumType):
+            return pa.array([0], self.inner.arrow_type)
+        return self.inner.defaults(1)
 
     def encode(self, arr: pa.Array) -> bytes:
         raise TypeError("Sparse columns are read only")

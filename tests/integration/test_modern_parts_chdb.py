@@ -178,13 +178,15 @@ def test_wide_adaptive_granularity_uncompressed_marks(chs: Any) -> None:
 
 SPARSE_COLUMNS = [("k", "UInt64"), ("u", "UInt32"), ("i", "Int64"), ("f", "Float64"), ("s", "String"),
                   ("ts", "DateTime"), ("dec", "Decimal(18, 4)"), ("fs", "FixedString(3)"),
-                  ("a", "Array(UInt8)"), ("ni", "Nullable(Int32)"), ("lc", "LowCardinality(String)")]
+                  ("a", "Array(UInt8)"), ("ni", "Nullable(Int32)"), ("lc", "LowCardinality(String)"),
+                  ("e", "Enum8('neg' = -5, 'z' = 0, 'p' = 3)"), ("uid", "UUID")]
 SPARSE_SELECT = (
     "SELECT number, if(number % 17 = 3, number, 0), if(number % 50 = 0, -number, 0), "
     "if(number % 9 = 1, number / 4, 0), if(number % 13 = 0, toString(number), ''), "
     "if(number % 20 = 7, toDateTime(number), toDateTime(0)), if(number % 11 = 0, number / 8, 0), "
     "if(number % 7 = 0, 'abc', ''), if(number % 10 = 0, [1, 2], []), if(number % 3 = 0, NULL, 0), "
-    "if(number % 4 = 0, 'x', '') FROM numbers({n})"
+    "if(number % 4 = 0, 'x', ''), if(number % 6 = 0, 'neg', if(number % 6 = 1, 'p', 'z')), "
+    "if(number % 8 = 0, generateUUIDv4(), toUUID('00000000-0000-0000-0000-000000000000')) FROM numbers({n})"
 )
 
 
@@ -198,7 +200,7 @@ def test_sparse_columns(chs: Any, layout: str) -> None:
     part = only_part(chs, t)
     info = json.loads((part / "serialization.json").read_bytes())
     sparse = {c["name"] for c in info["columns"] if c["kind"] == "Sparse"}
-    assert {"u", "i", "s", "ts", "dec"} <= sparse, sparse
+    assert {"u", "i", "s", "ts", "dec", "e", "uid"} <= sparse, sparse
     if layout == "wide":
         assert "u.sparse.idx.bin" in files(part)
     assert any("sparse" in r for r in incompatibilities_with_18_16(PartDirectory.at(part)))
