@@ -21,7 +21,8 @@ parts; ``skip`` bytes, ``size % width`` of them, are copied verbatim before the 
   max (8 * num_bits bytes); the high bits come back from min (or max for non-negative values when the
   range crosses zero).
 
-The decoders are numpy where the format allows (Delta, T64) and plain loops for the bit streams.
+The decoders are numpy where the format allows (Delta, T64); the bit-stream loops of DoubleDelta and
+Gorilla run in C (:mod:`replicad.native._bitcodecs`), with the Python loops here as their reference.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from replicad.native import _bitcodecs
 
 METHOD_MULTIPLE = 0x91
 METHOD_DELTA = 0x92
@@ -108,30 +111,37 @@ def _header_values(body: bytes, count_needed: int) -> tuple[int, int]:
     return count, 4
 
 
-def decode_double_delta(payload: bytes, size: int) -> bytes:
+def decode_double_delta(payload: bytes, size: int, *, native: bool = True) -> bytes:
     width, skip = _width_and_skip(payload, size)
     body = payload[2 + skip:]
     n = (size - skip) // width
     if n == 0:
         return payload[2:2 + skip]
     count, at = _header_values(body, n)
-    mask = (1 << (8 * width)) - 1
     if len(body) < at + width * min(count, 2):
         raise CodecError("DoubleDelta: truncated first values")
+    first = int.from_bytes(body[at:at + width], "little")
+    delta = int.from_bytes(body[at + width:at + 2 * width], "little") if count > 1 else 0
+    bits = body[at + 2 * width:] if count > 1 else b""
+    run = _bitcodecs.double_delta if native else _double_delta_loop
+    return payload[2:2 + skip] + run(bits, width, count, first, delta)
+
+
+def _double_delta_loop(data: bytes, width: int, count: int, first: int, delta: int) -> bytes:
+    """The reference of ``_bitcodecs.double_delta`` (same arguments, same result)."""
+    mask = (1 << (8 * width)) - 1
     out = np.zeros(count, dtype=np.uint64)
-    value = int.from_bytes(body[at:at + width], "little")
-    at += width
+    value = first & mask
     out[0] = value
-    delta = 0
     if count > 1:
-        delta = int.from_bytes(body[at:at + width], "little")
-        at += width
         value = (value + delta) & mask
         out[1] = value
-    bits = _Bits(body[at:])
+    bits = _Bits(data)
     for i in range(2, count):
         prefix, data_bits = _DD_SPEC[bits.peek5()]
         bits.pos += prefix
+        if bits.pos > bits.limit:
+            raise CodecError("bit stream ends early")
         dd = 0
         if data_bits:
             sign = bits.read(1)
@@ -141,13 +151,13 @@ def decode_double_delta(payload: bytes, size: int) -> bytes:
         delta = (delta + dd) & mask
         value = (value + delta) & mask
         out[i] = value
-    return payload[2:2 + skip] + out.astype(_UNSIGNED[width]).tobytes()
+    return out.astype(_UNSIGNED[width]).tobytes()
 
 
 _GORILLA_LENGTH_BITS = {1: 4, 2: 5, 4: 6, 8: 7}
 
 
-def decode_gorilla(payload: bytes, size: int) -> bytes:
+def decode_gorilla(payload: bytes, size: int, *, native: bool = True) -> bytes:
     width, skip = _width_and_skip(payload, size)
     body = payload[2 + skip:]
     n = (size - skip) // width
@@ -156,26 +166,33 @@ def decode_gorilla(payload: bytes, size: int) -> bytes:
     count, at = _header_values(body, n)
     if len(body) < at + width:
         raise CodecError("Gorilla: truncated first value")
+    first = int.from_bytes(body[at:at + width], "little")
+    run = _bitcodecs.gorilla if native else _gorilla_loop
+    return payload[2:2 + skip] + run(body[at + width:], width, count, first)
+
+
+def _gorilla_loop(data: bytes, width: int, count: int, first: int) -> bytes:
+    """The reference of ``_bitcodecs.gorilla`` (same arguments, same result)."""
     bit_size = 8 * width
     length_bits = _GORILLA_LENGTH_BITS[width]
     out = np.zeros(count, dtype=np.uint64)
-    value = int.from_bytes(body[at:at + width], "little")
+    value = first
     out[0] = value
-    bits = _Bits(body[at + width:])
-    lead = data = trail = 0
+    bits = _Bits(data)
+    lead = data_bits = trail = 0
     for i in range(1, count):
         if bits.read(1):
             if bits.read(1):
                 lead = bits.read(length_bits - 1)
-                data = bits.read(length_bits)
-                trail = bit_size - lead - data
+                data_bits = bits.read(length_bits)
+                trail = bit_size - lead - data_bits
                 if trail < 0:
-                    raise CodecError("Gorilla: window wider than the value")
-            if data == 0 and lead == 0 and trail == 0:
-                raise CodecError("Gorilla: reuse of a window before any")
-            value ^= bits.read(data) << trail
+                    raise CodecError("malformed bit stream")
+            if data_bits == 0 and lead == 0 and trail == 0:
+                raise CodecError("malformed bit stream")
+            value ^= bits.read(data_bits) << trail
         out[i] = value
-    return payload[2:2 + skip] + out.astype(_UNSIGNED[width]).tobytes()
+    return out.astype(_UNSIGNED[width]).tobytes()
 
 
 # T64 type cookies (low 7 bits) -> (value width, signed)
