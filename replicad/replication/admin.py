@@ -239,6 +239,8 @@ def _check_detached(path: Path, name: str, table_columns_text: str) -> PartDirec
     directory = PartDirectory.at(path).preload()
     try:
         directory.verify(check_uncompressed=True)
+    except UnsupportedPartFormatError as e:
+        raise BadInputError(f"Detached part {name} cannot be read: {e}", code=40) from None
     except (CorruptedDataError, OSError) as e:
         raise BadInputError(f"Detached part {name} is broken: {e}", code=40) from None
     if directory.columns_text != table_columns_text:

@@ -21,7 +21,7 @@ from typing import BinaryIO, Literal
 import lz4.block
 import zstandard
 
-from replicad.errors import CorruptedDataError
+from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
 from replicad.model.cityhash import BytesLike, FileHasher, cityhash128
 from replicad.storage.codecs import DECODERS, METHOD_MULTIPLE, decode_multiple
 
@@ -189,7 +189,9 @@ def _decode_payload(code: int, payload: memoryview, size: int, file_name: str, o
         elif code in DECODERS:
             out = DECODERS[code](bytes(payload), size)
         elif code in _MODERN_METHODS:
-            raise _corrupt(file_name, offset, f"unsupported compression codec {_MODERN_METHODS[code]}")
+            where = f" in {file_name}" if file_name else ""
+            raise UnsupportedPartFormatError(
+                f"unsupported compression codec {_MODERN_METHODS[code]}{where} at offset {offset}")
         else:
             raise _corrupt(file_name, offset, f"unknown compression method byte 0x{code:02x}")
     except CorruptedDataError:

@@ -203,7 +203,7 @@ def hash_compressed_file(path: str | os.PathLike[str]) -> tuple[int, bytes, int,
             try:
                 payload, _end = read_block(block, 0, name)
             except CorruptedDataError as e:
-                raise CorruptedDataError(f"{e} (block at offset {raw_hasher.size})") from None
+                raise type(e)(f"{e} (block at offset {raw_hasher.size})") from None
             raw_hasher.update(block)
             plain.update(payload)
     return raw_hasher.size, raw_hasher.digest(), plain.size, plain.digest()

@@ -371,9 +371,7 @@ class PartReader:
             try:
                 arrays.append(self._read_column(name, self._serial[name], start, end, n))
             except CorruptedDataError as e:
-                raise CorruptedDataError(
-                    f"part {self.part.name}, column {name}, granules {start}..{end}: {e}"
-                ) from e
+                raise type(e)(f"part {self.part.name}, column {name}, granules {start}..{end}: {e}") from e
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
     def _read_column(self, name: str, dtype: DataType, start: int, end: int, n: int) -> pa.Array:

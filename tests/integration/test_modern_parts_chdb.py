@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replicad.errors import UnsupportedPartFormatError
 from replicad.server.status import part_sizes
 from replicad.storage.merge import PartSchema, merge_parts
 from replicad.storage.mutate import mutate_part
@@ -357,3 +358,29 @@ def test_codecs_random_values(chs: Any, case: tuple[str, list[int], list[float]]
     assert got.column("u").to_pylist() == [v % 65536 for v in ints]
     assert got.column("f").to_pylist() == floats
     q(chs, f"DROP TABLE {t} SYNC")
+
+
+@pytest.mark.parametrize("codec", ["FPC", "GCD"])
+def test_unsupported_codec_refused_by_name(chs: Any, codec: str) -> None:
+    columns = [("k", "UInt64"), ("x", f"{'Float64' if codec == 'FPC' else 'UInt32'} CODEC({codec})")]
+    t = create(chs, columns, WIDE)
+    q(chs, f"INSERT INTO {t} SELECT number, number * 6 FROM numbers(100)")
+    part = only_part(chs, t)
+    with pytest.raises(UnsupportedPartFormatError, match=f"unsupported compression codec {codec} in x.bin"):
+        PartDirectory.at(part).verify()
+    with pytest.raises(UnsupportedPartFormatError, match=f"codec {codec}"):
+        PartReader(part, {n: parse_type(ty) for n, ty in _plain(columns)}).read()
+
+
+def test_small_files_of_a_default_part(chs: Any) -> None:
+    """What chdb writes besides the data: metadata_version.txt, default_compression_codec.txt,
+    columns_substreams.txt and serialization.json are not listed in checksums.txt except the last."""
+    t = create(chs, [("k", "UInt64"), ("s", "String")], "")
+    q(chs, f"INSERT INTO {t} SELECT number, toString(number) FROM numbers(10)")
+    part = PartDirectory.at(only_part(chs, t))
+    assert part.read_bytes("metadata_version.txt") == b"0"
+    assert part.read_bytes("default_compression_codec.txt") == b"CODEC(LZ4)"
+    assert part.read_bytes("checksums.txt").startswith(b"checksums format version: 4\n")
+    listed = set(part.checksums.files)
+    assert {"data.bin", "data.cmrk4", "count.txt", "primary.cidx", "serialization.json"} == listed
+    part.verify(require_all_files_listed=True)
