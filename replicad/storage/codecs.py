@@ -16,6 +16,8 @@ parts; ``skip`` bytes, ``size % width`` of them, are copied verbatim before the 
 * ``0x95`` Gorilla: UInt8 width, UInt8 skip, skip bytes, UInt32 count, the first value, then per value
   the XOR with the previous one: ``0`` (equal), ``10`` + the bits inside the previous window, or
   ``11`` + leading zeros + length + the bits (a new window).
+* ``0x9a`` GCD: UInt8 width (up to 32), UInt8 skip, skip bytes, the common divisor, then every value
+  divided by it.
 * ``0x93`` T64: UInt8 type cookie (bit 7: bit-transposed variant), skip bytes, Int64/UInt64 min and
   max, then per 64 values a transposed matrix of the ``num_bits`` low bits that differ between min and
   max (8 * num_bits bytes); the high bits come back from min (or max for non-negative values when the
@@ -41,6 +43,7 @@ METHOD_DELTA = 0x92
 METHOD_T64 = 0x93
 METHOD_DOUBLE_DELTA = 0x94
 METHOD_GORILLA = 0x95
+METHOD_GCD = 0x9A
 
 _UNSIGNED: dict[int, np.dtype[Any]] = {
     1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
@@ -268,6 +271,29 @@ def decode_t64(payload: bytes, size: int) -> bytes:
     return prefix + flat.astype(udt).tobytes()
 
 
+def decode_gcd(payload: bytes, size: int) -> bytes:
+    if size == 0:
+        return b""
+    if len(payload) < 2 or payload[0] not in (1, 2, 4, 8, 16, 32):
+        raise CodecError("GCD: bad header")
+    width = payload[0]
+    skip = size % width
+    body = payload[2 + skip:]
+    if len(payload) < 2 + skip or len(body) != width + size - skip:
+        raise CodecError(f"GCD: {len(body)} coded bytes for {size - skip}")
+    factor = int.from_bytes(body[:width], "little")
+    if width <= 8:
+        dt = _UNSIGNED[width]
+        with np.errstate(over="ignore"):
+            values = np.frombuffer(body[width:], dtype=dt) * dt.type(factor)
+        return payload[2:2 + skip] + bytes(values.astype(dt).tobytes())
+    mask = (1 << 8 * width) - 1
+    out = bytearray()
+    for at in range(width, len(body), width):
+        out += ((int.from_bytes(body[at:at + width], "little") * factor) & mask).to_bytes(width, "little")
+    return payload[2:2 + skip] + bytes(out)
+
+
 def decode_multiple(payload: bytes, size: int, decode_stage: Callable[[int, bytes, int], bytes]) -> bytes:
     if not payload or payload[0] == 0 or len(payload) < 1 + payload[0]:
         raise CodecError("Multiple: bad list of methods")
@@ -293,4 +319,5 @@ DECODERS: dict[int, Callable[[bytes, int], bytes]] = {
     METHOD_DOUBLE_DELTA: decode_double_delta,
     METHOD_GORILLA: decode_gorilla,
     METHOD_T64: decode_t64,
+    METHOD_GCD: decode_gcd,
 }

@@ -6,6 +6,7 @@ cannot read them).  Plain Python loops: test data only.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 
@@ -170,3 +171,12 @@ def block(method: int, payload: bytes, size: int) -> bytes:
 def as_bytes(values: list[int], width: int, signed: bool) -> bytes:
     dt = np.dtype(f"<{'i' if signed else 'u'}{width}")
     return np.array(values, dtype=dt).tobytes()
+
+
+def encode_gcd(data: bytes, width: int) -> bytes:
+    skip, vals = _values(data, width)
+    g = 0
+    for v in vals:
+        g = math.gcd(g, v)
+    out = bytes([width, len(skip)]) + skip + g.to_bytes(width, "little")
+    return out + b"".join((v // g if g else 0).to_bytes(width, "little") for v in vals)

@@ -138,3 +138,15 @@ def test_native_speed_sanity() -> None:
     t = time.perf_counter()
     assert codecs.decode_double_delta(payload, 80_000) == data[:80_000]
     assert time.perf_counter() - t < 0.5
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=int_data(), factor=st.sampled_from([1, 3, 12, 1000]))
+def test_gcd_round_trip(case: tuple[bytes, int], factor: int) -> None:
+    data, width = case
+    skip = len(data) % width
+    mask = (1 << 8 * width) - 1
+    scaled = data[:skip] + b"".join(
+        ((int.from_bytes(data[i:i + width], "little") * factor) & mask).to_bytes(width, "little")
+        for i in range(skip, len(data), width))
+    assert codecs.decode_gcd(enc.encode_gcd(scaled, width), len(scaled)) == scaled
