@@ -27,9 +27,9 @@ import numpy.typing as npt
 from replicad.errors import CorruptedDataError
 from replicad.storage.compressed_file import CompressedFile, Position
 from replicad.storage.compression import decompress_all
-from replicad.storage.part import PartDirectory, _read_back_quoted
+from replicad.storage.part import COMPACT_DATA_FILE, COMPACT_MARKS_FILES, PartDirectory, _read_back_quoted
 
-DATA_FILE = "data.bin"
+DATA_FILE = COMPACT_DATA_FILE
 SUBSTREAMS_FILE = "columns_substreams.txt"
 _SUBSTREAMS_HEADER = "columns substreams version: 1\n"
 
@@ -47,7 +47,7 @@ class CompactMarks:
         return self.file.endswith("4")
 
 
-MARKS_FILES = ("data.mrk3", "data.cmrk3", "data.mrk4", "data.cmrk4")
+MARKS_FILES = COMPACT_MARKS_FILES
 
 
 def find_marks(files: set[str]) -> CompactMarks | None:

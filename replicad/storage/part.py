@@ -36,6 +36,7 @@ COUNT_FILE = "count.txt"
 PRIMARY_INDEX_FILE = "primary.idx"
 PARTITION_FILE = "partition.dat"
 COMPACT_DATA_FILE = "data.bin"
+COMPACT_MARKS_FILES = ("data.mrk3", "data.cmrk3", "data.mrk4", "data.cmrk4")
 PROJECTION_EXT = ".proj"
 DATA_EXT = ".bin"
 MARKS_EXT = ".mrk"
@@ -328,7 +329,8 @@ class PartDirectory:
                 continue
             if expected.is_compressed and check_uncompressed:
                 size, digest, usize, udigest = hash_compressed_file(path)
-                if name == COMPACT_DATA_FILE and usize == expected.uncompressed_size:
+                if (name == COMPACT_DATA_FILE and usize == expected.uncompressed_size
+                        and any(f in checksums.files for f in COMPACT_MARKS_FILES)):
                     # A Compact part hashes the plain data per codec and chains those hashes (CityHash128
                     # seeded with the previous one), in the writer's unordered map order: one codec gives
                     # file_hash(hash); with several, only the size and the file hash below can be checked.

@@ -102,8 +102,6 @@ def detect_layout(part: PartDirectory, columns: Mapping[str, DataType]) -> _Layo
     compact = find_marks(files)
     if compact is not None:
         return _Layout(compact.file, 3, compact)
-    if "data.bin" in files:
-        raise CorruptedDataError(f"part {name}: Compact part without a marks file (data.mrk3 ... data.cmrk4)")
     info = SerializationInfo.parse(part.read_bytes("serialization.json") if "serialization.json" in files
                                    else None, name)
     first = next(iter(columns.items()), None)
@@ -135,7 +133,7 @@ def incompatibilities_with_18_16(part: PartDirectory) -> list[str]:
     """Why ClickHouse 18.16 could not load this part (empty if it could)."""
     files = part.files()
     out: list[str] = []
-    if "data.bin" in files:
+    if find_marks(set(files)) is not None:
         out.append("Compact part (data.bin)")
     if "primary.cidx" in files:
         out.append("compressed primary index (primary.cidx)")

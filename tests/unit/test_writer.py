@@ -250,12 +250,12 @@ def test_adaptive_marks_mrk2(tmp_path: Path) -> None:
     assert r.read().equals(t)
 
 
-def test_compact_part_without_marks_refused(tmp_path: Path) -> None:
-    p = write_part(tmp_path / "p", [("x", T("UInt8"))], [pa.table({"x": pa.array([1], pa.uint8())})])
-    (p / "data.bin").write_bytes(b"")
-    with pytest.raises(CorruptedDataError, match="Compact part without a marks file"):
-        PartReader(p)
-    assert incompatibilities_with_18_16(PartDirectory.at(p)) == ["Compact part (data.bin)"]
+def test_a_column_named_data_is_not_a_compact_part(tmp_path: Path) -> None:
+    """A Wide part with a column ``data`` has ``data.bin`` too; Compact parts are told by data.mrk3 ..."""
+    t = pa.table({"data": pa.array([1, 2], pa.uint8())})
+    p = write_part(tmp_path / "p", [("data", T("UInt8"))], [t])
+    assert PartReader(p, verify=True).read().equals(t)
+    assert incompatibilities_with_18_16(PartDirectory.at(p)) == []
 
 
 def test_compressed_marks_and_primary_cidx(tmp_path: Path) -> None:
