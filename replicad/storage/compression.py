@@ -3,7 +3,9 @@
 A block is ``16-byte CityHash128 v1.0.2 of the rest | UInt8 method | UInt32 compressed size (the 9 header
 bytes included) | UInt32 decompressed size | payload``.  Methods: 0x02 none, 0x82 LZ4 (raw block, no size
 prefix; LZ4HC writes the same method byte), 0x90 ZSTD (one frame).  With lz4/zstandard at level 1 the blocks
-are byte-identical to what ClickHouse 18.16 writes.
+are byte-identical to what ClickHouse 18.16 writes.  Reading also decodes the column codecs of current
+ClickHouse (Multiple, Delta, DoubleDelta, Gorilla, T64, GCD: :mod:`replicad.storage.codecs`); other
+codecs raise :class:`UnsupportedPartFormatError` naming them.
 
 Reading verifies every checksum and size and raises :class:`CorruptedDataError` naming the file and the
 block's offset.  :class:`CompressedStreamWriter` produces a .bin file incrementally, cutting 1 MiB blocks
