@@ -1,12 +1,19 @@
-"""Read the columns of a Wide part into storage Arrow, granule range by granule range.
+"""Read the columns of a part into storage Arrow, granule range by granule range.
 
-Reads what ClickHouse 18.16 writes (``.mrk`` marks: two UInt64 per granule, granules of
-``index_granularity`` rows) and what current ClickHouse writes with the Wide layout: adaptive granularity
-(``.mrk2``: three UInt64 per granule — offsets and row count — plus a final mark) and compressed marks
-(``.cmrk``/``.cmrk2``: the same bytes in compressed blocks); the primary index is not needed to read.
-Layouts it cannot read are refused with :class:`UnsupportedPartFormatError` naming what was found:
-Compact parts (``data.bin``), sparse columns and strings with a separate size stream
-(``serialization.json``).  :func:`incompatibilities_with_18_16` lists why 18.16 could not load a part.
+Reads what ClickHouse 18.16 writes (Wide, ``.mrk`` marks: two UInt64 per granule, granules of
+``index_granularity`` rows) and what current ClickHouse writes:
+
+* Wide parts with adaptive granularity (``.mrk2``: three UInt64 per granule — offsets and row count — plus
+  a final mark) and compressed marks (``.cmrk``/``.cmrk2``: the same bytes in compressed blocks); stream
+  files named by a hash when the name is long (:func:`file_stem`);
+* Compact parts (``data.bin`` with ``data.mrk3``/``.cmrk3``/``.mrk4``/``.cmrk4``:
+  :mod:`replicad.storage.compact`);
+* the serialization variants of ``serialization.json`` — String size streams, Sparse columns
+  (:mod:`replicad.storage.serialization`) — and the column codecs (:mod:`replicad.storage.codecs`).
+
+The primary index (``primary.idx`` or ``primary.cidx``) is not needed to read; projections (``*.proj/``)
+are not read.  What cannot be read is refused with :class:`UnsupportedPartFormatError` naming it.
+:func:`incompatibilities_with_18_16` lists why 18.16 could not load a part.
 
 Memory is bounded by the batch: :meth:`PartReader.iter_batches` decompresses only the blocks that
 hold the requested granules (found through the marks) from a memory-mapped ``.bin``.
@@ -102,8 +109,7 @@ def detect_layout(part: PartDirectory, columns: Mapping[str, DataType]) -> _Layo
     compact = find_marks(files)
     if compact is not None:
         return _Layout(compact.file, 3, compact)
-    info = SerializationInfo.parse(part.read_bytes("serialization.json") if "serialization.json" in files
-                                   else None, name)
+    info = serialization_info(part)
     first = next(iter(columns.items()), None)
     if first is None:
         return _MARK_LAYOUTS[".mrk"]
