@@ -38,9 +38,12 @@ from replicad.storage.compressed_file import CompressedFile
 from replicad.storage.compression import decompress_all
 from replicad.storage.part import DATA_EXT, PartDirectory, stream_stem
 from replicad.storage.serialization import (
+    SPARSE_SUFFIX,
     SerializationInfo,
+    SparseType,
     deserialize_sequential,
     serialization_of,
+    sparse_granule_rows,
 )
 from replicad.storage.types import DataType, parse_type
 
@@ -321,6 +324,8 @@ class PartReader:
 
     def _fixed_stream(self) -> tuple[_StreamReader, int] | None:
         for name, dtype in self._serial.items():
+            if isinstance(dtype, SparseType):
+                continue  # its value streams hold only the non-default rows
             for suffix in dtype.substreams():
                 w = substream_width(dtype.name, suffix)
                 if w:
@@ -332,6 +337,10 @@ class PartReader:
             return None
         found = self._fixed_stream()
         if found is None:
+            for name, dtype in self._serial.items():
+                if isinstance(dtype, SparseType):  # its offsets of the first granule count the rows
+                    first = self._streams[stream_stem(name, SPARSE_SUFFIX)].read_range(0, 1)
+                    return sparse_granule_rows(first, f"part {self.part.name}, column {name}")
             return None
         stream, width = found
         pos = stream.decompressed_position(1)

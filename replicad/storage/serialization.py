@@ -188,6 +188,21 @@ class SparseType(DataType):
         return self.inner.defaults(n)
 
 
+def sparse_granule_rows(buf: bytes, what: str = "") -> int:
+    """Rows of one granule's whole ``.sparse.idx`` data (non-default rows, defaults, the closing group)."""
+    view = memoryview(buf)
+    at = rows = 0
+    while True:
+        group, at = _read_varuint(view, at, f"{what} {SPARSE_SUFFIX}")
+        if group & END_OF_GRANULE_FLAG:
+            rows += group & ~END_OF_GRANULE_FLAG
+            break
+        rows += group + 1
+    if at != len(buf) or rows == 0:
+        raise CorruptedDataError(f"{what}: bad sparse offsets of a granule ({len(buf) - at} bytes left)")
+    return rows
+
+
 def _with_string_sizes(dtype: DataType, nested: bool) -> DataType:
     if isinstance(dtype, StringType) and not isinstance(dtype, SizedStringType):
         return SizedStringType()

@@ -387,3 +387,43 @@ def test_small_files_of_a_default_part(chs: Any) -> None:
     listed = set(part.checksums.files)
     assert {"data.bin", "data.cmrk4", "count.txt", "primary.cidx", "serialization.json"} == listed
     part.verify(require_all_files_listed=True)
+
+
+LAYOUT_SETTINGS = {
+    "wide": [WIDE, ""],
+    "marks": ["", "compress_marks = 0", "write_marks_for_substreams_in_compact_parts = 0"],
+    "strings": ["", "string_serialization_version = 'single_stream'",
+                "propagate_types_serialization_versions_to_nested_types = 0"],
+    "granules": ["", "index_granularity_bytes = 0", "index_granularity_bytes = 1024"],
+    "sparse": ["", "ratio_of_defaults_for_sparse_serialization = 0.01"],
+}
+
+
+@st.composite
+def layout_cases(draw: st.DrawFn) -> tuple[list[tuple[str, str]], int, str, int]:
+    others = [c for c in ALL_TYPES if c[0] != "k"]
+    chosen = draw(st.lists(st.sampled_from(others), min_size=1, max_size=8, unique=True))
+    n = draw(st.integers(1, 2500))
+    picked = [draw(st.sampled_from(v)) for v in LAYOUT_SETTINGS.values()]
+    granularity = draw(st.sampled_from([1, 3, 64, 8192]))
+    settings_ = ", ".join([f"index_granularity = {granularity}", *[p for p in picked if p]])
+    return [ALL_TYPES[0], *chosen], n, settings_, draw(st.integers(0, 2**31))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=layout_cases())
+def test_random_layouts(chs: Any, case: tuple[list[tuple[str, str]], int, str, int]) -> None:
+    """Random columns, row counts and combinations of the layout settings: same rows as generated and
+    as chdb answers."""
+    columns, n, settings_, seed = case
+    run_case(chs, columns, settings_, n, seed)
+
+
+@pytest.mark.parametrize("n, granularity", [(5, 3), (2, 1), (40, 7)])
+def test_sparse_without_adaptive_granularity(chs: Any, n: int, granularity: int) -> None:
+    """Fixed granules (.mrk, no row counts) with every column sparse: the granule size comes from the
+    sparse offsets (a sparse column's value stream holds only non-default rows)."""
+    settings_ = (f"index_granularity = {granularity}, index_granularity_bytes = 0, {WIDE}, "
+                 "ratio_of_defaults_for_sparse_serialization = 0.01")
+    part = run_case(chs, [("k", "UInt64")], settings_, n, seed=9)
+    assert {"k.sparse.idx.bin", "k.sparse.idx.cmrk"} <= files(part)
