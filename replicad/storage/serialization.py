@@ -13,6 +13,9 @@ reader must follow:
 * ``"kind": "Sparse"`` for a column: stream ``<c>.sparse.idx`` holds, per granule, one VarUInt per
   non-default row (the number of default rows before it) and a closing VarUInt with bit 62 set (the
   trailing default rows of the granule); the column's own streams hold only the non-default values.
+  With ``"types_serialization_versions": {"nullable": 1}`` (``nullable_serialization_version =
+  'allow_sparse'``) a Nullable(T) column can be Sparse too: the left-out rows are NULL and the values
+  are T's streams, without a null map.
 
 :func:`serialization_of` maps a column's :class:`DataType` to a stand-in type whose substreams and
 :meth:`DataType.deserialize` follow the part's variant; the stand-ins keep the type's name, so they
@@ -125,16 +128,18 @@ class SparseType(DataType):
     """A Sparse column: ``.sparse.idx`` offsets, then the inner type's streams for non-default rows."""
 
     def __init__(self, inner: DataType) -> None:
-        if inner.is_nullable:
+        if inner.is_nullable and not isinstance(inner, NullableType):
             raise UnsupportedPartFormatError(f"Sparse serialization of {inner.name} is not supported")
         self.inner = inner
+        #: what the value streams hold: a Sparse Nullable(T) stores its non-NULL values as T, no null map
+        self.values_type = inner.inner if isinstance(inner, NullableType) else inner
         self.name = inner.name
         self.arrow_type = inner.arrow_type
         self.field_type = inner.field_type
         self.field_kind = inner.field_kind
 
     def _substreams(self, array_level: int) -> list[str]:
-        return [SPARSE_SUFFIX, *self.inner._substreams(array_level)]
+        return [SPARSE_SUFFIX, *self.values_type._substreams(array_level)]
 
     def _deserialize_from(
         self, bufs: dict[str, bytes], pos: dict[str, int], n: int, array_level: int
@@ -161,7 +166,7 @@ class SparseType(DataType):
             if row > n:
                 raise CorruptedDataError(f"{self.name}: sparse offsets cover {row} rows, expected {n}")
         pos[SPARSE_SUFFIX] = at
-        values = self.inner._deserialize_from(bufs, pos, len(positions), array_level)
+        values = self.values_type._deserialize_from(bufs, pos, len(positions), array_level)
         if len(positions) == n:
             return values
         take = np.zeros(n, dtype=np.int64)
@@ -173,7 +178,7 @@ class SparseType(DataType):
         """The value the offsets leave out: all-zero bytes (an Enum's 0, not its smallest code)."""
         if isinstance(self.inner, EnumType):
             return pa.array([0], self.inner.arrow_type)
-        return self.inner.defaults(1)
+        return self.inner.defaults(1)  # NULL for Nullable
 
     def encode(self, arr: pa.Array) -> bytes:
         raise TypeError("Sparse columns are read only")

@@ -185,15 +185,19 @@ SPARSE_SELECT = (
     "SELECT number, if(number % 17 = 3, number, 0), if(number % 50 = 0, -number, 0), "
     "if(number % 9 = 1, number / 4, 0), if(number % 13 = 0, toString(number), ''), "
     "if(number % 20 = 7, toDateTime(number), toDateTime(0)), if(number % 11 = 0, number / 8, 0), "
-    "if(number % 7 = 0, 'abc', ''), if(number % 10 = 0, [1, 2], []), if(number % 3 = 0, NULL, 0), "
+    "if(number % 7 = 0, 'abc', ''), if(number % 10 = 0, [1, 2], []), if(number % 3 = 0, toInt32(number % 2), NULL), "
     "if(number % 4 = 0, 'x', ''), if(number % 6 = 0, 'neg', if(number % 6 = 1, 'p', 'z')), "
     "if(number % 8 = 0, generateUUIDv4(), toUUID('00000000-0000-0000-0000-000000000000')) FROM numbers({n})"
 )
 
 
-@pytest.mark.parametrize("layout", ["wide", "compact"])
-def test_sparse_columns(chs: Any, layout: str) -> None:
+@pytest.mark.parametrize("layout, nullable", [("wide", False), ("compact", False), ("wide", True),
+                                              ("compact", True)])
+def test_sparse_columns(chs: Any, layout: str, nullable: bool) -> None:
+    """Sparse columns; with nullable_serialization_version = 'allow_sparse' Nullable ones too."""
     settings = "index_granularity = 128, ratio_of_defaults_for_sparse_serialization = 0.5"
+    if nullable:
+        settings += ", nullable_serialization_version = 'allow_sparse'"
     if layout == "wide":
         settings += ", " + WIDE
     t = create(chs, SPARSE_COLUMNS, settings)
@@ -201,7 +205,7 @@ def test_sparse_columns(chs: Any, layout: str) -> None:
     part = only_part(chs, t)
     info = json.loads((part / "serialization.json").read_bytes())
     sparse = {c["name"] for c in info["columns"] if c["kind"] == "Sparse"}
-    assert {"u", "i", "s", "ts", "dec", "e", "uid"} <= sparse, sparse
+    assert {"u", "i", "s", "ts", "dec", "e", "uid"} | ({"ni"} if nullable else set()) <= sparse, sparse
     if layout == "wide":
         assert "u.sparse.idx.bin" in files(part)
     assert any("sparse" in r for r in incompatibilities_with_18_16(PartDirectory.at(part)))

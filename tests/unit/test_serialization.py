@@ -102,8 +102,12 @@ def test_serialization_json() -> None:
     assert isinstance(serialization_of("x", T("UInt8"), info), SparseType)
     assert serialization_of("y", T("UInt8"), info) == T("UInt8")
     assert SerializationInfo.parse(None) == SerializationInfo()
-    with pytest.raises(UnsupportedPartFormatError, match="Sparse serialization of Nullable"):
-        serialization_of("x", T("Nullable(UInt8)"), info)
+    with pytest.raises(UnsupportedPartFormatError, match=r"Sparse serialization of LowCardinality"):
+        serialization_of("x", T("LowCardinality(Nullable(String))"), info)
+    nullable = serialization_of("x", T("Nullable(UInt8)"), info)
+    assert nullable.substreams() == [".sparse.idx", ""]  # no null map: the left-out rows are NULL
+    bufs = {".sparse.idx": sparse_offsets([[False, True, False, True]]), "": b"\0\7"}
+    assert nullable.deserialize(bufs, 4).to_pylist() == [None, 0, None, 7]
     with pytest.raises(CorruptedDataError, match=r"bad serialization\.json"):
         SerializationInfo.parse(b"{")
 
