@@ -400,6 +400,7 @@ LAYOUT_SETTINGS = {
                 "propagate_types_serialization_versions_to_nested_types = 0"],
     "granules": ["", "index_granularity_bytes = 0", "index_granularity_bytes = 1024"],
     "sparse": ["", "ratio_of_defaults_for_sparse_serialization = 0.01"],
+    "nullable": ["", "nullable_serialization_version = 'allow_sparse'"],
 }
 
 
