@@ -185,7 +185,8 @@ SPARSE_SELECT = (
     "SELECT number, if(number % 17 = 3, number, 0), if(number % 50 = 0, -number, 0), "
     "if(number % 9 = 1, number / 4, 0), if(number % 13 = 0, toString(number), ''), "
     "if(number % 20 = 7, toDateTime(number), toDateTime(0)), if(number % 11 = 0, number / 8, 0), "
-    "if(number % 7 = 0, 'abc', ''), if(number % 10 = 0, [1, 2], []), if(number % 3 = 0, toInt32(number % 2), NULL), "
+    "if(number % 7 = 0, 'abc', ''), if(number % 10 = 0, [1, 2], []), "
+    "if(number % 3 = 0, toInt32(number % 2), NULL), "
     "if(number % 4 = 0, 'x', ''), if(number % 6 = 0, 'neg', if(number % 6 = 1, 'p', 'z')), "
     "if(number % 8 = 0, generateUUIDv4(), toUUID('00000000-0000-0000-0000-000000000000')) FROM numbers({n})"
 )
@@ -313,17 +314,19 @@ def test_merge_and_mutate_modern_parts_give_18_16_parts(chs: Any, tmp_path: Path
 
 @pytest.mark.parametrize("layout", ["wide", "compact"])
 def test_projection_and_hashed_long_file_names(chs: Any, layout: str) -> None:
-    """A projection sub-part (verified through checksums.txt, not read) and a column whose stream names
-    exceed max_file_name_length (files named by the SipHash-128 of the stream name)."""
+    """A projection sub-part (verified through checksums.txt, not read), skip indices, and a column whose
+    stream names exceed max_file_name_length (files named by the SipHash-128 of the stream name)."""
     long_name = "a_rather_long_column_name_" * 6
     columns = [("k", "UInt64"), ("v", "String"), (long_name, "Array(String)")]
     settings = "index_granularity = 16" + (", " + WIDE if layout == "wide" else "")
     name = f"db.m{next(_names)}"
-    q(chs, f"CREATE TABLE {name} ({ddl_columns(columns)}, PROJECTION pr (SELECT v, count() GROUP BY v)) "
+    q(chs, f"CREATE TABLE {name} ({ddl_columns(columns)}, PROJECTION pr (SELECT v, count() GROUP BY v), "
+           "INDEX iv v TYPE bloom_filter GRANULARITY 2, INDEX ik k TYPE minmax GRANULARITY 1) "
            f"ENGINE = MergeTree ORDER BY k SETTINGS {settings}")
     q(chs, f"INSERT INTO {name} SELECT number, toString(number % 3), [toString(number)] FROM numbers(100)")
     part = only_part(chs, name)
     assert (part / "pr.proj" / "checksums.txt").exists()
+    assert any(f.startswith("skp_idx") for f in files(part))  # skip indices: verified, not read
     if layout == "wide":
         assert not any(f.startswith(long_name) for f in files(part))
     assert "projections (*.proj)" in incompatibilities_with_18_16(PartDirectory.at(part))
