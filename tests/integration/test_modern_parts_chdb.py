@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replicad.errors import UnsupportedPartFormatError
+from replicad.replication.part_store import PartStore
 from replicad.server.status import part_sizes
+from replicad.storage.layout import TableDataLayout
 from replicad.storage.merge import PartSchema, merge_parts
 from replicad.storage.mutate import mutate_part
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader, incompatibilities_with_18_16
 from replicad.storage.types import parse_type
 from replicad.storage.writer import PartWriter, WriterSettings
+from replicad.table_reader import TableReader
 from tests.support.part_rows import ALL_TYPES, ddl_columns, make_rows
 
 chdb_session = pytest.importorskip("chdb.session")
@@ -435,3 +439,23 @@ def test_sparse_without_adaptive_granularity(chs: Any, n: int, granularity: int)
                  "ratio_of_defaults_for_sparse_serialization = 0.01")
     part = run_case(chs, [("k", "UInt64")], settings_, n, seed=9)
     assert {"k.sparse.idx.bin", "k.sparse.idx.cmrk"} <= files(part)
+
+
+async def test_table_reader_filters_modern_parts(chs: Any, tmp_path: Path) -> None:
+    """SELECT's read path (TableReader over a PartStore) on chdb's Compact and sparse Wide parts."""
+    columns = [("k", "UInt64"), ("s", "String"), ("ni", "Nullable(Int32)"), ("a", "Array(String)")]
+    layout = TableDataLayout(tmp_path, "db", "t")
+    for i, extra in enumerate(["", f", {WIDE}, ratio_of_defaults_for_sparse_serialization = 0.5"]):
+        t = create(chs, columns, "index_granularity = 32" + extra)
+        q(chs, f"INSERT INTO {t} SELECT number + {i * 1000}, if(number % 3 = 0, toString(number), ''), "
+               "if(number % 4 = 0, NULL, toInt32(number)), [toString(number % 5)] FROM numbers(500)")
+        shutil.copytree(only_part(chs, t), layout.part_path(f"all_{i + 1}_{i + 1}_0"))
+    store = PartStore(layout)
+    await store.load()
+    assert len(store.active()) == 2
+    types = [(n, parse_type(ty)) for n, ty in columns]
+    reader = TableReader(types, [n for n, _ in columns], store, "UTC", on_broken_part=lambda _n: None)
+    got = await reader.read_all(["k", "s", "ni"], "ni > 100 AND s != ''")
+    expected = [(k, str(k % 1000).encode(), k % 1000) for k in [*range(500), *range(1000, 1500)]
+                if k % 1000 % 4 and k % 1000 > 100 and k % 1000 % 3 == 0]
+    assert list(zip(*(got.column(c).to_pylist() for c in ("k", "s", "ni")), strict=True)) == expected
