@@ -30,54 +30,71 @@ pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeo
 ROWS = "SELECT id, toUnixTimestamp(ctime), name FROM {table} ORDER BY id FORMAT TSV"
 
 
-def chdb_part(base: Path) -> tuple[Path, str]:
-    """A part chdb writes with its defaults (plus a codec) for db.events' columns; (part dir, rows TSV)."""
+def chdb_parts(base: Path) -> tuple[list[Path], str]:
+    """Two parts chdb writes for db.events' columns: with its defaults plus a codec (Compact), and Wide with
+    sparse columns; (part dirs, both tables' rows as TSV)."""
     s = chdb_session.Session(str(base))
+    parts: list[Path] = []
     try:
         s.query("CREATE DATABASE IF NOT EXISTS src ENGINE = Atomic")
-        s.query("CREATE TABLE src.events (id Int32 CODEC(Delta, ZSTD), ctime DateTime, name String) "
-                "ENGINE = MergeTree PARTITION BY toYYYYMM(ctime) ORDER BY id "
-                "SETTINGS index_granularity = 256")
-        s.query("INSERT INTO src.events SELECT number, toDateTime('2026-11-10 12:00:00') + number * 37, "
-                "concat('chdb', toString(number), repeat('x', number % 7)) FROM numbers(3000)")
-        path = str(s.query("SELECT path FROM system.parts WHERE database = 'src' AND table = 'events' "
-                           "AND active", "TabSeparated")).strip()
-        expected = str(s.query(ROWS.format(table="src.events").rsplit(" FORMAT", 1)[0], "TabSeparated"))
-        copy = base / "copy" / Path(path).name
-        shutil.copytree(path, copy)
+        wide = "min_bytes_for_wide_part = 0, ratio_of_defaults_for_sparse_serialization = 0.5"
+        for i, settings in enumerate(["index_granularity = 256", f"index_granularity = 100, {wide}"]):
+            s.query(f"CREATE TABLE src.e{i} (id Int32 CODEC(Delta, ZSTD), ctime DateTime, name String) "
+                    f"ENGINE = MergeTree PARTITION BY toYYYYMM(ctime) ORDER BY id SETTINGS {settings}")
+            name = "if(number % 3 = 0, concat('chdb', toString(number), repeat('x', number % 7)), '')"
+            s.query(f"INSERT INTO src.e{i} SELECT number + {i} * 10000, "
+                    f"toDateTime('2026-11-10 12:00:00') + number * 37, {name} FROM numbers(3000)")
+            path = str(s.query(f"SELECT path FROM system.parts WHERE database = 'src' AND table = 'e{i}' "
+                               "AND active", "TabSeparated")).strip()
+            copy = base / f"copy{i}" / Path(path).name
+            shutil.copytree(path, copy)
+            parts.append(copy)
+        both = "(SELECT * FROM src.e0 UNION ALL SELECT * FROM src.e1)"
+        expected = str(s.query(ROWS.format(table=both).rsplit(" FORMAT", 1)[0], "TabSeparated"))
     finally:
         s.close()
-    return copy, expected
+    return parts, expected
 
 
-async def test_attach_chdb_compact_part_read_by_clickhouse_18(
+async def test_attach_chdb_parts_read_by_clickhouse_18(
     clickhouse_factory: Callable[..., ClickHouseServer],
     zookeeper: ZooKeeperServer,
     zk_root: str,
     tmp_path: Path,
 ) -> None:
-    part, expected = await asyncio.to_thread(chdb_part, tmp_path / "chdb")
-    assert "Compact part (data.bin)" in incompatibilities_with_18_16(PartDirectory.at(part))
+    parts, expected = await asyncio.to_thread(chdb_parts, tmp_path / "chdb")
+    assert "Compact part (data.bin)" in incompatibilities_with_18_16(PartDirectory.at(parts[0]))
+    assert any("sparse" in r for r in incompatibilities_with_18_16(PartDirectory.at(parts[1])))
     ch1 = await asyncio.to_thread(clickhouse_factory, "r1")
     await ch(ch1, "CREATE DATABASE db")
     await ch(ch1, DDL)
     replica, keeper, server = await start_replicad(zookeeper, zk_root, tmp_path / "rd", "r3")
     try:
-        await asyncio.to_thread(shutil.copytree, part, replica.layout.detached_path / part.name)
-        text = f"ALTER TABLE db.events ATTACH PART '{part.name}'"
-        result = await replica.execute(Statement(StatementKind.ATTACH, TableName("db", "events"), text,
-                                                 parse_statement(text)))
-        (name,) = result.fields["parts"]
-        mine = replica.store.get(name)
-        assert mine is not None and incompatibilities_with_18_16(PartDirectory.at(mine.path)) == []
-        assert not (replica.layout.detached_path / part.name).exists()
-        assert await replica.count(None) == 3000
+        detached = replica.layout.detached_path
+        await asyncio.to_thread(shutil.copytree, parts[0], detached / parts[0].name)
+        # the same name in another table: renamed in detached/ as a user would
+        other = "202611_2_2_0" if parts[1].name != "202611_2_2_0" else "202611_3_3_0"
+        await asyncio.to_thread(shutil.copytree, parts[1], detached / other)
+
+        async def alter(text: str) -> list[str]:
+            result = await replica.execute(Statement(StatementKind.ATTACH, TableName("db", "events"), text,
+                                                     parse_statement(text)))
+            return list(result.fields["parts"])
+
+        (name,) = await alter(f"ALTER TABLE db.events ATTACH PART '{parts[0].name}'")
+        names = [name, *await alter("ALTER TABLE db.events ATTACH PARTITION 202611")]
+        assert len(names) == 2
+        for n in names:
+            mine = replica.store.get(n)
+            assert mine is not None and incompatibilities_with_18_16(PartDirectory.at(mine.path)) == []
+        assert not any(detached.iterdir())
+        assert await replica.count(None) == 6000
 
         await ch(ch1, "SYSTEM SYNC REPLICA db.events")
         assert await ch(ch1, ROWS.format(table="db.events")) == expected
         errs = await ch(ch1, "SELECT count() FROM system.replication_queue WHERE last_exception != ''")
         assert errs.strip() == "0"
-        assert (ch1.table_dir("db", "events") / name / "id.mrk").exists()
+        assert all((ch1.table_dir("db", "events") / n / "id.mrk").exists() for n in names)
     finally:
         await replica.stop()
         await keeper.close()
