@@ -12,8 +12,9 @@ Reads what ClickHouse 18.16 writes (Wide, ``.mrk`` marks: two UInt64 per granule
   (:mod:`replicad.storage.serialization`) — and the column codecs (:mod:`replicad.storage.codecs`).
 
 The primary index (``primary.idx`` or ``primary.cidx``) is not needed to read; projections (``*.proj/``)
-are not read.  What cannot be read is refused with :class:`UnsupportedPartFormatError` naming it.
-:func:`incompatibilities_with_18_16` lists why 18.16 could not load a part.
+are not read; rows a lightweight DELETE marked in ``_row_exists`` are left out.  What cannot be read is
+refused with :class:`UnsupportedPartFormatError` naming it.  :func:`incompatibilities_with_18_16` lists
+why 18.16 could not load a part.
 
 Memory is bounded by the batch: :meth:`PartReader.iter_batches` decompresses only the blocks that
 hold the requested granules (found through the marks) from a memory-mapped ``.bin``.
@@ -46,6 +47,7 @@ from replicad.storage.serialization import (
     sparse_granule_rows,
 )
 from replicad.storage.types import DataType, parse_type
+from replicad.storage.types_composite import filter_rows
 
 _FIXED_WIDTHS = {
     "Int8": 1, "UInt8": 1, "Int16": 2, "UInt16": 2, "Int32": 4, "UInt32": 4, "Int64": 8, "UInt64": 8,
@@ -53,6 +55,7 @@ _FIXED_WIDTHS = {
     "Decimal128": 16, "Enum8": 1, "Enum16": 2,
 }
 _READ_GRANULES = 16  # granules decoded at once by PartReader.read
+ROW_EXISTS = "_row_exists"  # the mask column of current ClickHouse's lightweight DELETE
 _NAME_HEAD = re.compile(r"^([A-Za-z0-9]+)(?:\((.*)\))?$", re.S)
 
 
@@ -161,6 +164,8 @@ def incompatibilities_with_18_16(part: PartDirectory) -> list[str]:
             sparse = sorted(n for n, k in info.kinds.items() if k != "Default")
             if sparse:
                 out.append(f"sparse serialization of {', '.join(sparse)}")
+    if any(n == ROW_EXISTS for n, _t in part.column_types):
+        out.append("rows deleted by a lightweight DELETE (_row_exists)")
     if any(f.endswith(".proj") for f in os.listdir(part.path)):
         out.append("projections (*.proj)")
     return out
@@ -229,7 +234,7 @@ class PartReader:
             self.part.verify()
         part_types = dict(self.part.column_types)
         if columns is None:
-            self.columns: dict[str, DataType] = dict(self.part.columns)
+            self.columns: dict[str, DataType] = {n: t for n, t in self.part.columns if n != ROW_EXISTS}
         else:
             self.columns = dict(columns)
             for name, dtype in self.columns.items():
@@ -242,6 +247,11 @@ class PartReader:
         self.part_columns = {n: t for n, t in self.columns.items() if n in part_types}
         # Streams opened: the selected columns', or the part's first column's for the geometry alone.
         opened = dict(self.part_columns)
+        #: a lightweight DELETE of current ClickHouse left ``_row_exists`` (0 = deleted): such rows are
+        #: left out of what is read (``rows`` and the granules still count them)
+        self.row_exists = ROW_EXISTS in part_types and ROW_EXISTS not in self.columns
+        if self.row_exists:
+            opened[ROW_EXISTS] = parse_type(part_types[ROW_EXISTS])
         if not opened and part_types:
             name0, type0 = next(iter(part_types.items()))
             opened[name0] = parse_type(type0)
@@ -385,7 +395,13 @@ class PartReader:
                 arrays.append(self._read_column(name, self._serial[name], start, end, n))
             except CorruptedDataError as e:
                 raise type(e)(f"part {self.part.name}, column {name}, granules {start}..{end}: {e}") from e
-        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+        table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+        if self.row_exists:
+            exists = self._read_column(ROW_EXISTS, self._serial[ROW_EXISTS], start, end, n)
+            keep = np.asarray(exists.to_numpy(zero_copy_only=False)) != 0
+            if not keep.all():
+                table = filter_rows(table, keep)
+        return table
 
     def _read_column(self, name: str, dtype: DataType, start: int, end: int, n: int) -> pa.Array:
         if self._compact is not None:

@@ -26,7 +26,7 @@ from replicad.replication.part_store import PartStore
 from replicad.server.status import part_sizes
 from replicad.storage.layout import TableDataLayout
 from replicad.storage.merge import PartSchema, merge_parts
-from replicad.storage.mutate import mutate_part
+from replicad.storage.mutate import mutate_part, rewrite_part
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader, incompatibilities_with_18_16
 from replicad.storage.types import parse_type
@@ -459,3 +459,27 @@ async def test_table_reader_filters_modern_parts(chs: Any, tmp_path: Path) -> No
     expected = [(k, str(k % 1000).encode(), k % 1000) for k in [*range(500), *range(1000, 1500)]
                 if k % 1000 % 4 and k % 1000 > 100 and k % 1000 % 3 == 0]
     assert list(zip(*(got.column(c).to_pylist() for c in ("k", "s", "ni")), strict=True)) == expected
+
+
+@pytest.mark.parametrize("layout", ["wide", "compact"])
+def test_lightweight_delete(chs: Any, layout: str, tmp_path: Path) -> None:
+    """``DELETE FROM`` of current ClickHouse masks rows with ``_row_exists``: they are not read, and a
+    merge or rewrite (ATTACH's conversion) drops them."""
+    columns = [c for c in ALL_TYPES if c[0] != "d"]
+    _table, tsv = make_rows(columns, 700, seed=31)
+    t = create(chs, columns, "index_granularity = 64" + (", " + WIDE if layout == "wide" else ""))
+    chs.query(f"INSERT INTO {t} FORMAT TabSeparated\n" + tsv.decode())
+    q(chs, f"DELETE FROM {t} WHERE k % 3 = 0 OR k BETWEEN 100 AND 300")
+    part = only_part(chs, t)
+    assert "_row_exists" in PartDirectory.at(part).columns_text
+    assert any("lightweight" in r for r in incompatibilities_with_18_16(PartDirectory.at(part)))
+    got = read_part(part, columns)
+    assert got.num_rows == int(q(chs, f"SELECT count() FROM {t}"))
+    check_against_chdb(chs, t, columns, got)
+    with PartReader(part) as reader:  # all of columns.txt: the mask is applied, not returned
+        assert "_row_exists" not in reader.read().column_names
+    schema = PartSchema(columns=tuple((n, parse_type(ty)) for n, ty in columns), order_by="k")
+    rewritten = tmp_path / "rewritten"
+    rewrite_part(part, rewritten, schema, WriterSettings(index_granularity=8192, fsync=False))
+    assert incompatibilities_with_18_16(PartDirectory.at(rewritten)) == []
+    check_against_chdb(chs, t, columns, PartReader(rewritten, verify=True).read())
