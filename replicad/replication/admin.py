@@ -47,7 +47,7 @@ from replicad.service import ExecuteResult, Statement, StatementKind
 from replicad.storage.merge import TableSchemaLike
 from replicad.storage.mutate import rewrite_part
 from replicad.storage.part import PartDirectory, columns_text
-from replicad.storage.reader import incompatibilities_with_18_16
+from replicad.storage.reader import SYSTEM_COLUMNS, incompatibilities_with_18_16
 from replicad.storage.writer import WriterSettings
 
 if TYPE_CHECKING:
@@ -243,7 +243,8 @@ def _check_detached(path: Path, name: str, table_columns_text: str) -> PartDirec
         raise BadInputError(f"Detached part {name} cannot be read: {e}", code=40) from None
     except (CorruptedDataError, OSError) as e:
         raise BadInputError(f"Detached part {name} is broken: {e}", code=40) from None
-    if directory.columns_text != table_columns_text:
+    own = [(n, t) for n, t in directory.column_types if n not in SYSTEM_COLUMNS]  # _row_exists ...
+    if columns_text(own) != table_columns_text:
         raise BadInputError(f"Detached part {name} has other columns than the table: its columns.txt is "
                             f"{directory.columns_text!r}", code=INCOMPATIBLE_COLUMNS)
     return directory

@@ -56,6 +56,8 @@ _FIXED_WIDTHS = {
 }
 _READ_GRANULES = 16  # granules decoded at once by PartReader.read
 ROW_EXISTS = "_row_exists"  # the mask column of current ClickHouse's lightweight DELETE
+#: columns current ClickHouse may store in a part besides the table's (never read as data)
+SYSTEM_COLUMNS = frozenset({ROW_EXISTS, "_block_number", "_block_offset"})
 _NAME_HEAD = re.compile(r"^([A-Za-z0-9]+)(?:\((.*)\))?$", re.S)
 
 
@@ -164,8 +166,10 @@ def incompatibilities_with_18_16(part: PartDirectory) -> list[str]:
             sparse = sorted(n for n, k in info.kinds.items() if k != "Default")
             if sparse:
                 out.append(f"sparse serialization of {', '.join(sparse)}")
-    if any(n == ROW_EXISTS for n, _t in part.column_types):
-        out.append("rows deleted by a lightweight DELETE (_row_exists)")
+    system = sorted(n for n, _t in part.column_types if n in SYSTEM_COLUMNS)
+    if system:
+        out.append(f"system columns {', '.join(system)}"
+                   + (" (rows deleted by a lightweight DELETE)" if ROW_EXISTS in system else ""))
     if any(f.endswith(".proj") for f in os.listdir(part.path)):
         out.append("projections (*.proj)")
     return out
@@ -234,7 +238,8 @@ class PartReader:
             self.part.verify()
         part_types = dict(self.part.column_types)
         if columns is None:
-            self.columns: dict[str, DataType] = {n: t for n, t in self.part.columns if n != ROW_EXISTS}
+            self.columns: dict[str, DataType] = {
+                n: t for n, t in self.part.columns if n not in SYSTEM_COLUMNS}
         else:
             self.columns = dict(columns)
             for name, dtype in self.columns.items():

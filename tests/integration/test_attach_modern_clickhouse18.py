@@ -31,19 +31,23 @@ ROWS = "SELECT id, toUnixTimestamp(ctime), name FROM {table} ORDER BY id FORMAT 
 
 
 def chdb_parts(base: Path) -> tuple[list[Path], str]:
-    """Two parts chdb writes for db.events' columns: with its defaults plus a codec (Compact), and Wide with
-    sparse columns; (part dirs, both tables' rows as TSV)."""
+    """Two parts chdb writes for db.events' columns: with its defaults plus a codec and the block number
+    columns (Compact), and Wide with sparse columns and a lightweight DELETE; (part dirs, both tables'
+    rows as TSV)."""
     s = chdb_session.Session(str(base))
     parts: list[Path] = []
     try:
         s.query("CREATE DATABASE IF NOT EXISTS src ENGINE = Atomic")
         wide = "min_bytes_for_wide_part = 0, ratio_of_defaults_for_sparse_serialization = 0.5"
-        for i, settings in enumerate(["index_granularity = 256", f"index_granularity = 100, {wide}"]):
+        first = "index_granularity = 256, enable_block_number_column = 1, enable_block_offset_column = 1"
+        for i, settings in enumerate([first, f"index_granularity = 100, {wide}"]):
             s.query(f"CREATE TABLE src.e{i} (id Int32 CODEC(Delta, ZSTD), ctime DateTime, name String) "
                     f"ENGINE = MergeTree PARTITION BY toYYYYMM(ctime) ORDER BY id SETTINGS {settings}")
             name = "if(number % 3 = 0, concat('chdb', toString(number), repeat('x', number % 7)), '')"
             s.query(f"INSERT INTO src.e{i} SELECT number + {i} * 10000, "
                     f"toDateTime('2026-11-10 12:00:00') + number * 37, {name} FROM numbers(3000)")
+            if i == 1:  # a lightweight DELETE: the part gets _row_exists
+                s.query("DELETE FROM src.e1 WHERE id % 5 = 0")
             path = str(s.query(f"SELECT path FROM system.parts WHERE database = 'src' AND table = 'e{i}' "
                                "AND active", "TabSeparated")).strip()
             copy = base / f"copy{i}" / Path(path).name
@@ -88,7 +92,7 @@ async def test_attach_chdb_parts_read_by_clickhouse_18(
             mine = replica.store.get(n)
             assert mine is not None and incompatibilities_with_18_16(PartDirectory.at(mine.path)) == []
         assert not any(detached.iterdir())
-        assert await replica.count(None) == 6000
+        assert await replica.count(None) == 3000 + 2400
 
         await ch(ch1, "SYSTEM SYNC REPLICA db.events")
         assert await ch(ch1, ROWS.format(table="db.events")) == expected
