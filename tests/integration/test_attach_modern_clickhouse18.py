@@ -46,6 +46,9 @@ def chdb_parts(base: Path) -> tuple[list[Path], str]:
             name = "if(number % 3 = 0, concat('chdb', toString(number), repeat('x', number % 7)), '')"
             s.query(f"INSERT INTO src.e{i} SELECT number + {i} * 10000, "
                     f"toDateTime('2026-11-10 12:00:00') + number * 37, {name} FROM numbers(3000)")
+            if i == 0:  # a second insert and a merge: the merged part stores _block_number/_block_offset
+                s.query("INSERT INTO src.e0 SELECT 20000, toDateTime('2026-11-20 00:00:00'), 'late'")
+                s.query("OPTIMIZE TABLE src.e0 FINAL")
             if i == 1:  # a lightweight DELETE: the part gets _row_exists
                 s.query("DELETE FROM src.e1 WHERE id % 5 = 0")
             path = str(s.query(f"SELECT path FROM system.parts WHERE database = 'src' AND table = 'e{i}' "
@@ -68,6 +71,7 @@ async def test_attach_chdb_parts_read_by_clickhouse_18(
 ) -> None:
     parts, expected = await asyncio.to_thread(chdb_parts, tmp_path / "chdb")
     assert "Compact part (data.bin)" in incompatibilities_with_18_16(PartDirectory.at(parts[0]))
+    assert "_block_number" in PartDirectory.at(parts[0]).columns_text
     assert any("sparse" in r for r in incompatibilities_with_18_16(PartDirectory.at(parts[1])))
     ch1 = await asyncio.to_thread(clickhouse_factory, "r1")
     await ch(ch1, "CREATE DATABASE db")
@@ -92,7 +96,7 @@ async def test_attach_chdb_parts_read_by_clickhouse_18(
             mine = replica.store.get(n)
             assert mine is not None and incompatibilities_with_18_16(PartDirectory.at(mine.path)) == []
         assert not any(detached.iterdir())
-        assert await replica.count(None) == 3000 + 2400
+        assert await replica.count(None) == 3001 + 2400
 
         await ch(ch1, "SYSTEM SYNC REPLICA db.events")
         assert await ch(ch1, ROWS.format(table="db.events")) == expected
