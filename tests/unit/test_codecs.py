@@ -150,3 +150,45 @@ def test_gcd_round_trip(case: tuple[bytes, int], factor: int) -> None:
         ((int.from_bytes(data[i:i + width], "little") * factor) & mask).to_bytes(width, "little")
         for i in range(skip, len(data), width))
     assert codecs.decode_gcd(enc.encode_gcd(scaled, width), len(scaled)) == scaled
+
+
+@settings(max_examples=400, deadline=None)
+@given(method=st.sampled_from([*sorted(codecs.DECODERS), codecs.METHOD_MULTIPLE]),
+       payload=st.binary(max_size=80), size=st.integers(0, 200))
+def test_garbage_payloads_fail_cleanly(method: int, payload: bytes, size: int) -> None:
+    """Any payload: the block decodes to exactly its size or is refused as corrupted, nothing else."""
+    try:
+        out, _end = read_block(enc.block(method, payload, size), 0, "x.bin")
+    except CorruptedDataError:
+        return
+    assert len(out) == size
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=int_data(), which=st.sampled_from(["delta", "dd", "gorilla", "t64", "gcd"]), at=st.integers(0),
+       flip=st.integers(1, 255), cut=st.booleans())
+def test_damaged_payloads_fail_cleanly(
+    case: tuple[bytes, int], which: str, at: int, flip: int, cut: bool
+) -> None:
+    """A valid payload with one byte changed or its tail cut: right size out, or refused as corrupted."""
+    data, width = case
+    method, payload = {
+        "delta": (codecs.METHOD_DELTA, lambda: enc.encode_delta(data, width)),
+        "dd": (codecs.METHOD_DOUBLE_DELTA, lambda: enc.encode_double_delta(data, width)),
+        "gorilla": (codecs.METHOD_GORILLA, lambda: enc.encode_gorilla(data, width)),
+        "t64": (codecs.METHOD_T64, lambda: enc.encode_t64(data, width, False, False)),
+        "gcd": (codecs.METHOD_GCD, lambda: enc.encode_gcd(data, width)),
+    }[which]
+    raw = bytearray(payload())
+    if not raw:
+        return
+    i = at % len(raw)
+    if cut:
+        del raw[i:]
+    else:
+        raw[i] ^= flip
+    try:
+        out, _end = read_block(enc.block(method, bytes(raw), len(data)), 0, "x.bin")
+    except CorruptedDataError:
+        return
+    assert len(out) == len(data)
