@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from replicad.errors import UnsupportedPartFormatError
 from replicad.replication.part_store import PartStore
 from replicad.server.status import part_sizes
+from replicad.storage.compression import iter_blocks
 from replicad.storage.layout import TableDataLayout
 from replicad.storage.merge import PartSchema, merge_parts
 from replicad.storage.mutate import mutate_part, rewrite_part
@@ -484,3 +485,15 @@ def test_lightweight_delete(chs: Any, layout: str, tmp_path: Path) -> None:
     rewrite_part(part, rewritten, schema, WriterSettings(index_granularity=8192, fsync=False))
     assert incompatibilities_with_18_16(PartDirectory.at(rewritten)) == []
     check_against_chdb(chs, t, columns, PartReader(rewritten, verify=True).read())
+
+
+def test_compact_granules_over_several_blocks(chs: Any) -> None:
+    """A Compact granule whose column data exceeds max_compress_block_size: 1 MiB blocks inside it."""
+    columns = [("k", "UInt64"), ("s", "String"), ("a", "Array(String)")]
+    t = create(chs, columns, "min_bytes_for_wide_part = 1000000000, min_rows_for_wide_part = 1000000000")
+    q(chs, f"INSERT INTO {t} SELECT number, repeat(toString(number % 10), 300), [repeat('z', number % 500)] "
+           "FROM numbers(20000)")
+    part = only_part(chs, t)
+    sizes = [len(b) for _off, b in iter_blocks((part / "data.bin").read_bytes())]
+    assert "data.cmrk4" in files(part) and sizes.count(2**20) >= 4
+    check_against_chdb(chs, t, columns, read_part(part, columns))
