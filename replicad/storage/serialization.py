@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
@@ -124,6 +125,38 @@ def _read_varuint(view: memoryview, at: int, what: str) -> tuple[int, int]:
             raise CorruptedDataError(f"{what}: VarUInt too long")
 
 
+def sparse_positions(buf: bytes, at: int, n: int, what: str = "") -> tuple[npt.NDArray[np.int64], int]:
+    """(rows of the non-default values, end offset) of the sparse offsets for ``n`` rows at ``buf[at:]``.
+
+    The offsets end with the closing group of the granule that completes the ``n`` rows; ``buf`` may go
+    on after them (a Compact granule: the values follow).  Vectorised: every VarUInt in the rest of the
+    buffer is decoded at once, then the offsets are cut where the rows are complete."""
+    rest = np.frombuffer(buf, dtype=np.uint8, offset=at) if at < len(buf) else np.zeros(0, np.uint8)
+    ends = np.flatnonzero(rest < 0x80)
+    if not len(ends):
+        raise CorruptedDataError(f"{what}: truncated VarUInt")
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lengths = ends - starts + 1
+    low = (rest[:ends[-1] + 1] & 0x7F).astype(np.uint64)
+    shift = np.arange(len(low)) - np.repeat(starts, lengths)
+    low[shift > 9] = 0  # too long: refused below if it is part of the offsets
+    values = np.add.reduceat(low << (7 * np.minimum(shift, 9)).astype(np.uint64), starts)
+    closing = (values & np.uint64(END_OF_GRANULE_FLAG)) != 0
+    rows = np.where(closing, values & ~np.uint64(END_OF_GRANULE_FLAG), values + np.uint64(1))
+    covered = np.cumsum(np.minimum(rows, np.uint64(n + 1)).astype(np.int64))  # no overflow on garbage
+    stop = np.flatnonzero(closing & (covered >= n))
+    if not len(stop) or covered[stop[0]] != n:
+        got = int(covered[stop[0]]) if len(stop) else int(covered[-1])
+        raise CorruptedDataError(f"{what}: sparse offsets cover {got} rows, expected {n}")
+    last = int(stop[0])
+    if (lengths[:last + 1] > 10).any():
+        raise CorruptedDataError(f"{what}: VarUInt too long")
+    positions = covered[:last][~closing[:last]] - 1
+    return positions, at + int(ends[last]) + 1
+
+
 class SparseType(DataType):
     """A Sparse column: ``.sparse.idx`` offsets, then the inner type's streams for non-default rows."""
 
@@ -148,29 +181,14 @@ class SparseType(DataType):
             buf = bufs[SPARSE_SUFFIX]
         except KeyError:
             raise CorruptedDataError(f"{self.name}: missing stream {SPARSE_SUFFIX!r}") from None
-        view = memoryview(buf)
         at = pos.get(SPARSE_SUFFIX, 0)
-        positions: list[int] = []
-        row = 0
-        closed = n == 0
-        while row < n or not closed:
-            group, at = _read_varuint(view, at, f"{self.name} {SPARSE_SUFFIX}")
-            if group & END_OF_GRANULE_FLAG:
-                row += group & ~END_OF_GRANULE_FLAG
-                closed = True
-            else:
-                row += group
-                positions.append(row)
-                row += 1
-                closed = False
-            if row > n:
-                raise CorruptedDataError(f"{self.name}: sparse offsets cover {row} rows, expected {n}")
+        positions, at = sparse_positions(buf, at, n, f"{self.name} {SPARSE_SUFFIX}")
         pos[SPARSE_SUFFIX] = at
         values = self.values_type._deserialize_from(bufs, pos, len(positions), array_level)
         if len(positions) == n:
             return values
         take = np.zeros(n, dtype=np.int64)
-        take[np.asarray(positions, dtype=np.int64)] = np.arange(1, len(positions) + 1)
+        take[positions] = np.arange(1, len(positions) + 1)
         combined = pa.concat_arrays([self._zero(), values])
         return combined.take(pa.array(take))
 

@@ -21,6 +21,7 @@ from replicad.storage.serialization import (
     SparseType,
     deserialize_sequential,
     serialization_of,
+    sparse_positions,
 )
 from replicad.storage.types import parse_type as T
 
@@ -62,7 +63,7 @@ def test_sparse_round_trip(granules: list[list[int]], as_string: bool) -> None:
 
 def test_sparse_offsets_beyond_the_rows_are_corruption() -> None:
     bufs = {".sparse.idx": sparse_offsets([[False] * 5]), "": b""}
-    with pytest.raises(CorruptedDataError, match="cover 5 rows"):
+    with pytest.raises(CorruptedDataError, match="sparse offsets cover"):
         SparseType(T("UInt8")).deserialize(bufs, 3)
 
 
@@ -127,3 +128,20 @@ def test_sparse_array_between_defaults() -> None:
             "": b"\1\2"}
     assert dtype.deserialize(bufs, 3).to_pylist() == [[], [1, 2], []]
     assert dtype.defaults(2).to_pylist() == [[], []]
+
+
+@settings(max_examples=300, deadline=None)
+@given(granules=st.lists(st.lists(st.booleans(), min_size=1, max_size=30), min_size=1, max_size=4),
+       tail=st.binary(max_size=20), cut=st.integers(0, 3))
+def test_sparse_positions_vectorised(granules: list[list[bool]], tail: bytes, cut: int) -> None:
+    """The vectorised offsets decoder stops at the closing group that completes the rows, whatever follows
+    (a Compact granule's values), and refuses offsets that are cut short or cover other row counts."""
+    idx = sparse_offsets(granules)
+    flat = [v for g in granules for v in g]
+    positions, end = sparse_positions(b"xy" + idx + tail, 2, len(flat))
+    assert positions.tolist() == [i for i, v in enumerate(flat) if v] and end == 2 + len(idx)
+    if cut:
+        with pytest.raises(CorruptedDataError):
+            sparse_positions(idx[:max(len(idx) - cut, 0)], 0, len(flat))
+    with pytest.raises(CorruptedDataError, match="cover"):
+        sparse_positions(idx, 0, len(flat) + 1)
