@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicad.errors import CorruptedDataError
+from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
 from replicad.storage.types_base import FIELD_STRING, DataType, as_array
 from replicad.storage.types_composite import with_nulls
 from replicad.storage.types_string import StringType, decode_strings, encode_strings
@@ -108,6 +108,9 @@ class LowCardinalityType(DataType):
             if width > 3:
                 raise CorruptedDataError(f"{self.name}: bad index serialization type {flags:#x}")
             if flags & NEED_GLOBAL_DICTIONARY and (dictionary is None or flags & NEED_UPDATE_DICTIONARY):
+                if index_buf is dict_buf:  # one buffer for every stream (a Compact granule): no shared one
+                    raise UnsupportedPartFormatError(
+                        f"{self.name}: a shared dictionary inside a Compact part is not supported")
                 dictionary, dpos = self._read_keys(dview, dpos, "dictionary")
                 read_dictionary = True
             keys = dictionary if flags & NEED_GLOBAL_DICTIONARY else None

@@ -94,6 +94,9 @@ def test_low_cardinality_in_a_compact_granule() -> None:
     assert got.to_pylist() == [b"x", b"yz", b"", b"yz"]
     with pytest.raises(CorruptedDataError, match="unread bytes"):
         deserialize_sequential(T("LowCardinality(String)"), buf + b"\0", 4)
+    shared = struct.pack("<QQ", 1, 0x500) + buf[16:]  # NeedGlobalDictionary: not in a Compact granule
+    with pytest.raises(UnsupportedPartFormatError, match="shared dictionary"):
+        deserialize_sequential(T("LowCardinality(String)"), shared, 4)
 
 
 def test_serialization_json() -> None:
