@@ -61,6 +61,7 @@ INCOMPATIBLE_COLUMNS = 122
 TABLE_WAS_NOT_DROPPED = 305
 TMP_ATTACH = "tmp_attach_"
 TMP_CONVERT = "tmp_convert_"
+PATCH_PREFIX = "patch-"
 _FETCHES = frozenset((LogEntryType.GET_PART,))
 _MERGES = frozenset((LogEntryType.MERGE_PARTS, LogEntryType.MUTATE_PART))
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -119,6 +120,18 @@ class TableAdmin:
         pid = self.replica.ops.partition_id(cmd.partition)
         out = []
         for name in layout.list_detached():
+            if name.startswith(PATCH_PREFIX):  # current ClickHouse's lightweight UPDATE: never applied here
+                _uuid, _sep, base = name[len(PATCH_PREFIX):].partition("-")
+                try:
+                    patched = PartInfo.parse(base).partition_id == pid
+                except ValueError:
+                    patched = False
+                if patched:
+                    raise BadInputError(
+                        f"Detached {name} is a patch part of a lightweight UPDATE, which replicad does not "
+                        "apply: let ClickHouse merge it into its parts first (OPTIMIZE TABLE ... FINAL), or "
+                        "remove it to attach the parts without the update", code=48)
+                continue
             try:
                 info = PartInfo.parse(name)
             except ValueError:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from replicad.errors import BadInputError
 from replicad.service import Statement, StatementKind, TableName
 from replicad.sql.statements import parse_statement
 from replicad.storage.part import PartDirectory
@@ -90,6 +91,12 @@ async def test_attach_chdb_parts_read_by_clickhouse_18(
             return list(result.fields["parts"])
 
         (name,) = await alter(f"ALTER TABLE db.events ATTACH PART '{parts[0].name}'")
+        # a lightweight UPDATE's patch part for the partition: refused, nothing attached
+        patch = detached / "patch-0123456789abcdef0123456789abcdef-202611_9_9_0_10"
+        await asyncio.to_thread(shutil.copytree, parts[1], patch)
+        with pytest.raises(BadInputError, match="patch part of a lightweight UPDATE"):
+            await alter("ALTER TABLE db.events ATTACH PARTITION 202611")
+        await asyncio.to_thread(shutil.rmtree, patch)
         names = [name, *await alter("ALTER TABLE db.events ATTACH PARTITION 202611")]
         assert len(names) == 2
         for n in names:
