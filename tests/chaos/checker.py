@@ -1,0 +1,352 @@
+"""The independent checker: judges a run from the outside, never through replicad's code.
+
+It reads rows through the HTTP API (``SELECT``, ``/status``), the replicas' state in ZooKeeper directly
+(kazoo), and part directories on disk (``checksums.txt`` bytes and SHA-256 of every file).
+``import replicad`` never happens here (a test asserts it).  After the heal it verifies:
+
+* ``drain``      every replica active, log pulled, queue empty within 60 s of the heal (recovery time kept);
+* ``readonly``   no replica read-only once ZooKeeper is back;
+* ``lost``       every acknowledged row of the checked partitions is on every replica;
+* ``dedup_absent`` an insert answered "deduplicated" has its rows present;
+* ``duplicate``  no id twice on a replica (retries reuse the dedup token); ``partial``: an insert is all or
+                 nothing; ``phantom``: no id nobody inserted;
+* ``quorum``     an insert acknowledged with quorum 2 had its rows on a second replica right away;
+* ``diverged``   replicas hold the same parts (ZooKeeper and disk agree), byte-identical ``checksums.txt`` and
+                 data files, and the same rows;
+* ``intersect``  part block ranges of a partition nest or are disjoint, never overlap;
+* ``corruption`` bytes flipped by the nemesis are not served or copied anywhere once healed, and the broken
+                 part went to ``detached/`` (never deleted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import re
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.chaos.workload import CHECKED_PARTITIONS, TABLE, InsertOp, http_query
+
+DRAIN_LIMIT_S = 60.0
+PART_RE = re.compile(r"^([^_]+)_(\d+)_(\d+)_(\d+)(?:_(\d+))?$")
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    name: str
+    url: str
+    table_dir: Path
+
+
+@dataclass(frozen=True)
+class Flip:
+    """One byte the nemesis flipped in ``replica``'s ``part/file`` while it was stopped."""
+
+    replica: str
+    part: str
+    file: str
+    offset: int
+    sha_before: str
+    sha_after: str
+
+
+@dataclass
+class Verdict:
+    violations: list[tuple[str, str]] = field(default_factory=list)
+    recovery_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, kind: str, detail: str) -> None:
+        self.violations.append((kind, detail))
+
+    def kinds(self) -> set[str]:
+        return {k for k, _ in self.violations}
+
+
+def parse_part(name: str) -> tuple[str, int, int, int] | None:
+    m = PART_RE.match(name)
+    return (m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))) if m else None
+
+
+def covers(a: str, b: str) -> bool:
+    pa, pb = parse_part(a), parse_part(b)
+    return bool(pa and pb and pa[0] == pb[0] and pa[1] <= pb[1] and pb[2] <= pa[2] and pa[3] >= pb[3])
+
+
+def maximal(names: Sequence[str]) -> set[str]:
+    """The parts not covered by another one (what a replica serves)."""
+    named = [n for n in names if parse_part(n)]
+    return {n for n in named if not any(o != n and covers(o, n) for o in named)}
+
+
+def disk_parts(table_dir: Path) -> list[str]:
+    if not table_dir.is_dir():
+        return []
+    return sorted(p.name for p in table_dir.iterdir() if p.is_dir() and parse_part(p.name))
+
+
+def file_digests(part_dir: Path) -> dict[str, str]:
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(part_dir.iterdir())
+            if f.is_file()}
+
+
+# ---- ZooKeeper -------------------------------------------------------------------------------------------
+
+
+class ZkView:
+    def __init__(self, hosts: str, table_path: str) -> None:
+        from kazoo.client import KazooClient
+
+        self.table_path = table_path
+        self.zk = KazooClient(hosts=hosts, timeout=10)
+        self.zk.start(30)
+
+    def close(self) -> None:
+        self.zk.stop()
+        self.zk.close()
+
+    def children(self, path: str) -> list[str]:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            return list(self.zk.get_children(self.table_path + path))
+        except NoNodeError:
+            return []
+
+    def get(self, path: str) -> bytes | None:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            return bytes(self.zk.get(self.table_path + path)[0])
+        except NoNodeError:
+            return None
+
+    def replica_lag(self, replica: str) -> str | None:
+        """None when ``replica`` is active, has pulled the whole log and has an empty queue; else why not."""
+        if self.get(f"/replicas/{replica}/is_active") is None:
+            return "not active"
+        logs = [int(c[4:]) for c in self.children("/log") if c.startswith("log-")]
+        raw = self.get(f"/replicas/{replica}/log_pointer") or b""
+        pointer = int(raw) if raw.strip() else 0
+        if logs and pointer <= max(logs):
+            return f"log_pointer {pointer} <= last log entry {max(logs)}"
+        queue = self.children(f"/replicas/{replica}/queue")
+        if queue:
+            return f"{len(queue)} queue entries"
+        return None
+
+
+# ---- the checks ------------------------------------------------------------------------------------------
+
+
+def quorum_probe(urls: dict[str, str], op: InsertOp) -> str:
+    """Right after a quorum-2 ack: another replica must already have the rows."""
+    if op.partition not in CHECKED_PARTITIONS:
+        return "unverified"
+    sql = f"SELECT count() FROM {TABLE} WHERE id >= {min(op.ids)} AND id <= {max(op.ids)}"
+    answered = 0
+    for name, url in urls.items():
+        if name == op.acked_by:
+            continue
+        try:
+            status, _h, body = http_query(url, sql, timeout=3.0)
+        except (OSError, http.client.HTTPException):
+            continue
+        if status != 200:
+            continue
+        answered += 1
+        if int(body.strip() or 0) >= len(op.ids):
+            return "ok"
+    if answered == len(urls) - 1:
+        return f"no other replica has batch {op.token} (acked by {op.acked_by} with quorum 2)"
+    return "unverified"
+
+
+def wait_drained(zk: ZkView, replicas: Sequence[ReplicaView], until: float) -> dict[str, str]:
+    """Waits until every replica is caught up or ``until``; returns the replicas still lagging (and why)."""
+    while True:
+        lag = {}
+        for r in replicas:
+            why = zk.replica_lag(r.name)
+            if why is None and _readonly(r) is not False:
+                why = "read-only or not answering /status"
+            if why is not None:
+                lag[r.name] = why
+        if not lag or time.monotonic() > until:
+            return lag
+        time.sleep(0.3)
+
+
+def _readonly(r: ReplicaView) -> bool | None:
+    parsed = urllib.parse.urlsplit(r.url)
+    conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port or 80, timeout=5.0)
+    try:
+        conn.request("GET", "/status")
+        resp = conn.getresponse()
+        status, body = resp.status, resp.read()
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    if status != 200:
+        return None
+    try:
+        return bool(json.loads(body)["tables"][TABLE]["is_readonly"])
+    except (ValueError, KeyError):
+        return None
+
+
+def read_rows(r: ReplicaView, attempts: int = 5) -> list[tuple[int, int, int, int]] | str:
+    """Every row ``(p, id, client, v)`` on ``r``, sorted; or the last error text."""
+    last = ""
+    for _ in range(attempts):
+        try:
+            status, _h, body = http_query(r.url, f"SELECT p, id, client, v FROM {TABLE} FORMAT TabSeparated",
+                                          timeout=30.0)
+        except (OSError, http.client.HTTPException) as e:
+            last = f"{type(e).__name__}: {e}"
+        else:
+            if status == 200:
+                lines = body.decode().splitlines()
+                rows = [tuple(int(x) for x in line.split("\t")) for line in lines if line]
+                return sorted(rows)  # type: ignore[arg-type]
+            last = f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
+        time.sleep(1.0)
+    return last
+
+
+def check(replicas: Sequence[ReplicaView], zk_hosts: str, table_path: str, inserts: Sequence[InsertOp],
+          healed_at: float, flips: Sequence[Flip] = ()) -> Verdict:
+    v = Verdict()
+    zk = ZkView(zk_hosts, table_path)
+    try:
+        _check(v, zk, replicas, inserts, healed_at, flips)
+    finally:
+        zk.close()
+    return v
+
+
+def _check(v: Verdict, zk: ZkView, replicas: Sequence[ReplicaView], inserts: Sequence[InsertOp],
+           healed_at: float, flips: Sequence[Flip]) -> None:
+    lag = wait_drained(zk, replicas, healed_at + DRAIN_LIMIT_S)
+    if lag:
+        v.add("drain", f"not caught up {DRAIN_LIMIT_S:.0f} s after the heal: {lag}")
+        lag = wait_drained(zk, replicas, time.monotonic() + 30)  # keep judging with what we have
+    else:
+        v.recovery_s = round(time.monotonic() - healed_at, 2)
+    for r in replicas:
+        if _readonly(r):
+            v.add("readonly", f"{r.name} is read-only after the heal")
+
+    # rows first: reading every column makes a replica notice a corrupted part (then it is re-fetched)
+    rows = {r.name: read_rows(r) for r in replicas}
+    if any(isinstance(x, str) for x in rows.values()) or flips:
+        wait_drained(zk, replicas, time.monotonic() + 30)
+        rows = {r.name: read_rows(r) for r in replicas}
+    _check_parts(v, zk, replicas, flips)
+    _check_rows(v, rows, inserts)
+    for op in inserts:
+        if op.quorum > 1 and op.quorum_probe not in ("", "ok", "unverified"):
+            v.add("quorum", op.quorum_probe)
+
+
+def _check_rows(v: Verdict, rows: dict[str, list[tuple[int, int, int, int]] | str],
+                inserts: Sequence[InsertOp]) -> None:
+    by_id = {i: op for op in inserts for i in op.ids}
+    readable = {}
+    for name, got in rows.items():
+        if isinstance(got, str):
+            v.add("unreadable", f"{name}: SELECT failed after the heal: {got}")
+        else:
+            readable[name] = got
+    for name, got in readable.items():
+        counts = Counter(row[1] for row in got)
+        dups = sorted(i for i, c in counts.items() if c > 1)
+        if dups:
+            v.add("duplicate", f"{name}: {len(dups)} ids more than once, e.g. {dups[0]} "
+                               f"({by_id[dups[0]].token if dups[0] in by_id else 'unknown batch'})")
+        phantom = sorted(i for i in counts if i not in by_id)
+        if phantom:
+            v.add("phantom", f"{name}: {len(phantom)} ids nobody inserted, e.g. {phantom[0]}")
+        present = set(counts)
+        lost_ops = []
+        for op in inserts:
+            have = sum(1 for i in op.ids if i in present)
+            if op.partition in CHECKED_PARTITIONS and 0 < have < len(op.ids):
+                v.add("partial", f"{name}: batch {op.token} has {have} of {len(op.ids)} rows")
+            if op.status == "acked" and op.partition in CHECKED_PARTITIONS and have < len(op.ids):
+                lost_ops.append(op)
+        for op in lost_ops:
+            kind = "dedup_absent" if op.deduplicated else "lost"
+            v.add(kind, f"{name}: acked batch {op.token} (quorum {op.quorum}, acked by {op.acked_by}, "
+                        f"{op.attempts} attempts) missing")
+    names = sorted(readable)
+    for other in names[1:]:
+        if readable[other] != readable[names[0]]:
+            a, b = set(readable[names[0]]), set(readable[other])
+            v.add("diverged", f"rows of {names[0]} and {other} differ: {len(a - b)} only on {names[0]}, "
+                              f"{len(b - a)} only on {other}")
+
+
+def _check_parts(v: Verdict, zk: ZkView, replicas: Sequence[ReplicaView], flips: Sequence[Flip]) -> None:
+    served: dict[str, set[str]] = {}
+    for r in replicas:
+        on_disk = disk_parts(r.table_dir)
+        in_zk = [p for p in zk.children(f"/replicas/{r.name}/parts") if parse_part(p)]
+        served[r.name] = maximal(on_disk)
+        listed = maximal(in_zk)
+        if listed != served[r.name]:
+            v.add("diverged", f"{r.name}: ZooKeeper lists {sorted(listed - served[r.name])} not on disk, "
+                              f"disk has {sorted(served[r.name] - listed)} not in ZooKeeper")
+        _check_intersections(v, r.name, on_disk + in_zk)
+    names = [r.name for r in replicas]
+    for other in names[1:]:
+        if served[other] != served[names[0]]:
+            v.add("diverged", f"parts of {names[0]} and {other} differ: "
+                              f"{sorted(served[names[0]] ^ served[other])}")
+    digests: dict[str, dict[str, dict[str, str]]] = {}
+    for r in replicas:
+        for part in served[r.name]:
+            try:
+                digests.setdefault(part, {})[r.name] = file_digests(r.table_dir / part)
+            except OSError:
+                continue  # removed by a merge meanwhile
+    for part, per_replica in sorted(digests.items()):
+        seen = list(per_replica.items())
+        for name, files in seen[1:]:
+            if files != seen[0][1]:
+                differ = sorted(f for f in set(files) | set(seen[0][1]) if files.get(f) != seen[0][1].get(f))
+                v.add("diverged", f"part {part}: files {differ} of {name} and {seen[0][0]} differ")
+    flipped_shas = {f.sha_after: f for f in flips}
+    for part, per_replica in digests.items():
+        for name, files in per_replica.items():
+            for fname, sha in files.items():
+                f = flipped_shas.get(sha)
+                if f is not None:
+                    where = "still served by" if name == f.replica else "copied to"
+                    v.add("corruption", f"{f.file} of {f.part} flipped on {f.replica} is {where} {name} "
+                                        f"(as {part}/{fname})")
+    for f in flips:
+        r = next(x for x in replicas if x.name == f.replica)
+        detached = r.table_dir / "detached"
+        kept = detached.is_dir() and any(f.part in d.name for d in detached.iterdir())
+        covered = any(covers(p, f.part) for p in served.get(f.replica, ()))
+        if not kept and not covered:
+            v.add("corruption", f"broken part {f.part} of {f.replica} was deleted, not moved to detached/")
+
+
+def _check_intersections(v: Verdict, replica: str, names: Sequence[str]) -> None:
+    parsed = sorted({(p[0], p[1], p[2], n) for n in set(names) if (p := parse_part(n))})
+    for i, (part_a, lo_a, hi_a, a) in enumerate(parsed):
+        for part_b, lo_b, hi_b, b in parsed[i + 1:]:
+            if part_b != part_a or lo_b > hi_a:
+                continue
+            nested = (lo_a <= lo_b and hi_b <= hi_a) or (lo_b <= lo_a and hi_a <= hi_b)
+            if not nested:
+                v.add("intersect", f"{replica}: parts {a} and {b} intersect")
