@@ -244,6 +244,7 @@ def _check(v: Verdict, zk: ZkView, replicas: Sequence[ReplicaView], inserts: Seq
         if _readonly(r):
             v.add("readonly", f"{r.name} is read-only after the heal")
 
+    _check_spread(v, replicas, flips)
     # rows first: reading every column makes a replica notice a corrupted part (then it is re-fetched)
     rows = {r.name: read_rows(r) for r in replicas}
     if any(isinstance(x, str) for x in rows.values()) or flips:
@@ -339,6 +340,29 @@ def _check_parts(v: Verdict, zk: ZkView, replicas: Sequence[ReplicaView], flips:
         covered = any(covers(p, f.part) for p in served.get(f.replica, ()))
         if not kept and not covered:
             v.add("corruption", f"broken part {f.part} of {f.replica} was deleted, not moved to detached/")
+
+
+def _check_spread(v: Verdict, replicas: Sequence[ReplicaView], flips: Sequence[Flip]) -> None:
+    """Flipped bytes must never be accepted by another replica: not in its parts, not even in ``detached/``
+    (a fetch that checks hashes discards a bad download before it becomes a part)."""
+    if not flips:
+        return
+    bad = {f.sha_after: f for f in flips}
+    for r in replicas:
+        dirs = [r.table_dir / p for p in disk_parts(r.table_dir)]
+        detached = r.table_dir / "detached"
+        if detached.is_dir():
+            dirs += [d for d in detached.iterdir() if d.is_dir()]
+        for d in dirs:
+            try:
+                digests = file_digests(d)
+            except OSError:
+                continue
+            for fname, sha in digests.items():
+                f = bad.get(sha)
+                if f is not None and f.replica != r.name:
+                    v.add("corruption", f"{f.file} of {f.part} flipped on {f.replica} was copied to {r.name} "
+                                        f"({d.relative_to(r.table_dir)}/{fname})")
 
 
 def _check_intersections(v: Verdict, replica: str, names: Sequence[str]) -> None:
