@@ -69,14 +69,19 @@ class Verdict:
         return {k for k, _ in self.violations}
 
 
-def parse_part(name: str) -> tuple[str, int, int, int] | None:
+def parse_part(name: str) -> tuple[str, int, int, int, int] | None:
+    """(partition, min block, max block, level, mutation version or 0)."""
     m = PART_RE.match(name)
-    return (m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))) if m else None
+    if not m:
+        return None
+    return m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5) or 0)
 
 
 def covers(a: str, b: str) -> bool:
+    """``a`` contains ``b`` (ClickHouse's MergeTreePartInfo::contains)."""
     pa, pb = parse_part(a), parse_part(b)
-    return bool(pa and pb and pa[0] == pb[0] and pa[1] <= pb[1] and pb[2] <= pa[2] and pa[3] >= pb[3])
+    return bool(pa and pb and pa[0] == pb[0] and pa[1] <= pb[1] and pb[2] <= pa[2] and pa[3] >= pb[3]
+                and pa[4] >= pb[4])
 
 
 def maximal(names: Sequence[str]) -> set[str]:
