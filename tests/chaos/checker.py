@@ -13,6 +13,7 @@ It reads rows through the HTTP API (``SELECT``, ``/status``), the replicas' stat
 * ``quorum``     an insert acknowledged with quorum 2 had its rows on a second replica right away;
 * ``diverged``   replicas hold the same parts (ZooKeeper and disk agree), byte-identical ``checksums.txt`` and
                  data files, and the same rows;
+* ``mutation``   every mutation has rewritten every part below its block number (within 60 s of the heal);
 * ``intersect``  part block ranges of a partition nest or are disjoint, never overlap;
 * ``corruption`` bytes flipped by the nemesis are not served or copied anywhere once healed, and the broken
                  part went to ``detached/`` (never deleted).
@@ -146,6 +147,40 @@ class ZkView:
             return f"{len(queue)} queue entries"
         return None
 
+    def mutation_blocks(self) -> dict[str, dict[str, int]]:
+        """mutation znode -> {partition id: block number} (from the 18.16 text of ``mutations/<n>``)."""
+        out = {}
+        for name in sorted(self.children("/mutations")):
+            raw = self.get(f"/mutations/{name}")
+            if raw is None:
+                continue
+            lines = raw.decode("utf-8", "replace").split("\n")
+            count = next(int(x.split(": ", 1)[1]) for x in lines if x.startswith("block numbers count: "))
+            start = next(i for i, x in enumerate(lines) if x.startswith("block numbers count: ")) + 1
+            out[name] = {pid: int(n) for pid, n in (x.split("\t") for x in lines[start:start + count])}
+        return out
+
+
+def mutations_pending(zk: ZkView, served: dict[str, set[str]]) -> list[str]:
+    """Served parts that a mutation should have rewritten: part blocks below the mutation's block number in
+    its partition, data version below it."""
+    out = []
+    # ClickHouse never mutates the latest part of a partition inserted with quorum (quorum/last_part): the
+    # mutation waits for the next quorum insert there.  Such a part is not counted as left behind.
+    raw_last = (zk.get("/quorum/last_part") or b"").decode("utf-8", "replace")
+    last_quorum = set(re.findall(r"[^\s_]+_\d+_\d+_\d+(?:_\d+)?", raw_last))
+    for mutation, blocks in zk.mutation_blocks().items():
+        for replica, parts in served.items():
+            for part in sorted(parts):
+                pp = parse_part(part)
+                if pp is None or pp[0] not in blocks or part in last_quorum:
+                    continue
+                version = pp[4] or pp[1]
+                if pp[1] < blocks[pp[0]] and version < blocks[pp[0]]:
+                    out.append(f"{replica}: {part} not rewritten by mutation {mutation} "
+                               f"(block {blocks[pp[0]]})")
+    return out
+
 
 # ---- the checks ------------------------------------------------------------------------------------------
 
@@ -248,6 +283,21 @@ def _check(v: Verdict, zk: ZkView, replicas: Sequence[ReplicaView], inserts: Seq
     for r in replicas:
         if _readonly(r):
             v.add("readonly", f"{r.name} is read-only after the heal")
+    pending: list[str] = []
+
+    def mutated() -> bool:
+        pending[:] = mutations_pending(zk, {r.name: maximal(disk_parts(r.table_dir)) for r in replicas})
+        return not pending
+
+    deadline = max(healed_at + DRAIN_LIMIT_S, time.monotonic() + 5)
+    while not mutated() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if pending:
+        v.add("mutation", f"{len(pending)} parts left behind by mutations, e.g. {pending[0]}")
+    status = zk.get("/quorum/status")
+    if status is not None:
+        text = status.decode("utf-8", "replace")[:200]
+        v.add("quorum", f"quorum/status still exists after the heal: {text}")
 
     _check_spread(v, replicas, flips)
     # rows first: reading every column makes a replica notice a corrupted part (then it is re-fetched)

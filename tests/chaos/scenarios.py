@@ -79,7 +79,8 @@ def _insert_batches(rig: Rig, replica: str, first: int, count: int, client: int 
     ops = []
     rng = random.Random(first)
     for k in range(first, first + count):
-        op = InsertOp(client, k, k % 4, 1, [client * 10**6 + k * 5 + j for j in range(5)], f"plant-c{client}-b{k}")
+        ids = [client * 10**6 + k * 5 + j for j in range(5)]
+        op = InsertOp(client, k, k % 4, 1, ids, f"plant-c{client}-b{k}")
         ops.append(clients.insert_one(op, rng))
     return ops
 
