@@ -49,7 +49,8 @@ def _judge(rig: Rig, inserts: list[InsertOp], healed_at: float, flips: list[Flip
 
 
 def random_run(base: Path, ensemble: Ensemble, seed: int, faults: int = 4,
-               schedule: list[str] | None = None) -> RunResult:
+               schedule: list[str] | None = None, hold: tuple[float, float] = (2.0, 6.0),
+               quiet: tuple[float, float] = (1.0, 3.0)) -> RunResult:
     """Three replicas, insert clients and an admin client, ``faults`` nemeses picked by ``seed``."""
     t0 = time.monotonic()
     rng = random.Random(seed)
@@ -62,7 +63,7 @@ def random_run(base: Path, ensemble: Ensemble, seed: int, faults: int = 4,
         flipper = FlipPart()
         try:
             time.sleep(2.0)
-            events = run_schedule(rig, rng, names, t0, flipper=flipper)
+            events = run_schedule(rig, rng, names, t0, hold, quiet, flipper=flipper)
             rig.heal()
         finally:
             healed_at = time.monotonic()
