@@ -16,7 +16,7 @@ from tests.chaos.checker import Flip, ReplicaView, Verdict
 from tests.chaos.ensemble import Ensemble
 from tests.chaos.nemeses import Event, FlipPart, flip_byte, random_schedule, run_schedule
 from tests.chaos.rig import PLANT_ENV, Rig
-from tests.chaos.workload import Clients, InsertOp
+from tests.chaos.workload import Clients, InsertOp, http_query
 
 NAMES = ["r1", "r2", "r3"]
 
@@ -158,6 +158,40 @@ def drop_log_entry(base: Path, ensemble: Ensemble, planted: bool = True) -> RunR
                          _judge(rig, ops, healed_at), inserts=ops)
     finally:
         rig.close()
+
+
+def merge_over_broken_part(base: Path, ensemble: Ensemble) -> tuple[RunResult, Flip]:
+    """Regression (found by seed 7's fixed schedule): a byte of one of r1's parts is flipped while r1 is
+    stopped, then the partition is merged.  r1's merge cannot read that part; it has to be reported broken
+    (moved to detached/, the merged part fetched) instead of failing the merge entry forever."""
+    rig = Rig(base, ensemble, NAMES)
+    try:
+        rig.start()
+        ops = [op for k in range(3) for op in _insert_batches(rig, "r1", 4 * k, 1)]  # 3 parts in partition 0
+        part = sorted(_wait_parts(rig, 3))[0]
+        rig.kill("r1")
+        flip = flip_byte(rig, "r1", random.Random(3), part)
+        assert flip is not None, "no part to flip"
+        rig.start(["r1"])
+        status, _h, text = http_query(rig.url("r2"), "OPTIMIZE TABLE db.t PARTITION 0 FINAL", timeout=30)
+        assert status == 200, text
+        healed_at = time.monotonic()
+        verdict = _judge(rig, ops, healed_at, [flip])
+        return RunResult("merge over a broken part", 0, verdict, inserts=ops), flip
+    finally:
+        rig.close()
+
+
+def _wait_parts(rig: Rig, count: int) -> set[str]:
+    parts: list[set[str]] = []
+
+    def ready() -> bool:
+        parts[:] = [checker.maximal(checker.disk_parts(rig.table_dir(n))) for n in rig.names]
+        return len(parts[0]) == count and all(p == parts[0] for p in parts)
+
+    if not _wait(ready, 30.0):
+        raise RuntimeError(f"the parts did not reach every replica: {parts}")
+    return parts[0]
 
 
 PLANTS = {"ack_before_commit": ack_before_commit, "skip_fetch_checksum": skip_fetch_checksum,

@@ -54,3 +54,12 @@ def test_fixed_schedule_has_no_violation(ensemble: Ensemble, tmp_path: Path) -> 
     assert result.acked_rows > 0
     assert result.verdict.violations == [], result.verdict.violations
     assert result.verdict.recovery_s is not None and result.verdict.recovery_s < 60
+
+
+def test_merge_over_a_broken_part_recovers(ensemble: Ensemble, tmp_path: Path) -> None:
+    """Regression: a merge that cannot read a corrupted source part used to fail forever (the queue never
+    drained); the part must be reported broken, moved to detached/ and the merged part fetched."""
+    result, flip = scenarios.merge_over_broken_part(tmp_path, ensemble)
+    assert result.verdict.violations == [], result.verdict.violations
+    detached = tmp_path / "r1" / "data" / "data" / "db" / "t" / "detached"
+    assert any(flip.part in d.name for d in detached.iterdir()), sorted(p.name for p in detached.iterdir())
