@@ -142,9 +142,11 @@ class ZkView:
         pointer = int(raw) if raw.strip() else 0
         if logs and pointer <= max(logs):
             return f"log_pointer {pointer} <= last log entry {max(logs)}"
-        queue = self.children(f"/replicas/{replica}/queue")
+        queue = sorted(self.children(f"/replicas/{replica}/queue"))
         if queue:
-            return f"{len(queue)} queue entries"
+            first = (self.get(f"/replicas/{replica}/queue/{queue[0]}") or b"").decode("utf-8", "replace")
+            kind = next((ln for ln in first.split("\n")[3:6] if ln and not ln.startswith("source")), "?")
+            return f"{len(queue)} queue entries ({queue[0]}: {kind})"
         return None
 
     def mutation_blocks(self) -> dict[str, dict[str, int]]:
@@ -214,8 +216,11 @@ def wait_drained(zk: ZkView, replicas: Sequence[ReplicaView], until: float) -> d
         lag = {}
         for r in replicas:
             why = zk.replica_lag(r.name)
-            if why is None and _readonly(r) is not False:
+            status = _status(r)
+            if why is None and (status is None or status.get("is_readonly")):
                 why = "read-only or not answering /status"
+            if why is not None and status is not None:
+                why += f" (its /status: queue_size {status.get('queue_size')})"
             if why is not None:
                 lag[r.name] = why
         if not lag or time.monotonic() > until:
@@ -224,10 +229,15 @@ def wait_drained(zk: ZkView, replicas: Sequence[ReplicaView], until: float) -> d
 
 
 def _readonly(r: ReplicaView) -> bool | None:
+    status = _status(r)
+    return None if status is None else bool(status.get("is_readonly"))
+
+
+def _get_json(r: ReplicaView, path: str) -> object | None:
     parsed = urllib.parse.urlsplit(r.url)
-    conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port or 80, timeout=5.0)
+    conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port or 80, timeout=10.0)
     try:
-        conn.request("GET", "/status")
+        conn.request("GET", path)
         resp = conn.getresponse()
         status, body = resp.status, resp.read()
     except (OSError, http.client.HTTPException):
@@ -237,9 +247,26 @@ def _readonly(r: ReplicaView) -> bool | None:
     if status != 200:
         return None
     try:
-        return bool(json.loads(body)["tables"][TABLE]["is_readonly"])
-    except (ValueError, KeyError):
+        return json.loads(body)
+    except ValueError:
         return None
+
+
+def _status(r: ReplicaView) -> dict[str, object] | None:
+    body = _get_json(r, "/status")
+    try:
+        return dict(body["tables"][TABLE])  # type: ignore[index]
+    except (TypeError, KeyError):
+        return None
+
+
+def served_parts(r: ReplicaView) -> set[str]:
+    """The parts ``r`` serves (its HTTP parts listing, ``active``); the maximal directories on disk when it
+    does not answer.  Outdated parts stay on disk a while: the disk alone cannot tell."""
+    body = _get_json(r, f"/tables/{TABLE}/parts")
+    if isinstance(body, list):
+        return {str(p["name"]) for p in body if isinstance(p, dict) and p.get("active")}
+    return maximal(disk_parts(r.table_dir))
 
 
 def read_rows(r: ReplicaView, attempts: int = 5) -> list[tuple[int, int, int, int]] | str:
@@ -290,7 +317,7 @@ def _check(v: Verdict, zk: ZkView, replicas: Sequence[ReplicaView], inserts: Seq
     pending: list[str] = []
 
     def mutated() -> bool:
-        pending[:] = mutations_pending(zk, {r.name: maximal(disk_parts(r.table_dir)) for r in replicas})
+        pending[:] = mutations_pending(zk, {r.name: served_parts(r) for r in replicas})
         return not pending
 
     deadline = max(healed_at + DRAIN_LIMIT_S, time.monotonic() + 5)
@@ -359,7 +386,7 @@ def _check_parts(v: Verdict, zk: ZkView, replicas: Sequence[ReplicaView], flips:
     for r in replicas:
         on_disk = disk_parts(r.table_dir)
         in_zk = [p for p in zk.children(f"/replicas/{r.name}/parts") if parse_part(p)]
-        served[r.name] = maximal(on_disk)
+        served[r.name] = served_parts(r)
         listed = maximal(in_zk)
         if listed != served[r.name]:
             v.add("diverged", f"{r.name}: ZooKeeper lists {sorted(listed - served[r.name])} not on disk, "
