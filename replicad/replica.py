@@ -158,6 +158,7 @@ class TableReplica:
             min_unprocessed_insert_time=lambda: self.queue_state.min_unprocessed_insert_time,
         )
         self.puller.on_read = self.fetcher.precheck_sources
+        self.puller.known = lambda znode: znode in self.queue_state
         self.fetcher.early_allowed = lambda: not self.executor.is_paused() and not self.blockers.fetches
         self.queue_updating = QueueUpdatingTask(f"{spec.name}:queue_updating", self.puller)
         self.executor = QueueExecutor(
