@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests.support import process
@@ -21,8 +22,10 @@ from tests.support.zookeeper import NETTY_FACTORY, find_classpath, find_java, fo
 
 
 class Node:
-    def __init__(self, base: Path, myid: int) -> None:
+    def __init__(self, base: Path, myid: int, host: str = "127.0.0.1", prefix: Sequence[str] = ()) -> None:
         self.myid = myid
+        self.host = host
+        self.prefix = list(prefix)  # e.g. ["ip", "netns", "exec", <ns>]
         self.dir = base / f"zk{myid}"
         self.data_dir = self.dir / "data"
         self.config_path = self.dir / "zoo.cfg"
@@ -39,7 +42,7 @@ class Node:
     def mode(self) -> str | None:
         """``leader`` / ``follower`` / ``standalone``, or None when not serving."""
         try:
-            text = four_letter("127.0.0.1", self.client_port, "srvr", timeout=0.5)
+            text = four_letter(self.host, self.client_port, "srvr", timeout=0.5)
         except OSError:
             return None
         for line in text.splitlines():
@@ -49,14 +52,18 @@ class Node:
 
 
 class Ensemble:
-    def __init__(self, base_dir: Path, size: int = 3, tick_time_ms: int = 500) -> None:
+    def __init__(self, base_dir: Path, size: int = 3, tick_time_ms: int = 500,
+                 hosts: Sequence[str] = (), prefixes: Sequence[Sequence[str]] = ()) -> None:
+        """``hosts``/``prefixes``: each node's address and command prefix (network namespaces); loopback
+        and none by default."""
         self.base = base_dir
         self.tick_time_ms = tick_time_ms
-        self.nodes = [Node(base_dir, i + 1) for i in range(size)]
+        self.nodes = [Node(base_dir, i + 1, hosts[i] if hosts else "127.0.0.1",
+                           prefixes[i] if prefixes else ()) for i in range(size)]
 
     @property
     def hosts(self) -> str:
-        return ",".join(f"127.0.0.1:{n.client_port}" for n in self.nodes)
+        return ",".join(f"{n.host}:{n.client_port}" for n in self.nodes)
 
     def _config(self, node: Node) -> str:
         lines = [
@@ -65,7 +72,7 @@ class Ensemble:
             "syncLimit=10",
             f"dataDir={node.data_dir}",
             f"clientPort={node.client_port}",
-            "clientPortAddress=127.0.0.1",
+            f"clientPortAddress={node.host}",
             f"minSessionTimeout={2 * self.tick_time_ms}",
             "maxSessionTimeout=60000",
             "maxClientCnxns=0",
@@ -77,7 +84,7 @@ class Ensemble:
             "standaloneEnabled=false",
             "reconfigEnabled=false",
         ]
-        lines += [f"server.{n.myid}=127.0.0.1:{n.quorum_port}:{n.election_port}" for n in self.nodes]
+        lines += [f"server.{n.myid}={n.host}:{n.quorum_port}:{n.election_port}" for n in self.nodes]
         return "\n".join(lines) + "\n"
 
     def start_node(self, i: int) -> None:
@@ -91,6 +98,7 @@ class Ensemble:
         (node.data_dir / "myid").write_text(f"{node.myid}\n")
         node.config_path.write_text(self._config(node))
         argv = [
+            *node.prefix,
             java, "-Xmx128m", "-Xms16m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-Dzookeeper.admin.enableServer=false",
             f"-Dzookeeper.serverCnxnFactory={NETTY_FACTORY}",
