@@ -1,8 +1,10 @@
 """Nemeses: faults injected into a :class:`tests.chaos.rig.Rig`, alone or in a random schedule from a seed.
 
 Each nemesis has ``inject(rig, rng)`` (returns a description of what it did) and ``heal(rig)``.  The loopback
-nemeses (process and disk faults, ZooKeeper node faults) work everywhere; partitions and netem need network
-namespaces, which this rig does not build yet (see :func:`tests.chaos.rig.netns_support`).
+nemeses (process faults, flipped bytes, ZooKeeper node faults) work everywhere; ``disk_full`` needs the data
+directories on tmpfs; partitions and slow links need network namespaces (:mod:`tests.chaos.netns`).  This
+kernel has no netem: delay/loss/reorder are not available, a tbf rate limit stands in for a slow link.  Clock
+skew between replicas is not injected (it would need a per-process fake clock).
 """
 
 from __future__ import annotations
@@ -122,9 +124,119 @@ def flip_file_byte(replica: str, part: str, path: Path, rng: random.Random) -> F
     return Flip(replica, part, path.name, offset, before, hashlib.sha256(data).hexdigest())
 
 
+class DiskFull(Nemesis):
+    """Fill one replica's data tmpfs to the last byte; the heal deletes the filler."""
+
+    name = "disk_full"
+
+    def inject(self, rig: Rig, rng: random.Random) -> str:
+        victim = rng.choice([n for n in rig.names if rig.running(n)])
+        filler = rig.base / victim / "data" / "chaos-filler.bin"
+        written = 0
+        with open(filler, "wb") as f:
+            chunk = b"\0" * (1 << 20)
+            try:
+                for _ in range(4096):  # bounded: 4 GiB at most
+                    f.write(chunk)
+                    f.flush()
+                    written += len(chunk)
+            except OSError:
+                pass
+        self.filler = filler
+        return f"filled {victim}'s data disk ({written >> 20} MiB)"
+
+    def heal(self, rig: Rig) -> None:
+        self.filler.unlink(missing_ok=True)
+        rig.heal()
+
+
+class PartitionInterserver(Nemesis):
+    """One replica cut from the others' interserver addresses, both ways (ZooKeeper and clients still reach
+    it)."""
+
+    name = "partition_interserver"
+
+    def inject(self, rig: Rig, rng: random.Random) -> str:
+        assert rig.net is not None
+        victim = rng.choice(rig.names)
+        for other in rig.names:
+            if other != victim:
+                rig.net.cut(victim, rig.net.inter_ip(other))
+                rig.net.cut(other, rig.net.inter_ip(victim))
+        return f"{victim} <-> other replicas cut on the interserver port"
+
+
+class AsymmetricInterserver(Nemesis):
+    """Packets from one replica to the others' interserver addresses vanish; the other direction works (for
+    TCP that still breaks both ways, but only the victim's side drops)."""
+
+    name = "asymmetric_interserver"
+
+    def inject(self, rig: Rig, rng: random.Random) -> str:
+        assert rig.net is not None
+        victim = rng.choice(rig.names)
+        for other in rig.names:
+            if other != victim:
+                rig.net.cut(victim, rig.net.inter_ip(other))
+        return f"{victim} -> other replicas' interserver port cut (one direction)"
+
+
+class PartitionZooKeeper(Nemesis):
+    name = "partition_zookeeper"
+
+    def inject(self, rig: Rig, rng: random.Random) -> str:
+        assert rig.net is not None
+        victim = rng.choice(rig.names)
+        for node in rig.ensemble.nodes:
+            rig.net.cut(victim, node.host)
+        return f"{victim} cut from every ZooKeeper node"
+
+
+class ZkMinority(Nemesis):
+    """One ZooKeeper node cut from the other two (a minority of one): it stops serving its clients."""
+
+    name = "zk_minority"
+
+    def inject(self, rig: Rig, rng: random.Random) -> str:
+        assert rig.net is not None
+        i = rng.randrange(len(rig.ensemble.nodes))
+        member = f"zk{i + 1}"
+        for k, node in enumerate(rig.ensemble.nodes):
+            if k != i:
+                rig.net.cut(member, node.host)
+                rig.net.cut(f"zk{k + 1}", rig.ensemble.nodes[i].host)
+        return f"ZooKeeper node {i + 1} split from the majority"
+
+
+class IsolateReplica(Nemesis):
+    name = "isolate_replica"
+
+    def inject(self, rig: Rig, rng: random.Random) -> str:
+        assert rig.net is not None
+        victim = rng.choice(rig.names)
+        rig.net.link_down(victim)
+        return f"{victim}'s link down (cut from everything)"
+
+
+class SlowLink(Nemesis):
+    name = "slow_link"
+
+    def inject(self, rig: Rig, rng: random.Random) -> str:
+        assert rig.net is not None
+        victim = rng.choice(rig.names)
+        rig.net.slow(victim)
+        return f"{victim}'s link slowed to 256 kbit/s with a 500 ms queue"
+
+
 LOOPBACK_NEMESES: dict[str, type[Nemesis]] = {
     n.name: n for n in (KillOne, KillAll, PauseOne, ZkRestart, ZkLeaderKill, FlipPart)
 }
+DISK_NEMESES: dict[str, type[Nemesis]] = {DiskFull.name: DiskFull}
+NETWORK_NEMESES: dict[str, type[Nemesis]] = {
+    n.name: n for n in (PartitionInterserver, AsymmetricInterserver, PartitionZooKeeper, ZkMinority,
+                        IsolateReplica, SlowLink)
+}
+ALL_NEMESES = {**LOOPBACK_NEMESES, **DISK_NEMESES, **NETWORK_NEMESES}
 
 
 @dataclass
@@ -142,7 +254,7 @@ def run_schedule(rig: Rig, rng: random.Random, names: Sequence[str], t0: float,
     events = []
     flipper = flipper or FlipPart()
     for name in names:
-        nemesis: Nemesis = flipper if name == "flip_part" else LOOPBACK_NEMESES[name]()
+        nemesis: Nemesis = flipper if name == "flip_part" else ALL_NEMESES[name]()
         start = time.monotonic()
         what = nemesis.inject(rig, rng)
         held = rng.uniform(*hold)
@@ -153,5 +265,5 @@ def run_schedule(rig: Rig, rng: random.Random, names: Sequence[str], t0: float,
     return events
 
 
-def random_schedule(rng: random.Random, n: int) -> list[str]:
-    return [rng.choice(sorted(LOOPBACK_NEMESES)) for _ in range(n)]
+def random_schedule(rng: random.Random, n: int, available: Sequence[str] | None = None) -> list[str]:
+    return [rng.choice(sorted(available or LOOPBACK_NEMESES)) for _ in range(n)]

@@ -5,8 +5,10 @@
     rig.kill("r1"); rig.pause("r2"); rig.resume("r2"); rig.heal()
     rig.close()
 
-Network namespaces: :func:`netns_support` says whether ``ip netns add`` works here; the rig itself keeps every
-replica on loopback (the partition nemeses that need namespaces are skipped with the printed reason).
+With ``net`` (a set-up :class:`tests.chaos.netns.Network` whose members include the replica names) each
+replica runs in its own network namespace: the HTTP API on ``net.ip(name)``, the interserver port on
+``net.inter_ip(name)``.  Without it everything is on loopback.  ``tmpfs_mb``: each replica's data directory is
+a tmpfs of that size (for the disk-full nemesis; 0 = an ordinary directory).
 """
 
 from __future__ import annotations
@@ -15,15 +17,19 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from scripts.run_cluster import Daemon, replica_config
+from scripts.run_cluster import Daemon, daemon_env, replica_config
 from tests.chaos.ensemble import Ensemble
+from tests.chaos.netns import Network
+from tests.support import process
 from tests.support.ports import free_port
 
 DB_TABLE = "db.t"
@@ -49,26 +55,57 @@ def netns_support() -> str | None:
     return None
 
 
+@dataclass
+class NsDaemon(Daemon):
+    """A daemon started behind a command prefix (``ip netns exec <ns>``)."""
+
+    prefix: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        assert self.log_path is not None
+        argv = [*self.prefix, sys.executable, "-m", "replicad", "run", "--config", str(self.config_path)]
+        self.proc = process.spawn(argv, self.log_path, cwd=self.cwd, env=daemon_env(self.env))
+
+
+def mount_tmpfs(path: Path, size_mb: int) -> str | None:
+    """None when mounted, else why not."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
+                       capture_output=True, text=True, timeout=20)
+    return None if r.returncode == 0 else f"mount -t tmpfs failed: {r.stderr.strip()}"
+
+
 class Rig:
     def __init__(self, base: Path, ensemble: Ensemble, names: Sequence[str],
-                 env: Mapping[str, Mapping[str, str]] | None = None) -> None:
+                 env: Mapping[str, Mapping[str, str]] | None = None, net: Network | None = None,
+                 tmpfs_mb: int = 0) -> None:
         self.base = base
         self.ensemble = ensemble
         self.names = list(names)
+        self.net = net
+        self.mounts: list[Path] = []
+        self.tmpfs_reason: str | None = "no tmpfs asked for"
         self.chroot = f"/chaos/{base.name}-{uuid.uuid4().hex[:8]}"
         self._ensure_chroot()
         self.daemons: dict[str, Daemon] = {}
         self.paused: set[str] = set()
         for name in self.names:
+            if tmpfs_mb:
+                self.tmpfs_reason = mount_tmpfs(base / name / "data", tmpfs_mb)
+                if self.tmpfs_reason is None:
+                    self.mounts.append(base / name / "data")
             cfg = replica_config(name, str(base / name / "data"), ensemble.hosts + self.chroot, free_port(),
                                  free_port(), tables=[DDL])
             cfg["zookeeper"]["session_timeout_s"] = SESSION_TIMEOUT_S
+            if net is not None:
+                cfg["api"]["listen_host"] = net.ip(name)
+                cfg["interserver"]["listen_host"] = cfg["interserver"]["host"] = net.inter_ip(name)
             path = base / name / "replicad.yaml"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             extra = {"REPLICAD_FAULT_INJECTION": "1", **dict((env or {}).get(name, {}))}
-            self.daemons[name] = Daemon(path, cwd=path.parent, log_path=path.parent / "replicad.log",
-                                        env=extra)
+            self.daemons[name] = NsDaemon(path, cwd=path.parent, log_path=path.parent / "replicad.log",
+                                          env=extra, prefix=net.prefix(name) if net is not None else [])
 
     def _ensure_chroot(self) -> None:
         from kazoo.client import KazooClient
@@ -128,7 +165,9 @@ class Rig:
         self.paused.discard(name)
 
     def heal(self) -> None:
-        """Every ZooKeeper node and replica running and resumed."""
+        """No network fault; every ZooKeeper node and replica running and resumed."""
+        if self.net is not None:
+            self.net.heal()
         for i, node in enumerate(self.ensemble.nodes):
             if not node.running:
                 self.ensemble.start_node(i)
@@ -142,6 +181,9 @@ class Rig:
             self.resume(name)
         with ThreadPoolExecutor(len(self.names)) as pool:
             list(pool.map(lambda d: d.stop(timeout=15), self.daemons.values()))
+        for m in self.mounts:
+            subprocess.run(["umount", "-l", str(m)], capture_output=True, timeout=20)
+        self.mounts = []
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         return self.daemons[name].log_tail(lines)

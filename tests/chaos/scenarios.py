@@ -14,7 +14,17 @@ from pathlib import Path
 from tests.chaos import checker
 from tests.chaos.checker import Flip, ReplicaView, Verdict
 from tests.chaos.ensemble import Ensemble
-from tests.chaos.nemeses import Event, FlipPart, flip_byte, random_schedule, run_schedule
+from tests.chaos.nemeses import (
+    DISK_NEMESES,
+    LOOPBACK_NEMESES,
+    NETWORK_NEMESES,
+    Event,
+    FlipPart,
+    flip_byte,
+    random_schedule,
+    run_schedule,
+)
+from tests.chaos.netns import Network
 from tests.chaos.rig import PLANT_ENV, Rig
 from tests.chaos.workload import Clients, InsertOp, http_query
 
@@ -50,12 +60,15 @@ def _judge(rig: Rig, inserts: list[InsertOp], healed_at: float, flips: list[Flip
 
 def random_run(base: Path, ensemble: Ensemble, seed: int, faults: int = 4,
                schedule: list[str] | None = None, hold: tuple[float, float] = (2.0, 6.0),
-               quiet: tuple[float, float] = (1.0, 3.0)) -> RunResult:
-    """Three replicas, insert clients and an admin client, ``faults`` nemeses picked by ``seed``."""
+               quiet: tuple[float, float] = (1.0, 3.0), net: Network | None = None,
+               tmpfs_mb: int = 0) -> RunResult:
+    """Three replicas, insert clients and an admin client, ``faults`` nemeses picked by ``seed`` among those
+    the rig supports (``net``: network namespaces; ``tmpfs_mb``: data directories on tmpfs)."""
     t0 = time.monotonic()
     rng = random.Random(seed)
-    names = schedule or random_schedule(rng, faults)
-    rig = Rig(base, ensemble, NAMES)
+    rig = Rig(base, ensemble, NAMES, net=net, tmpfs_mb=tmpfs_mb)
+    available = [*LOOPBACK_NEMESES, *(DISK_NEMESES if rig.mounts else ()), *(NETWORK_NEMESES if net else ())]
+    names = schedule or random_schedule(rng, faults, available)
     try:
         rig.start()
         urls = {n: rig.url(n) for n in rig.names}
