@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tests.chaos import report, scenarios
 from tests.chaos.ensemble import Ensemble
+from tests.chaos.netns import Network
 from tests.chaos.rig import netns_support
 
 
@@ -29,13 +30,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("RELIABILITY.md"))
     ap.add_argument("--no-plants", action="store_true", help="skip the planted-bug proofs")
     ap.add_argument("--keep", action="store_true", help="keep the data directories")
+    ap.add_argument("--loopback", action="store_true", help="no network namespaces even where possible")
+    ap.add_argument("--tmpfs-mb", type=int, default=96, help="replica data on tmpfs of this size (0: no)")
     args = ap.parse_args(argv)
 
-    reason = netns_support()
-    mode = "loopback only (partition and netem nemeses not built yet" + (f"; {reason})" if reason else ")")
-    say(mode)
     base = Path(tempfile.mkdtemp(prefix="replicad-chaos-"))
-    ensemble = Ensemble(base / "zookeeper")
+    net: Network | None = None
+    reason = None if args.loopback else netns_support()
+    if args.loopback:
+        reason = "--loopback given"
+    if reason is None:
+        net = Network(["zk1", "zk2", "zk3", *scenarios.NAMES])
+        try:
+            net.setup()
+        except RuntimeError as e:
+            net, reason = None, str(e)
+    if net is not None:
+        mode = (f"network namespaces (10.{net.octet}.0.0/23, one per ZooKeeper node and replica); no "
+                "netem in this kernel: no delay/loss/reorder nemesis, tbf for slow links; no clock skew")
+        ensemble = Ensemble(base / "zookeeper", hosts=[net.ip(f"zk{i}") for i in (1, 2, 3)],
+                            prefixes=[net.prefix(f"zk{i}") for i in (1, 2, 3)])
+    else:
+        mode = f"loopback only, process and disk faults ({reason}); no clock skew"
+        ensemble = Ensemble(base / "zookeeper")
+    say(mode)
     plants: list[scenarios.RunResult] = []
     runs: list[scenarios.RunResult] = []
     try:
@@ -47,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                 plants.append(r)
         for seed in range(args.seed, args.seed + args.runs):
             t0 = time.monotonic()
-            r = scenarios.random_run(base / f"seed-{seed}", ensemble, seed, args.faults)
+            r = scenarios.random_run(base / f"seed-{seed}", ensemble, seed, args.faults, net=net,
+                                     tmpfs_mb=args.tmpfs_mb)
             say(f"seed {seed}: {', '.join(e.nemesis for e in r.events)}; {r.acked_rows} acked rows, "
                 f"{r.indeterminate} indeterminate, recovery {r.verdict.recovery_s} s, "
                 f"{len(r.verdict.violations)} violations ({time.monotonic() - t0:.0f} s)")
@@ -56,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(r)
     finally:
         ensemble.stop()
+        if net is not None:
+            net.teardown()
         command = f"make chaos SEED={args.seed} RUNS={args.runs}"
         report.write(args.out, report.render(runs, plants, seed=args.seed, faults=args.faults, mode=mode,
                                              command=command))

@@ -40,6 +40,7 @@ DDL = (
 )
 SESSION_TIMEOUT_S = 5
 PLANT_ENV = "REPLICAD_FAULT_PLANT"
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # user default, no password
 
 
 def netns_support() -> str | None:
@@ -97,9 +98,11 @@ class Rig:
             cfg = replica_config(name, str(base / name / "data"), ensemble.hosts + self.chroot, free_port(),
                                  free_port(), tables=[DDL])
             cfg["zookeeper"]["session_timeout_s"] = SESSION_TIMEOUT_S
-            if net is not None:
+            if net is not None:  # addresses off loopback need users; the test network is private to the rig
                 cfg["api"]["listen_host"] = net.ip(name)
+                cfg["api"]["users"] = [{"name": "default", "password_sha256_hex": EMPTY_SHA256}]
                 cfg["interserver"]["listen_host"] = cfg["interserver"]["host"] = net.inter_ip(name)
+                cfg["interserver"]["user"] = cfg["interserver"]["password"] = "chaos"
             path = base / name / "replicad.yaml"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -13,6 +13,8 @@ import pytest
 
 from tests.chaos import scenarios
 from tests.chaos.ensemble import Ensemble
+from tests.chaos.netns import Network
+from tests.chaos.rig import netns_support
 from tests.support.zookeeper import available
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
@@ -63,3 +65,31 @@ def test_merge_over_a_broken_part_recovers(ensemble: Ensemble, tmp_path: Path) -
     assert result.verdict.violations == [], result.verdict.violations
     detached = tmp_path / "r1" / "data" / "data" / "db" / "t" / "detached"
     assert any(flip.part in d.name for d in detached.iterdir()), sorted(p.name for p in detached.iterdir())
+
+
+NETWORK_SCHEDULE = ["partition_interserver", "partition_zookeeper", "zk_minority", "disk_full",
+                    "isolate_replica"]
+
+
+def test_network_and_disk_schedule_has_no_violation(tmp_path: Path) -> None:
+    """Replicas and ZooKeeper nodes in their own network namespaces, data on tmpfs (skipped, with the reason,
+    where namespaces cannot be built)."""
+    if not available():
+        pytest.skip("ZooKeeper (and Java) are not installed")
+    reason = netns_support()
+    if reason is not None:
+        pytest.skip(f"no network namespaces here: {reason}")
+    net = Network(["zk1", "zk2", "zk3", *scenarios.NAMES])
+    net.setup()
+    e = Ensemble(tmp_path / "zk", hosts=[net.ip(f"zk{i}") for i in (1, 2, 3)],
+                 prefixes=[net.prefix(f"zk{i}") for i in (1, 2, 3)])
+    try:
+        e.start()
+        result = scenarios.random_run(tmp_path / "run", e, seed=5, schedule=NETWORK_SCHEDULE, hold=(2.0, 3.0),
+                                      quiet=(0.5, 1.0), net=net, tmpfs_mb=96)
+    finally:
+        e.stop()
+        net.teardown()
+    assert [ev.nemesis for ev in result.events] == NETWORK_SCHEDULE
+    assert result.acked_rows > 0
+    assert result.verdict.violations == [], result.verdict.violations
