@@ -43,6 +43,7 @@ class ReplicaView:
     name: str
     url: str
     table_dir: Path
+    clickhouse: bool = False  # a ClickHouse 18.16 server: its state comes from system tables
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,22 @@ def _get_json(r: ReplicaView, path: str) -> object | None:
         return None
 
 
+def _sql_lines(r: ReplicaView, sql: str) -> list[str] | None:
+    try:
+        status, _h, body = http_query(r.url, sql, timeout=10.0)
+    except (OSError, http.client.HTTPException):
+        return None
+    return body.decode("utf-8", "replace").splitlines() if status == 200 else None
+
+
 def _status(r: ReplicaView) -> dict[str, object] | None:
+    if r.clickhouse:
+        lines = _sql_lines(r, "SELECT is_readonly, queue_size FROM system.replicas "
+                              "WHERE database = 'db' AND table = 't' FORMAT TabSeparated")
+        if not lines:
+            return None
+        readonly, queue = lines[0].split("\t")
+        return {"is_readonly": readonly == "1", "queue_size": int(queue)}
     body = _get_json(r, "/status")
     try:
         return dict(body["tables"][TABLE])  # type: ignore[index]
@@ -263,6 +279,10 @@ def _status(r: ReplicaView) -> dict[str, object] | None:
 def served_parts(r: ReplicaView) -> set[str]:
     """The parts ``r`` serves (its HTTP parts listing, ``active``); the maximal directories on disk when it
     does not answer.  Outdated parts stay on disk a while: the disk alone cannot tell."""
+    if r.clickhouse:
+        lines = _sql_lines(r, "SELECT name FROM system.parts WHERE database = 'db' AND table = 't' "
+                              "AND active FORMAT TabSeparated")
+        return set(lines) if lines is not None else maximal(disk_parts(r.table_dir))
     body = _get_json(r, f"/tables/{TABLE}/parts")
     if isinstance(body, list):
         return {str(p["name"]) for p in body if isinstance(p, dict) and p.get("active")}

@@ -90,7 +90,7 @@ class FlipPart(Nemesis):
     name = "flip_part"
 
     def inject(self, rig: Rig, rng: random.Random) -> str:
-        victim = rng.choice([n for n in rig.names if rig.running(n)])
+        victim = rng.choice([n for n in rig.replicad_names if rig.running(n)])
         rig.kill(victim)
         flip = flip_byte(rig, victim, rng)
         if flip is None:
@@ -130,7 +130,7 @@ class DiskFull(Nemesis):
     name = "disk_full"
 
     def inject(self, rig: Rig, rng: random.Random) -> str:
-        victim = rng.choice([n for n in rig.names if rig.running(n)])
+        victim = rng.choice([n for n in rig.replicad_names if rig.running(n)])
         filler = rig.base / victim / "data" / "chaos-filler.bin"
         written = 0
         with open(filler, "wb") as f:

@@ -23,10 +23,12 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from scripts.run_cluster import Daemon, daemon_env, replica_config
+from tests.chaos.clickhouse_member import ClickHouseMember
 from tests.chaos.ensemble import Ensemble
 from tests.chaos.netns import Network
 from tests.support import process
@@ -79,18 +81,25 @@ def mount_tmpfs(path: Path, size_mb: int) -> str | None:
 class Rig:
     def __init__(self, base: Path, ensemble: Ensemble, names: Sequence[str],
                  env: Mapping[str, Mapping[str, str]] | None = None, net: Network | None = None,
-                 tmpfs_mb: int = 0) -> None:
+                 tmpfs_mb: int = 0, clickhouse: Sequence[str] = ()) -> None:
+        """``clickhouse``: names of ClickHouse 18.16 members besides the replicad ``names`` (loopback)."""
         self.base = base
         self.ensemble = ensemble
-        self.names = list(names)
+        self.names = [*names, *clickhouse]
+        self.replicad_names = list(names)
+        self.clickhouse_names = list(clickhouse)
         self.net = net
         self.mounts: list[Path] = []
         self.tmpfs_reason: str | None = "no tmpfs asked for"
         self.chroot = f"/chaos/{base.name}-{uuid.uuid4().hex[:8]}"
         self._ensure_chroot()
-        self.daemons: dict[str, Daemon] = {}
+        self.daemons: dict[str, Any] = {}
         self.paused: set[str] = set()
-        for name in self.names:
+        for name in self.clickhouse_names:
+            assert net is None, "ClickHouse 18.16 members listen on loopback only"
+            self.daemons[name] = ClickHouseMember(base, name, ensemble.hosts, self.chroot, DDL,
+                                                  SESSION_TIMEOUT_S)
+        for name in self.replicad_names:
             if tmpfs_mb:
                 self.tmpfs_reason = mount_tmpfs(base / name / "data", tmpfs_mb)
                 if self.tmpfs_reason is None:

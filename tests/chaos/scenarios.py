@@ -51,7 +51,7 @@ class RunResult:
 
 
 def _views(rig: Rig) -> list[ReplicaView]:
-    return [ReplicaView(n, rig.url(n), rig.table_dir(n)) for n in rig.names]
+    return [ReplicaView(n, rig.url(n), rig.table_dir(n), n in rig.clickhouse_names) for n in rig.names]
 
 
 def _judge(rig: Rig, inserts: list[InsertOp], healed_at: float, flips: list[Flip] = ()) -> Verdict:  # type: ignore[assignment]
@@ -61,18 +61,19 @@ def _judge(rig: Rig, inserts: list[InsertOp], healed_at: float, flips: list[Flip
 def random_run(base: Path, ensemble: Ensemble, seed: int, faults: int = 4,
                schedule: list[str] | None = None, hold: tuple[float, float] = (2.0, 6.0),
                quiet: tuple[float, float] = (1.0, 3.0), net: Network | None = None,
-               tmpfs_mb: int = 0) -> RunResult:
+               tmpfs_mb: int = 0, clickhouse: bool = False) -> RunResult:
     """Three replicas, insert clients and an admin client, ``faults`` nemeses picked by ``seed`` among those
     the rig supports (``net``: network namespaces; ``tmpfs_mb``: data directories on tmpfs)."""
     t0 = time.monotonic()
     rng = random.Random(seed)
-    rig = Rig(base, ensemble, NAMES, net=net, tmpfs_mb=tmpfs_mb)
+    rig = Rig(base, ensemble, NAMES, net=net, tmpfs_mb=tmpfs_mb, clickhouse=["ch1"] if clickhouse else [])
     available = [*LOOPBACK_NEMESES, *(DISK_NEMESES if rig.mounts else ()), *(NETWORK_NEMESES if net else ())]
     names = schedule or random_schedule(rng, faults, available)
     try:
         rig.start()
         urls = {n: rig.url(n) for n in rig.names}
-        clients = Clients(urls, seed, quorum_probe=lambda op: checker.quorum_probe(urls, op)).start()
+        clients = Clients(urls, seed, quorum_probe=lambda op: checker.quorum_probe(urls, op),
+                          tokens=not clickhouse).start()
         flipper = FlipPart()
         try:
             time.sleep(2.0)

@@ -69,7 +69,9 @@ class Clients:
 
     def __init__(self, urls: dict[str, str], seed: int, n: int = 3, quorum2_share: float = 0.3,
                  admin: bool = True, op_deadline_s: float = 30.0, pause_s: float = 0.15,
-                 quorum_probe: Callable[[InsertOp], str] | None = None) -> None:
+                 quorum_probe: Callable[[InsertOp], str] | None = None, tokens: bool = True) -> None:
+        """``tokens``: send ``insert_deduplication_token`` (False in the mixed variant: 18.16 does not know
+        it, so every replica deduplicates retries by the block's hash)."""
         self.urls = urls
         self.seed = seed
         self.n = n
@@ -77,6 +79,7 @@ class Clients:
         self.op_deadline_s = op_deadline_s
         self.pause_s = pause_s
         self.quorum_probe = quorum_probe
+        self.tokens = tokens
         self.inserts: list[InsertOp] = []
         self.admin_ops: list[AdminOp] = []
         self._lock = threading.Lock()
@@ -104,11 +107,12 @@ class Clients:
         while time.monotonic() < deadline:
             name = rng.choice(names)
             op.attempts += 1
+            params: dict[str, object] = {"insert_quorum": op.quorum, "insert_quorum_timeout": 10000}
+            if self.tokens:
+                params["insert_deduplication_token"] = op.token
             try:
                 status, headers, text = http_query(
-                    self.urls[name], f"INSERT INTO {TABLE} FORMAT TabSeparated", body, timeout=8.0,
-                    insert_deduplication_token=op.token, insert_quorum=op.quorum,
-                    insert_quorum_timeout=10000)
+                    self.urls[name], f"INSERT INTO {TABLE} FORMAT TabSeparated", body, timeout=8.0, **params)
             except (OSError, http.client.HTTPException) as e:
                 op.errors.append(f"{name}: {type(e).__name__}")
                 time.sleep(0.2)
@@ -116,7 +120,7 @@ class Clients:
             if status == 200:
                 op.status, op.acked_by = "acked", name
                 summary = json.loads(headers.get("X-ClickHouse-Summary", "{}") or "{}")
-                op.deduplicated = str(summary.get("written_rows", "1")) == "0"
+                op.deduplicated = bool(summary) and str(summary.get("written_rows", "1")) == "0"
                 if op.quorum > 1 and self.quorum_probe is not None:
                     op.quorum_probe = self.quorum_probe(op)
                 return op
