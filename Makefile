@@ -51,8 +51,9 @@ integration: deps
 # the fault suite (tests/chaos): planted-bug proofs, then RUNS random schedules from SEED; writes RELIABILITY.md
 SEED ?= 1
 RUNS ?= 3
+MIXED ?= 0
 chaos: deps
-	$(BIN)/python -m tests.chaos --seed $(SEED) --runs $(RUNS)
+	$(BIN)/python -m tests.chaos --seed $(SEED) --runs $(RUNS) --mixed $(MIXED)
 
 run: deps
 	$(BIN)/python -m scripts.run_cluster

@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plants", action="store_true", help="skip the planted-bug proofs")
     ap.add_argument("--keep", action="store_true", help="keep the data directories")
     ap.add_argument("--loopback", action="store_true", help="no network namespaces even where possible")
+    ap.add_argument("--mixed", type=int, default=0,
+                    help="extra runs (after RUNS) with a ClickHouse 18.16 member, on loopback")
     ap.add_argument("--tmpfs-mb", type=int, default=96, help="replica data on tmpfs of this size (0: no)")
     args = ap.parse_args(argv)
 
@@ -73,11 +75,27 @@ def main(argv: list[str] | None = None) -> int:
             for k, d in r.verdict.violations:
                 say(f"  {k}: {d}")
             runs.append(r)
+        ensemble.stop()
+        if net is not None:
+            net.teardown()
+            net = None
+        if args.mixed:
+            ensemble = Ensemble(base / "zookeeper-mixed")
+            ensemble.start()
+            first = args.seed + args.runs
+            for seed in range(first, first + args.mixed):
+                r = scenarios.random_run(base / f"mixed-{seed}", ensemble, seed, args.faults, clickhouse=True)
+                faults = ", ".join(e.nemesis for e in r.events)
+                say(f"seed {seed} (mixed): {faults}; {r.acked_rows} acked rows, "
+                    f"recovery {r.verdict.recovery_s} s, {len(r.verdict.violations)} violations")
+                for k, d in r.verdict.violations:
+                    say(f"  {k}: {d}")
+                runs.append(r)
     finally:
         ensemble.stop()
         if net is not None:
             net.teardown()
-        command = f"make chaos SEED={args.seed} RUNS={args.runs}"
+        command = f"make chaos SEED={args.seed} RUNS={args.runs} MIXED={args.mixed}"
         report.write(args.out, report.render(runs, plants, seed=args.seed, faults=args.faults, mode=mode,
                                              command=command))
         say(f"wrote {args.out}")

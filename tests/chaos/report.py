@@ -57,7 +57,8 @@ def render(runs: Sequence[RunResult], plants: Sequence[RunResult], *, seed: int,
         "",
         "## Totals",
         "",
-        f"- runs: {len(runs)} (seeds {seed}..{seed + len(runs) - 1}), failing: "
+        f"- runs: {len(runs)} (seeds {seed}..{seed + len(runs) - 1}; "
+        f"{dict(Counter(r.variant for r in runs))}), failing: "
         f"{sum(1 for r in runs if r.verdict.violations)}",
         f"- faults injected: {sum(injected.values())}",
         f"- operations: {inserts} inserts ({sum(r.indeterminate for r in runs)} indeterminate), "
@@ -74,19 +75,20 @@ def render(runs: Sequence[RunResult], plants: Sequence[RunResult], *, seed: int,
     for name in sorted(injected):
         out.append(f"| {name} | {injected[name]} | {failing_by.get(name, 0)} |")
     out += ["", "## Runs", "",
-            "| seed | faults | inserts | acked rows | indeterminate | admin ops | violations | recovery s | "
-            "duration s |", "|---|---|---|---|---|---|---|---|---|"]
+            "| seed | variant | faults | inserts | acked rows | indeterminate | admin ops | violations | "
+            "recovery s | duration s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         recovery = r.verdict.recovery_s if r.verdict.recovery_s is not None else ">60"
-        out.append(f"| {r.seed} | {', '.join(e.nemesis for e in r.events)} | {len(r.inserts)} | "
-                   f"{r.acked_rows} | {r.indeterminate} | {r.admin_ops} | {len(r.verdict.violations)} | "
+        faults = ", ".join(e.nemesis for e in r.events)
+        out.append(f"| {r.seed} | {r.variant} | {faults} | {len(r.inserts)} | {r.acked_rows} | "
+                   f"{r.indeterminate} | {r.admin_ops} | {len(r.verdict.violations)} | "
                    f"{recovery} | {r.duration_s} |")
     failing = [r for r in runs if r.verdict.violations]
     out += ["", "## Failing seeds", ""]
     if not failing:
         out.append("None.")
     for r in failing:
-        out.append(f"### seed {r.seed}")
+        out.append(f"### seed {r.seed} ({r.variant})")
         out.append("")
         for e in r.events:
             out.append(f"- t={e.at_s}s {e.nemesis}: {e.what} (healed after {e.held_s}s)")

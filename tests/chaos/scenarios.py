@@ -40,6 +40,7 @@ class RunResult:
     inserts: list[InsertOp] = field(default_factory=list)
     admin_ops: int = 0
     duration_s: float = 0.0
+    variant: str = ""
 
     @property
     def acked_rows(self) -> int:
@@ -83,8 +84,9 @@ def random_run(base: Path, ensemble: Ensemble, seed: int, faults: int = 4,
             healed_at = time.monotonic()
             clients.stop()
         verdict = _judge(rig, clients.inserts, healed_at, flipper.flips)
+        variant = "mixed (ClickHouse 18.16)" if clickhouse else "netns" if net is not None else "loopback"
         return RunResult(f"seed {seed}", seed, verdict, events, clients.inserts, len(clients.admin_ops),
-                         round(time.monotonic() - t0, 1))
+                         round(time.monotonic() - t0, 1), variant)
     finally:
         rig.close()
 
