@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.chaos.checker import Flip, disk_parts, maximal, parse_part
+from tests.chaos.checker import Flip
+from tests.chaos.disk import disk_parts, maximal, parse_part
 from tests.chaos.rig import SESSION_TIMEOUT_S, Rig
 from tests.chaos.workload import CHECKED_PARTITIONS
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.chaos import checker
+from tests.chaos import checker, disk
 from tests.chaos.checker import Flip, ReplicaView, Verdict
 from tests.chaos.ensemble import Ensemble
 from tests.chaos.nemeses import (
@@ -154,7 +154,7 @@ def _wait_part_everywhere(rig: Rig, names: list[str]) -> str:
     parts: list[set[str]] = []
 
     def same() -> bool:
-        parts[:] = [checker.maximal(checker.disk_parts(rig.table_dir(n))) for n in names]
+        parts[:] = [disk.maximal(disk.disk_parts(rig.table_dir(n))) for n in names]
         return bool(parts[0]) and all(p == parts[0] for p in parts)
 
     if not _wait(same, 30.0):
@@ -202,7 +202,7 @@ def _wait_parts(rig: Rig, count: int) -> set[str]:
     parts: list[set[str]] = []
 
     def ready() -> bool:
-        parts[:] = [checker.maximal(checker.disk_parts(rig.table_dir(n))) for n in rig.names]
+        parts[:] = [disk.maximal(disk.disk_parts(rig.table_dir(n))) for n in rig.names]
         return len(parts[0]) == count and all(p == parts[0] for p in parts)
 
     if not _wait(ready, 30.0):

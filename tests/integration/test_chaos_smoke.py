@@ -35,7 +35,7 @@ def ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
 
 
 def test_checker_does_not_import_replicad() -> None:
-    code = ("import sys, tests.chaos.checker, tests.chaos.workload; "
+    code = ("import sys, tests.chaos.checker, tests.chaos.disk, tests.chaos.workload; "
             "bad = sorted(m for m in sys.modules if m == 'replicad' or m.startswith('replicad.')); "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tests.chaos.checker import Verdict, _check_intersections, _check_rows, covers, maximal
+from tests.chaos.checker import Verdict, _check_intersections, _check_rows
+from tests.chaos.disk import covers, maximal
 from tests.chaos.workload import InsertOp
 
 
