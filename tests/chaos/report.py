@@ -67,6 +67,10 @@ def render(runs: Sequence[RunResult], plants: Sequence[RunResult], *, seed: int,
         f"- lost rows: {kinds.get('lost', 0)} batches; duplicated: {kinds.get('duplicate', 0)}; "
         f"all violations: {dict(sorted(kinds.items())) or 0}",
     ]
+    notes = sum(len(r.verdict.notes) for r in runs)
+    if notes:
+        out.append(f"- parts whose replicas differ in compressed bytes only (same uncompressed contents, "
+                   f"which is all ClickHouse compares): {notes}")
     if recoveries:
         median = statistics.median(recoveries)
         out.append(f"- recovery after the heal (queues drained): median {median:.1f} s, "
