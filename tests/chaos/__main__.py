@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra runs (after RUNS) with a ClickHouse 18.16 member, on loopback")
     ap.add_argument("--tmpfs-mb", type=int, default=96, help="replica data on tmpfs of this size (0: no)")
     args = ap.parse_args(argv)
+    # SIGTERM (make interrupted, a timeout) leaves through the clean-up: namespaces, bridge, mounts, processes
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
     base = Path(tempfile.mkdtemp(prefix="replicad-chaos-"))
     net: Network | None = None
