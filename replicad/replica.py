@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from replicad import replica_status
+from replicad import fault_plant, replica_status
 from replicad.errors import (
     BadInputError,
     KeeperError,
@@ -159,6 +159,7 @@ class TableReplica:
             min_unprocessed_insert_time=lambda: self.queue_state.min_unprocessed_insert_time,
         )
         self.puller.on_read = self.fetcher.precheck_sources
+        self.puller.known = lambda znode: znode in self.queue_state
         self.fetcher.early_allowed = lambda: not self.executor.is_paused() and not self.blockers.fetches
         self.queue_updating = QueueUpdatingTask(f"{spec.name}:queue_updating", self.puller)
         self.executor = QueueExecutor(
@@ -468,6 +469,10 @@ class TableReplica:
                 nbytes += table.nbytes
                 temp_parts = await write_block(table, self.schema, self.layout, self.writer_settings, ctx)
                 for tp in temp_parts:
+                    if fault_plant.planted("ack_before_commit"):  # test-only planted bug
+                        fault_plant.later(self.committer.commit(tp, quorum, quorum_timeout_s))
+                        parts, rows = parts + 1, rows + tp.rows
+                        continue
                     result = await self.committer.commit(tp, quorum, quorum_timeout_s)
                     if result.deduplicated:
                         dedup += 1
