@@ -33,6 +33,7 @@ from replicad.tasks import Supervisor
 
 if TYPE_CHECKING:
     from replicad.config import Config
+    from replicad.service import Engine
 
 log = get_logger(__name__)
 
@@ -377,3 +378,8 @@ def check_names(name: TableName, zk_path: str, replica: str) -> None:
                             "'.' or '..' components or control characters", code=36)
     if not _ZK_COMPONENT.fullmatch(replica) or replica in (".", ".."):
         raise BadInputError(f"Invalid replica name {replica[:100]!r}", code=36)
+
+
+def create_engine(config: Config, supervisor: Supervisor, metrics: object) -> Engine:
+    """The daemon's engine factory (``replicad.daemon.DEFAULT_ENGINE``)."""
+    return ReplicationEngine(config, supervisor, metrics)

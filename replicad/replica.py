@@ -37,7 +37,7 @@ from replicad.model.part_info import PartInfo
 from replicad.model.queue_state import BackoffSettings, QueueState
 from replicad.model.staged_job import StagedTask
 from replicad.replication import init as zk_init
-from replicad.replication.admin import ActionBlockers, TableAdmin
+from replicad.replication.admin import TableAdmin
 from replicad.replication.cleanup import CleanupSettings, CleanupThread
 from replicad.replication.clone import clone_replica_if_needed
 from replicad.replication.commit import PartCommitter
@@ -51,6 +51,7 @@ from replicad.replication.quorum import check_quorum_precondition, update_quorum
 from replicad.replication.restarting import CONNECTION_ERRORS, RestartingThread
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
 from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
+from replicad.replication.table_context import ActionBlockers
 from replicad.replication.table_ops import TableOperations
 from replicad.server.interserver import Endpoint, PartToSend
 from replicad.service import (
@@ -74,8 +75,7 @@ from replicad.table_spec import TableSpec as TableSpec
 from replicad.tasks import BackgroundTask, Supervisor
 
 if TYPE_CHECKING:
-    from replicad.config import Config
-    from replicad.service import Engine
+    pass
 
 log = get_logger(__name__)
 
@@ -591,13 +591,6 @@ class TableReplica:
 
     async def staged_status(self, run: str) -> dict[str, Any]:
         return await self.staging.status(run)
-
-
-def create_engine(config: Config, supervisor: Supervisor, metrics: object) -> Engine:
-    """The daemon's engine factory (``replicad.daemon.DEFAULT_ENGINE``)."""
-    from replicad.catalog import ReplicationEngine
-
-    return ReplicationEngine(config, supervisor, metrics)
 
 
 def _remove_dirs(paths: list[Path]) -> None:

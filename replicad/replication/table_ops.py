@@ -38,6 +38,7 @@ from replicad.replication.mutations import (
     storage_commands,
     wait_for_mutation,
 )
+from replicad.replication.table_context import TableContext
 from replicad.service import ExecuteResult, Statement, StatementKind
 from replicad.storage.merge import TableKeys
 from replicad.storage.mutate import compile_commands
@@ -45,7 +46,6 @@ from replicad.tasks import BackgroundTask, FunctionTask, Outcome
 
 if TYPE_CHECKING:
     from replicad.keeper.client import Keeper
-    from replicad.replica import TableReplica
     from replicad.sql.statements import PartitionSpec
 
 log = get_logger(__name__)
@@ -95,7 +95,7 @@ async def wait_for_log_entry(
 class TableOperations:
     """The merges / mutations / drops side of one :class:`TableReplica`."""
 
-    def __init__(self, replica: TableReplica, *, assigner_settings: AssignerSettings | None = None) -> None:
+    def __init__(self, replica: TableContext, *, assigner_settings: AssignerSettings | None = None) -> None:
         r = self.replica = replica
         s: dict[str, Any] = dict(r.spec.settings)
         name = str(r.spec.name)
