@@ -25,6 +25,7 @@ from replicad.logging import get_logger
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.replication.fetcher import FetchCredentials
 from replicad.server.interserver import InterserverServer
+from replicad.server.parts_exchange import InterserverExchange
 from replicad.server.tls import client_context
 from replicad.service import Statement, TableName, TableService
 from replicad.sql.ddl import TableDef, parse_create_table
@@ -304,7 +305,7 @@ class ReplicationEngine:
         peer_ssl = client_context(ic.tls_ca_file) if ic.tls_ca_file is not None else True
         env = ReplicaEnv(
             data_path=config.data_path,
-            interserver=self.interserver,
+            interserver=InterserverExchange(self.interserver),
             interserver_host=ic.host,
             tz=config.timezone,
             credentials=FetchCredentials(ic.user, ic.password, peer_ssl),

@@ -41,6 +41,7 @@ from replicad.replication.admin import TableAdmin
 from replicad.replication.cleanup import CleanupSettings, CleanupThread
 from replicad.replication.clone import clone_replica_if_needed
 from replicad.replication.commit import PartCommitter
+from replicad.replication.exchange import ServedPart
 from replicad.replication.executor import QueueExecutor
 from replicad.replication.fetcher import PartFetcher
 from replicad.replication.leader import LeaderElection
@@ -53,7 +54,6 @@ from replicad.replication.sink import InsertContext, TableSchema, column_default
 from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
 from replicad.replication.table_context import ActionBlockers
 from replicad.replication.table_ops import TableOperations
-from replicad.server.interserver import Endpoint, PartToSend
 from replicad.service import (
     ExecuteResult,
     InsertSettings,
@@ -269,10 +269,7 @@ class TableReplica:
         except CONNECTION_ERRORS as e:
             # no ZooKeeper: serve reads; the restarting task completes the start-up once it answers
             log.warning("replica_started_readonly", table=str(self.spec.name), error=str(e))
-        self.env.interserver.register(
-            self.paths.me.root,
-            Endpoint(lookup=self._part_for_send, on_broken_part=self.enqueue_part_check),
-        )
+        self.env.interserver.serve(self.paths.me.root, self._part_for_send, self.enqueue_part_check)
         self.executor.on_parts_changed = self._on_parts_changed
         self.ops.install()
         for task in self._tasks:
@@ -370,7 +367,7 @@ class TableReplica:
                 log.warning("task_stopped_with_error", error=str(e))
         self._own_runners.clear()
         await self.executor.cancel_running()
-        self.env.interserver.unregister(self.paths.me.root)
+        self.env.interserver.withdraw(self.paths.me.root)
         await self.fetcher.close()
         if self.keeper.session_state is SessionState.CONNECTED:
             await self.leader.leave()
@@ -428,11 +425,11 @@ class TableReplica:
         self.part_check.wakeup()
         self.cleanup.wakeup()
 
-    def _part_for_send(self, name: str) -> PartToSend | None:
+    def _part_for_send(self, name: str) -> ServedPart | None:
         part = self.store.for_send(name)
         if part is None:
             return None
-        return PartToSend(part.path, part.directory.checksums)
+        return ServedPart(part.path, part.directory.checksums)
 
     # ------------------------------------------------------------------------------------------- insert
 

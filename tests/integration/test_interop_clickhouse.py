@@ -23,6 +23,7 @@ from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.server.interserver import InterserverServer
+from replicad.server.parts_exchange import InterserverExchange
 from replicad.service import InsertSettings, TableName
 from replicad.storage.writer import WriterSettings
 from tests.support import table_cluster
@@ -74,7 +75,7 @@ async def start_replicad(
     await server.start()
     env = ReplicaEnv(
         data_path=data,
-        interserver=server,
+        interserver=InterserverExchange(server),
         interserver_host="127.0.0.1",
         fsync=False,
         writer=WriterSettings(fsync=False, method="lz4", threads=1),
@@ -213,7 +214,7 @@ async def test_clickhouse_joins_a_table_created_by_replicad(
     await server.start()
     env = ReplicaEnv(
         data_path=tmp_path / "rd",
-        interserver=server,
+        interserver=InterserverExchange(server),
         interserver_host="127.0.0.1",
         fsync=False,
         writer=WriterSettings(fsync=False, threads=1),
@@ -278,7 +279,7 @@ async def test_interserver_credentials_both_ways(
     await server.start()
     env = ReplicaEnv(
         data_path=tmp_path / "rd",
-        interserver=server,
+        interserver=InterserverExchange(server),
         interserver_host="127.0.0.1",
         fsync=False,
         credentials=FetchCredentials("repl", "s3cr3t"),
