@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = args.output
     if output is None and not args.quick and set(names) == set(ALL):
         output = REPO / "BENCHMARKS.md"
-    from tests.support import clickhouse, zookeeper
+    from replicad.devtools import clickhouse, zookeeper
 
     if not (clickhouse.available() and zookeeper.available()):
         print("ClickHouse 18.16 and ZooKeeper must be installed (make deps)", file=sys.stderr)

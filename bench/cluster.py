@@ -7,9 +7,9 @@
         rd.b.count("bench.events")
 
 Each pair has its own ZooKeeper chroot (``/replicad`` and ``/clickhouse``), so the two replica sets never
-see each other.  The servers come from the test support (tests/support/zookeeper.py, clickhouse.py) and
-``scripts/run_cluster.py`` (``Daemon``, ``replica_config``).  ClickHouse writes zstd parts like replicad's
-default.  :class:`Replica` gives both kinds the same face: keep-alive HTTP, ``count``, ``parts``, the
+see each other.  The servers come from the dev tools (replicad/devtools/zookeeper.py, clickhouse.py,
+daemon.py).  ClickHouse writes zstd parts like replicad's default.  :class:`Replica` gives both kinds the
+same face: keep-alive HTTP, ``count``, ``parts``, the
 server's pid, its RSS and its ZooKeeper session.
 """
 
@@ -42,10 +42,10 @@ from kazoo.client import KazooClient
 
 from bench.part_writer import COLUMNS as EVENTS_COLUMNS
 from bench.part_writer import make_rows, to_tsv
-from scripts.run_cluster import Daemon, replica_config
-from tests.support.clickhouse import ClickHouseServer
-from tests.support.ports import free_port
-from tests.support.zookeeper import ZooKeeperServer
+from replicad.devtools.clickhouse import ClickHouseServer
+from replicad.devtools.daemon import Daemon, replica_config
+from replicad.devtools.ports import free_port
+from replicad.devtools.zookeeper import ZooKeeperServer
 
 __all__ = ["EVENTS_COLUMNS", "BenchCluster", "Replica", "ReplicaPair", "events_table", "make_events",
            "to_tsv"]

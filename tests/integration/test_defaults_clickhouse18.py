@@ -30,6 +30,8 @@ import pyarrow as pa
 import pytest
 
 from replicad.catalog import spec_from_ddl
+from replicad.devtools.clickhouse import ClickHouseError, ClickHouseServer
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.errors import BadInputError
 from replicad.keeper.client import Keeper
 from replicad.model.table_metadata import ColumnsDescription
@@ -47,9 +49,7 @@ from replicad.storage.reader import PartReader
 from replicad.storage.types import parse_type
 from replicad.storage.types_composite import values_under_nulls
 from replicad.storage.writer import WriterSettings
-from tests.support.clickhouse import ClickHouseError, ClickHouseServer
 from tests.support.replicad_daemon import make_chroot, query, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse]
 

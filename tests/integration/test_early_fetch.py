@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.paths import TablePaths
 from replicad.replica import TableReplica
 from replicad.storage.layout import TMP_FETCH
 from tests.support import table_cluster
 from tests.support.table_cluster import ZK_PATH, Cluster, converged, rows, spec
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 import pytest_asyncio
 
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.checksums import Checksums, MinimalisticChecksums
@@ -26,7 +27,6 @@ from replicad.server.parts_exchange import InterserverExchange
 from replicad.service import InsertSettings, TableName
 from tests.support import table_cluster
 from tests.support.table_cluster import METADATA, ZK_PATH, Cluster, events_spec, part_checksums
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.client import Keeper
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.replication.merge_assigner import AssignerSettings
@@ -29,7 +30,6 @@ from replicad.service import Statement, StatementKind, TableName
 from replicad.sql.statements import parse_statement
 from replicad.storage.types import parse_type
 from replicad.storage.writer import WriterSettings
-from tests.support.zookeeper import ZooKeeperServer
 
 ZK_PATH = "/clickhouse/tables/01/events"
 TABLE = TableName("db", "events")

@@ -9,13 +9,13 @@ import yaml
 
 from replicad.catalog import ReplicationEngine, merge_tree_defaults, spec_from_ddl
 from replicad.config import Config, build_config
+from replicad.devtools.ports import free_ports
 from replicad.keeper.client import Keeper
 from replicad.replica import ReplicaEnv, TableReplica
 from replicad.server.interserver import InterserverServer
 from replicad.server.parts_exchange import InterserverExchange
 from replicad.sql.ddl import parse_create_table
 from replicad.tasks import Supervisor
-from tests.support.ports import free_ports
 
 DDL = ("CREATE TABLE db.t (d Date, x UInt64) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/t', "
        "'{replica}') PARTITION BY toYYYYMM(d) ORDER BY x")
