@@ -34,7 +34,6 @@ from replicad.devtools.clickhouse import ClickHouseError, ClickHouseServer
 from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.errors import BadInputError
 from replicad.keeper.client import Keeper
-from replicad.model.table_metadata import ColumnsDescription
 from replicad.replica import ReplicaEnv, TableReplica
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
 from replicad.server.api import _insert_columns
@@ -42,6 +41,7 @@ from replicad.server.interserver import InterserverServer
 from replicad.server.parts_exchange import InterserverExchange
 from replicad.service import SelectQuery, TableName
 from replicad.sql.ddl import parse_create_table
+from replicad.sql.table_metadata import ColumnsDescription
 from replicad.storage.layout import TableDataLayout
 from replicad.storage.merge import PartSchema
 from replicad.storage.mutate import MutationCommand, mutate_part
