@@ -110,7 +110,7 @@ _USERS = """<?xml version="1.0"?>
 """
 
 
-class ClickHouseServer:
+class ClickHouseServer(process.ServerProcess):
     def __init__(
         self,
         base_dir: Path | str,
@@ -176,10 +176,6 @@ class ClickHouseServer:
     @property
     def interserver_host(self) -> str:
         return "127.0.0.1"
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     # ------------------------------------------------------------------ config
 
@@ -280,14 +276,7 @@ class ClickHouseServer:
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM (graceful: closes its ZooKeeper session), SIGKILL after ``timeout``."""
-        if self.proc is not None:
-            process.terminate(self.proc, timeout=timeout)
-            self.proc = None
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            process.kill(self.proc)
-            self.proc = None
+        self._terminate(timeout)
 
     def restart(self, timeout: float = 60.0) -> None:
         self.stop()

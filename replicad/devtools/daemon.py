@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -51,7 +50,7 @@ def daemon_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 @dataclass
-class Daemon:
+class Daemon(process.ServerProcess):
     """One ``python -m replicad run --config <config_path>`` process (paths relative to ``cwd``)."""
 
     config_path: Path
@@ -71,10 +70,6 @@ class Daemon:
         if self.log_path is None:
             self.log_path = self.data_path.parent / "logs" / f"{self.name}.log"
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def start(self) -> None:
         assert self.log_path is not None
         argv = [sys.executable, "-m", "replicad", "run", "--config", str(self.config_path)]
@@ -82,16 +77,7 @@ class Daemon:
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM (the daemon's ordered shutdown), SIGKILL after ``timeout``."""
-        if self.proc is None:
-            return None
-        code = process.terminate(self.proc, signal.SIGTERM, timeout=timeout)
-        self.proc = None
-        return code
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            process.kill(self.proc)
-            self.proc = None
+        return self._terminate(timeout)
 
     def log_tail(self, lines: int = 40) -> str:
         assert self.log_path is not None

@@ -85,6 +85,30 @@ def _kill_all() -> None:
             kill(p)
 
 
+class ServerProcess:
+    """A server started with :func:`spawn` and held in ``self.proc`` (None before start and after a stop)."""
+
+    proc: subprocess.Popen[bytes] | None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _terminate(self, timeout: float) -> int | None:
+        """SIGTERM to the process group, SIGKILL after ``timeout``; the exit code (None: not running)."""
+        if self.proc is None:
+            return None
+        code = terminate(self.proc, timeout=timeout)
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL: the server vanishes without closing anything."""
+        if self.proc is not None:
+            kill(self.proc)
+            self.proc = None
+
+
 def tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

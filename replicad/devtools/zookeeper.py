@@ -106,7 +106,7 @@ def four_letter(host: str, port: int, cmd: str, timeout: float = 2.0) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-class ZooKeeperServer:
+class ZooKeeperServer(process.ServerProcess):
     def __init__(
         self,
         base_dir: Path | str | None = None,
@@ -132,10 +132,6 @@ class ZooKeeperServer:
     @property
     def hosts(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def _write_config(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -211,15 +207,7 @@ class ZooKeeperServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop (SIGTERM), SIGKILL after ``timeout``.  Data stays for a later start()."""
-        if self.proc is not None:
-            process.terminate(self.proc, timeout=timeout)
-            self.proc = None
-
-    def kill(self) -> None:
-        """SIGKILL: the server vanishes without closing anything."""
-        if self.proc is not None:
-            process.kill(self.proc)
-            self.proc = None
+        self._terminate(timeout)
 
     def restart(self, timeout: float = 60.0, down_for: float = 0.0) -> None:
         """Stop and start again on the same port with the same data."""
