@@ -156,7 +156,7 @@ class LoadSampler:
 def profile_merge(ctx: Context, args: argparse.Namespace) -> None:
     """bench/merge.py once more, under py-spy (its merge child process included)."""
     from bench import merge
-    from bench.cluster import PySpy
+    from bench.profiling import PySpy
 
     argv = [sys.executable, merge.__file__, "--parts", str(args.parts), "--rows", str(args.rows)]
     spy = PySpy.record_command(argv, ctx.work_dir / "profiles" / "merge.txt", only_process="--child")
