@@ -1,6 +1,7 @@
 """Merges, mutations and partition drops of one replicated table, wired into its :class:`TableReplica`.
 
-``TableOperations(replica)`` builds the pieces and hooks them into the replica's seams:
+``TableOperations(replica)`` takes the table's :class:`.table_context.TableContext` (the replica itself, seen
+through that narrow protocol), builds the pieces and hooks them into the replica's seams:
 
 * the queue executor's ``handlers`` run MERGE_PARTS / MUTATE_PART (:mod:`.merge_executor`) and
   DROP_RANGE / DROP_PART (:mod:`.drop_range`);
