@@ -293,13 +293,16 @@ class ReplicationEngine:
         self.keeper = Keeper(zk.hosts, session_timeout_s=zk.session_timeout_s)
         self.keeper.latency_observer = getattr(metrics, "observe_zookeeper", None)
         ic = config.interserver
+        table_sends = int(config.effective_settings().get("replicated_max_parallel_sends", 0))
         self.interserver = InterserverServer(
             ic.listen_host,
             ic.port,
             user=ic.user,
             password=ic.password,
-            max_parallel_sends=int(config.effective_settings().get("replicated_max_parallel_sends", 0)),
+            max_parallel_sends=_min_limit(ic.max_parallel_sends, table_sends),
             tls_files=(ic.tls_cert_file, ic.tls_key_file) if ic.tls_cert_file and ic.tls_key_file else None,
+            max_connections=ic.max_connections,
+            send_timeout_s=ic.send_timeout_s,
         )
         # a CA file is one small read at start-up; without one, aiohttp checks peers with the system's CAs
         peer_ssl = client_context(ic.tls_ca_file) if ic.tls_ca_file is not None else True
@@ -310,6 +313,7 @@ class ReplicationEngine:
             tz=config.timezone,
             credentials=FetchCredentials(ic.user, ic.password, peer_ssl),
             activation_timeout_s=zk.session_timeout_s + 5.0,
+            max_fetch_part_bytes=ic.max_fetch_part_bytes,
         )
         self._catalog = ReplicaCatalog(
             config.data_path,
@@ -379,6 +383,11 @@ def check_names(name: TableName, zk_path: str, replica: str) -> None:
                             "'.' or '..' components or control characters", code=36)
     if not _ZK_COMPONENT.fullmatch(replica) or replica in (".", ".."):
         raise BadInputError(f"Invalid replica name {replica[:100]!r}", code=36)
+
+
+def _min_limit(*limits: int) -> int:
+    """The lowest of limits where 0 means none (0 when all are 0)."""
+    return min((n for n in limits if n > 0), default=0)
 
 
 def create_engine(config: Config, supervisor: Supervisor, metrics: object) -> Engine:

@@ -70,6 +70,14 @@ class InterserverConfig(_Section):
     tls_cert_file: Path | None = None  # both set: the listener speaks HTTPS, peers are told scheme https
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None  # CA bundle peers' certificates are checked against (default: system)
+    #: open connections at most (one more is answered 503 and closed)
+    max_connections: int = Field(default=1024, ge=1, le=65536)
+    #: parts sent at once in all (429 beyond; replicated_max_parallel_sends may lower it); 0 = no limit
+    max_parallel_sends: int = Field(default=64, ge=0)
+    #: a peer that takes no bytes of an answer for this long is cut off (ClickHouse's http_send_timeout)
+    send_timeout_s: float = Field(default=30.0, gt=0, le=86400)
+    #: a fetched part may be this large at most (its declared and streamed sizes are checked against it)
+    max_fetch_part_bytes: int = Field(default=1 << 40, gt=0)
 
     @field_validator("user", "password", "tls_cert_file", "tls_key_file", "tls_ca_file", mode="before")
     @classmethod
@@ -114,6 +122,14 @@ class ApiConfig(_Section):
     listen_host: str = "127.0.0.1"
     port: int = Field(default=8123, ge=1, le=65535)
     max_body_bytes: int = Field(default=10 * 1024**3, gt=0)
+    #: a request body that sends nothing for this long is refused (408, code 209; ClickHouse's
+    #: http_receive_timeout)
+    receive_timeout_s: float = Field(default=30.0, gt=0, le=86400)
+    #: one line of a line-based input format (TSV, JSONEachRow, a header) at most (400, code 117)
+    max_line_bytes: int = Field(default=64 << 20, ge=1024)
+    #: inserts at once, each with a parser thread of its own (not the shared executor); more are refused
+    #: with 503 (code 202, retriable), as ClickHouse's max_concurrent_queries
+    max_concurrent_inserts: int = Field(default=100, ge=1, le=4096)
     drain_timeout_s: float = Field(default=30.0, ge=0)
     #: a request that needs the tables while the daemon is still loading them waits this long for them
     startup_wait_s: float = Field(default=120.0, ge=0)

@@ -49,6 +49,23 @@ class TooManyPartsError(ReplicadError):
     retriable = True
 
 
+class NotEnoughSpaceError(ReplicadError):
+    """The disk is full, or would be (a fetch that does not fit): retry when there is room."""
+
+    code = 243  # NOT_ENOUGH_SPACE
+    http_status = 507
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=True)
+
+
+class TooManyRowsOrBytesError(ReplicadError):
+    """A query would hold more rows or bytes than its limits allow (max_rows_to_sort / max_bytes_to_sort)."""
+
+    code = 396  # TOO_MANY_ROWS_OR_BYTES
+    http_status = 400
+
+
 class ReadOnlyError(ReplicadError):
     code = 242  # TABLE_IS_READ_ONLY
     http_status = 503

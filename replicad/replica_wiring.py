@@ -116,7 +116,8 @@ def build_collaborators(
         on_committed=hooks._on_local_commit,
     )
     fetcher = PartFetcher(keeper, paths, store, table_columns_text=spec.columns_text,
-                          credentials=env.credentials, min_bytes_to_fsync=fsync_fetched)
+                          credentials=env.credentials, min_bytes_to_fsync=fsync_fetched,
+                          max_part_bytes=env.max_fetch_part_bytes)
     fetcher.part_columns_text = part_columns_text(spec.columns)
     puller = LogPuller(keeper, paths, hooks._on_pulled, tz=env.tz,
                        min_unprocessed_insert_time=lambda: queue_state.min_unprocessed_insert_time)

@@ -136,6 +136,10 @@ class SelectQuery:
     order_by: tuple[OrderKey, ...] = ()
     limit: int | None = None
     text: str = ""
+    #: ORDER BY holds at most this many rows / bytes of matching rows at once (0: no limit); with LIMIT n it
+    #: keeps only the best n rows as it reads, so the limits bind only a large LIMIT or none
+    max_rows_to_sort: int = 0
+    max_bytes_to_sort: int = 0
 
 
 @dataclass

@@ -182,6 +182,11 @@ _DEFS: tuple[SettingDef, ...] = (
     SettingDef("max_query_size", 262144, Q, "bytes of query text parsed (for INSERT: its first line, not the "
                "data)",
                check=lambda v: None if 0 < v <= 16 * 1024 * 1024 else "must be in 1..16777216"),
+    SettingDef("max_rows_to_sort", 0, Q, "rows an ORDER BY may hold at once (0 = no limit; code 396 beyond)",
+               check=_non_negative),
+    SettingDef("max_bytes_to_sort", 1 << 30, Q, "bytes of rows an ORDER BY may hold at once (0 = no limit; "
+               "code 396 beyond). ClickHouse's default is 0 with an external sort; replicad sorts in memory, "
+               "so it is 1 GiB here", since="replicad", check=_non_negative),
     SettingDef("insert_quorum", 0, Q, "replicas that must hold an insert before it succeeds (0 = off)",
                check=_non_negative),
     SettingDef("insert_quorum_timeout", 600000, Q, "quorum wait in milliseconds", check=_positive),

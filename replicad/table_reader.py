@@ -13,13 +13,15 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicad.errors import BadInputError, CorruptedDataError
+from replicad.errors import BadInputError, CorruptedDataError, TooManyRowsOrBytesError
 from replicad.replication.part_store import PartStore
 from replicad.service import QueryResult, SelectQuery
 from replicad.sql.expressions import Expr, compile_expression
 from replicad.storage.reader import PartReader
 from replicad.storage.types import DataType, parse_type
 
+#: ORDER BY … LIMIT n re-sorts and keeps the best n rows whenever this many more have been read
+TOP_N_SLACK_ROWS = 65536
 #: MergeTree's virtual columns served here: the part's name and partition ID (readable, filterable)
 VIRTUAL_COLUMNS: dict[str, DataType] = {"_part": parse_type("String"), "_partition_id": parse_type("String")}
 
@@ -133,18 +135,37 @@ class TableReader:
         columns = [(n, types[n]) for n in out_names]
         if not query.order_by:
             return QueryResult(columns, self._stream(names, out_names, query.where, query.limit))
-        table = await self.read_all(names, query.where)
-        keys = []
-        sort_keys = []
-        for i, k in enumerate(query.order_by):
-            arr, _dt = (await compiled(k.expression)).evaluate(table, types, self.tz)
-            keys.append(arr)
-            sort_keys.append((f"k{i}", "descending" if k.descending else "ascending", "at_end"))
-        key_table = pa.table({f"k{i}": a for i, a in enumerate(keys)})
-        idx = pc.sort_indices(key_table, sort_keys=sort_keys)
-        if query.limit is not None:
-            idx = idx.slice(0, query.limit)
-        return QueryResult.from_table(columns, table.take(idx).select(out_names))
+        keys = [(await compiled(k.expression), k.descending) for k in query.order_by]
+        limit, max_rows, max_bytes = query.limit, query.max_rows_to_sort, query.max_bytes_to_sort
+        kept: list[pa.Table] = []
+        rows = size = 0
+        async for t in self.iter_rows(names, query.where):
+            kept.append(t)
+            rows += t.num_rows
+            size += t.nbytes
+            over = (max_rows and rows > max_rows) or (max_bytes and size > max_bytes)
+            if limit is not None and (over or rows >= 2 * limit + TOP_N_SLACK_ROWS):  # keep the best rows
+                best = await asyncio.to_thread(self._sorted, pa.concat_tables(kept), keys, limit)
+                kept, rows, size = [best], best.num_rows, best.nbytes
+                over = (max_rows and rows > max_rows) or (max_bytes and size > max_bytes)
+            if over:
+                raise TooManyRowsOrBytesError(
+                    f"Limit for rows or bytes to sort exceeded: more than {max_rows or 'any'} rows or "
+                    f"{max_bytes or 'any'} bytes (max_rows_to_sort / max_bytes_to_sort); add a LIMIT or a "
+                    "narrower WHERE")
+        table = pa.concat_tables(kept) if kept else self.empty(names)
+        result = await asyncio.to_thread(self._sorted, table, keys, limit)
+        return QueryResult.from_table(columns, result.select(out_names))
+
+    def _sorted(self, table: pa.Table, keys: Sequence[tuple[Expr, bool]], limit: int | None) -> pa.Table:
+        """``table`` ordered by ``keys`` (expression, descending), its first ``limit`` rows (blocking)."""
+        arrays = {f"k{i}": e.evaluate(table, self.types, self.tz)[0] for i, (e, _d) in enumerate(keys)}
+        sort_keys = [(f"k{i}", "descending" if d else "ascending", "at_end")
+                     for i, (_e, d) in enumerate(keys)]
+        idx = pc.sort_indices(pa.table(arrays), sort_keys=sort_keys)
+        if limit is not None:
+            idx = idx.slice(0, limit)
+        return table.take(idx)
 
     async def _stream(
         self, names: list[str], out_names: list[str], where: str | None, limit: int | None

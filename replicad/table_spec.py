@@ -47,4 +47,5 @@ class ReplicaEnv:
     fsync: bool = True
     writer: WriterSettings | None = None
     max_parallel_fetches: int = 8
+    max_fetch_part_bytes: int = 1 << 40  # interserver.max_fetch_part_bytes
     activation_timeout_s: float = 0.0

@@ -56,7 +56,12 @@ from replicad.replication.part_store import LocalPart, PartStore
 from replicad.storage.layout import TMP_FETCH
 from replicad.storage.part import fsync_part_files
 from replicad.storage.part_sink import PartSink
-from replicad.storage.part_transfer import RECEIVE_MAX_PROTOCOL_VERSION, ReceivedPart, receive_part
+from replicad.storage.part_transfer import (
+    MAX_PART_BYTES,
+    RECEIVE_MAX_PROTOCOL_VERSION,
+    ReceivedPart,
+    receive_part,
+)
 
 log = get_logger(__name__)
 
@@ -144,6 +149,7 @@ class PartFetcher:
         connect_timeout_s: float = 10.0,
         fsync: bool = False,
         min_bytes_to_fsync: int = 0,
+        max_part_bytes: int = MAX_PART_BYTES,
     ) -> None:
         self.keeper = keeper
         self.paths = paths
@@ -158,6 +164,7 @@ class PartFetcher:
         #: (``min_compressed_bytes_to_fsync_after_fetch``; 0 = never, ClickHouse's default)
         self.fsync = fsync
         self.min_bytes_to_fsync = min_bytes_to_fsync
+        self.max_part_bytes = max_part_bytes
         self.sources = SourceFinder(keeper, paths)
         self._session: aiohttp.ClientSession | None = None
         self._fetching: set[str] = set()
@@ -461,7 +468,8 @@ class PartFetcher:
                     raise FetchError(f"Fetching part {part_name} failed: HTTP {resp.status}: {text.strip()}")
                 cookie = resp.cookies.get("server_protocol_version")
                 version = int(cookie.value) if cookie is not None and cookie.value.isdigit() else 0
-                received = await receive_part(resp.content, tmp_dir, version, expected, sink=sink)
+                received = await receive_part(resp.content, tmp_dir, version, expected, sink=sink,
+                                              max_part_bytes=self.max_part_bytes)
         except BaseException as e:
             await asyncio.shield(sink.discard())
             if isinstance(e, aiohttp.ClientError):

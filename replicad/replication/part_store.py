@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,7 +140,12 @@ class PartStore:
             await self._remove_dir(existing)
 
         def commit() -> PartDirectory:  # rename, and read its metadata files in the same worker-thread trip
-            return PartDirectory.at(self.layout.commit(tmp_dir, name)).preload()
+            path = self.layout.commit(tmp_dir, name)
+            try:
+                return PartDirectory.at(path).preload()
+            except BaseException:  # unreadable: it must not stay behind under the part's name
+                shutil.rmtree(path, ignore_errors=True)
+                raise
 
         part = LocalPart(info, await asyncio.to_thread(commit), PartState.PRECOMMITTED)
         self._parts[name] = self._live[name] = part

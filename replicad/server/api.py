@@ -13,6 +13,8 @@ Errors answer ``Code: <n>. DB::Exception: <message>`` with ClickHouse's code in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import errno
 import json
 import time
 import uuid
@@ -30,6 +32,7 @@ from replicad.config import Config
 from replicad.errors import (
     BadInputError,
     BodyTooLargeError,
+    NotEnoughSpaceError,
     ReadOnlyError,
     ReplicadError,
     SyntaxError_,
@@ -42,7 +45,8 @@ from replicad.memory import RELEASE_AFTER_BYTES, release_unused_memory
 from replicad.model.staged_job import StageId
 from replicad.server import auth, fault_injection, http_body, staging_api, system_queries, tls
 from replicad.server import status as status_mod
-from replicad.server.formats import InputSpec, parse_body
+from replicad.server.formats import parse_body
+from replicad.server.insert_input import input_spec
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from replicad.server.metrics import Metrics
 from replicad.server.output_formats import content_type
@@ -53,6 +57,7 @@ from replicad.server.routing import (
     parse_full,
     resolve,
 )
+from replicad.server.sync_body import ParsePool
 from replicad.service import (
     Catalog,
     InsertSettings,
@@ -60,7 +65,6 @@ from replicad.service import (
     Statement,
     StatementKind,
     TableName,
-    TableService,
 )
 from replicad.storage.types import parse_type
 from replicad.tasks import Supervisor
@@ -69,8 +73,6 @@ log = get_logger(__name__)
 MAX_QUERY_BYTES = 1 << 20  # a statement sent in the body (not counting INSERT data)
 MAX_URI_BYTES = 1 << 20  # ClickHouse's http_max_uri_size
 READONLY_CODE = 164  # READONLY: GET requests may only read
-NO_SUCH_COLUMN = 16
-ILLEGAL_COLUMN = 44
 
 
 def version() -> str:
@@ -94,6 +96,7 @@ class ApiState:
     inflight_writes: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
+    parse_pool: ParsePool | None = None  # made with the app (api.insert_parse_threads)
 
     def set_catalog(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -165,6 +168,13 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
             "The query is nested too deeply" if isinstance(e, RecursionError)
             else f"A value is out of range: {e}", code=306 if isinstance(e, RecursionError) else 69)
         resp = error_response(client_error)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            log.error("request_crashed", path=request.path, error=f"{type(e).__name__}: {e}", exc_info=True)
+            resp = error_response(ReplicadError(f"{type(e).__name__}: {e.strerror}", code=1001))
+        else:  # the disk is full: 507, retriable, no machine path in the answer
+            log.error("request_failed_disk_full", path=request.path, error=str(e))
+            resp = error_response(NotEnoughSpaceError(f"Cannot write to disk: {e.strerror}"))
     except Exception as e:
         log.error("request_crashed", path=request.path, error=f"{type(e).__name__}: {e}", exc_info=True)
         resp = error_response(ReplicadError(f"{type(e).__name__}: {e}", code=1001))
@@ -343,7 +353,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
             prefix = (r.inline_data + "\n").encode() + prefix
         return await _insert(request, state, r, given, query_id, prefix, headers)
     if isinstance(r, SelectRoute):
-        return await _select(request, state, r, params, headers)
+        return await _select(request, state, r, params, given, headers)
     return await _statement(state, r, text, given, headers)
 
 
@@ -359,24 +369,26 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
         if table.is_readonly:
             raise ReadOnlyError(f"Table {table.name} is in readonly mode (no ZooKeeper session)")
         settings = insert_settings(cfg, given, query_id)
-        spec = InputSpec(
-            format=r.format, columns=_insert_columns(table, r.columns),
-            explicit_columns=r.columns is not None,
-            block_rows=settings.max_insert_block_size, tz=cfg.timezone,
-            skip_unknown_fields=bool(int(given.get("input_format_skip_unknown_fields", 0))),
-            csv_delimiter=str(given.get("format_csv_delimiter", ",")), spool_dir=_spool_dir(cfg))
-        parsed = await parse_body(http_body.request_body(request), spec, limit, prefix)
-        name = str(table.name)
+        pool = state.parse_pool
+        spec = input_spec(cfg, table, r, settings.max_insert_block_size, given, pool)
+        if pool is not None:
+            pool.enter()
         try:
-            summary = await table.insert(parsed.batches, parsed.columns, settings)
-        except ReplicadError as e:
-            state.metrics.insert_errors.labels(name, str(e.code)).inc()
-            raise
+            parsed = await parse_body(http_body.request_body(request), spec, limit, prefix)
+            name = str(table.name)
+            try:
+                summary = await table.insert(parsed.batches, parsed.columns, settings)
+            except ReplicadError as e:
+                state.metrics.insert_errors.labels(name, str(e.code)).inc()
+                raise
+            finally:
+                await parsed.batches.aclose()  # type: ignore[attr-defined]
+                state.metrics.body_bytes.inc(parsed.body.bytes_read)
+                if parsed.body.bytes_read >= RELEASE_AFTER_BYTES:
+                    await asyncio.to_thread(release_unused_memory)
         finally:
-            await parsed.batches.aclose()  # type: ignore[attr-defined]
-            state.metrics.body_bytes.inc(parsed.body.bytes_read)
-            if parsed.body.bytes_read >= RELEASE_AFTER_BYTES:
-                await asyncio.to_thread(release_unused_memory)
+            if pool is not None:
+                pool.leave()
     m = state.metrics
     m.events.add("InsertedRows", summary.written_rows)
     m.events.add("InsertedBytes", summary.written_bytes)
@@ -391,45 +403,8 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
     return web.json_response(summary.to_dict(), headers=headers)
 
 
-def _spool_dir(cfg: Config) -> str | None:
-    path = cfg.tmp_path
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return str(path)
-
-
-def _materialized_columns(table: TableService) -> set[str]:
-    """The table's MATERIALIZED columns (from the sink schema's ``defaults``, when the engine has one)."""
-    defaults = getattr(getattr(table, "schema", None), "defaults", ()) or ()
-    return {c for c, kind, _e in defaults if str(kind).upper() == "MATERIALIZED"}
-
-
-def _insert_columns(table: TableService, names: tuple[str, ...] | None) -> list[tuple[str, Any]]:
-    """The INSERT's input columns: the named ones, or every column but the MATERIALIZED ones (ClickHouse's
-    ``getSampleBlockNonMaterialized``); naming a MATERIALIZED column is refused as 18.16 refuses it."""
-    materialized = _materialized_columns(table)
-    cols = [(n, t) for n, t in table.columns if n not in materialized]
-    if names is None:
-        return cols
-    types = dict(cols)
-    out, seen = [], set()
-    for n in names:
-        if n in materialized:
-            raise BadInputError(f"Cannot insert column {n}, because it is MATERIALIZED column.",
-                                code=ILLEGAL_COLUMN)
-        if n not in types:
-            raise BadInputError(f"No such column {n} in table {table.name}", code=NO_SUCH_COLUMN)
-        if n in seen:
-            raise BadInputError(f"Column {n} is listed twice in the INSERT", code=15)
-        seen.add(n)
-        out.append((n, types[n]))
-    return out
-
-
 async def _select(request: web.Request, state: ApiState, r: SelectRoute, params: Mapping[str, str],
-                  headers: dict[str, str]) -> web.StreamResponse:
+                  given: Mapping[str, Any], headers: dict[str, str]) -> web.StreamResponse:
     fmt = r.format or params.get("default_format") or "TabSeparated"
     ctype = content_type(fmt)
     if r.constant is not None:
@@ -444,7 +419,12 @@ async def _select(request: web.Request, state: ApiState, r: SelectRoute, params:
             counted = pa.table({"count()": pa.array([n], pa.uint64())})
             result = QueryResult.from_table([("count()", parse_type("UInt64"))], counted)
         else:
-            result = await table.select(r.query)
+            def get(name: str) -> int:
+                return int(given[name] if name in given else state.config.setting(name))
+
+            query = dataclasses.replace(r.query, max_rows_to_sort=get("max_rows_to_sort"),
+                                        max_bytes_to_sort=get("max_bytes_to_sort"))
+            result = await table.select(query)
             if r.offset:
                 result = QueryResult(result.columns, _skip_rows(result.batches, r.offset))
     return await http_body.send_result(request, result, fmt, headers, state.config.timezone, ctype,
@@ -550,6 +530,8 @@ def create_app(state: ApiState) -> web.Application:
     app = web.Application(middlewares=[_errors, auth.middleware(lambda: state.config.api.users)],
                           client_max_size=MAX_QUERY_BYTES)
     app[STATE] = state
+    if state.parse_pool is None:
+        state.parse_pool = ParsePool(state.config.api.max_concurrent_inserts)
     app.router.add_route("GET", "/", handle_query)
     app.router.add_route("POST", "/", handle_query)
     app.router.add_get("/ping", handle_ping)
@@ -603,3 +585,6 @@ class ApiServer:
             await self._runner.cleanup()
             self._runner = None
             log.info("api_stopped")
+        if self.state.parse_pool is not None:
+            self.state.parse_pool.shutdown()
+            self.state.parse_pool = None

@@ -21,8 +21,9 @@ import json
 import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,7 +32,8 @@ import pyarrow.ipc as pa_ipc
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from replicad.errors import BadInputError, BodyTooLargeError, ReplicadError
+from replicad.errors import BadInputError, ReplicadError
+from replicad.server.sync_body import DEFAULT_MAX_LINE_BYTES, DEFAULT_RECEIVE_TIMEOUT_S, BodySource, SyncBody
 from replicad.server.text_values import (
     array_element,
     check_array_rows,
@@ -57,110 +59,6 @@ def canonical_format(name: str) -> str:
     return _ALIASES.get(name, name)
 
 
-class BodySource(Protocol):
-    async def read(self, n: int = -1) -> bytes: ...
-
-
-class SyncBody(io.RawIOBase):
-    """A blocking file object over an async body, for use from a worker thread.
-
-    ``read`` asks the event loop for the next chunk and waits for it; ``limit`` bytes at most may be read
-    (BodyTooLargeError after that).  ``prefix`` is served first (bytes already read by the caller).
-    """
-
-    def __init__(self, source: BodySource, loop: asyncio.AbstractEventLoop, limit: int,
-                 prefix: bytes = b"", chunk: int = 1 << 20) -> None:
-        super().__init__()
-        self._source, self._loop, self._limit, self._chunk = source, loop, limit, chunk
-        self._pending = bytearray(prefix)
-        self.bytes_read = len(prefix)
-        self._eof = False
-        self.error: BaseException | None = None
-        if self.bytes_read > limit:
-            self.error = BodyTooLargeError(f"Request body is larger than api.max_body_bytes = {limit}")
-
-    def readable(self) -> bool:
-        return True
-
-    def _fetch(self, n: int) -> bytes:
-        if self.error is not None:
-            raise self.error
-        if self._eof:
-            return b""
-        fut = asyncio.run_coroutine_threadsafe(self._source.read(n), self._loop)
-        try:
-            data = fut.result()
-        except BaseException as e:
-            self.error = e
-            raise
-        if not data:
-            self._eof = True
-        self.bytes_read += len(data)
-        if self.bytes_read > self._limit:
-            self.error = BodyTooLargeError(f"Request body is larger than api.max_body_bytes = {self._limit}")
-            raise self.error
-        return data
-
-    def read(self, n: int | None = -1) -> bytes:
-        if self._pending:
-            size = len(self._pending) if n is None or n < 0 else min(n, len(self._pending))
-            out = bytes(self._pending[:size])
-            del self._pending[:size]
-            return out
-        if n is None or n < 0:
-            parts = []
-            while data := self._fetch(self._chunk):
-                parts.append(data)
-            return b"".join(parts)
-        parts, want = [], max(1, n)
-        while want > 0:  # full reads (pyarrow treats every read as one block)
-            data = self._fetch(min(want, self._chunk))
-            if not data:
-                break
-            parts.append(data)
-            want -= len(data)
-        return b"".join(parts)
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[:len(data)] = data
-        return len(data)
-
-    def unread(self, data: bytes) -> None:
-        self._pending[:0] = data
-
-    def readline_raw(self) -> bytes:
-        """One line including its ``\\n`` (or up to EOF)."""
-        buf = bytearray()
-        while True:
-            data = self.read(1 << 16)
-            if not data:
-                return bytes(buf)
-            i = data.find(b"\n")
-            if i >= 0:
-                buf += data[:i + 1]
-                self.unread(data[i + 1:])
-                return bytes(buf)
-            buf += data
-
-    def line_blocks(self, size: int) -> Iterator[bytes]:
-        """The rest of the body in pieces of about ``size`` bytes, each ending at a line end."""
-        carry = b""
-        while True:
-            data = self.read(size)
-            if not data:
-                if carry:
-                    yield carry
-                return
-            data = carry + data
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                carry = data
-                continue
-            carry = data[cut + 1:]
-            yield data[:cut + 1]
-
-
 @dataclass(frozen=True)
 class InputSpec:
     format: str
@@ -172,6 +70,10 @@ class InputSpec:
     csv_delimiter: str = ","
     spool_dir: str | None = None
     read_block_bytes: int = 4 << 20
+    receive_timeout_s: float = DEFAULT_RECEIVE_TIMEOUT_S
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    #: the insert parsers' own threads (None: the loop's default executor, for tests and tools)
+    executor: Executor | None = None
 
 
 @dataclass
@@ -187,17 +89,18 @@ async def parse_body(source: BodySource, spec: InputSpec, limit: int, prefix: by
     """Start parsing; returns once the column list is known (headers/schemas read)."""
     fmt = canonical_format(spec.format)
     loop = asyncio.get_running_loop()
-    body = SyncBody(source, loop, limit, prefix)
+    body = SyncBody(source, loop, limit, prefix, receive_timeout_s=spec.receive_timeout_s,
+                    max_line_bytes=spec.max_line_bytes)
     gen = _PARSERS[fmt](body, spec)
-    first = await _next(gen, body)
+    first = await _next(gen, body, spec.executor)
     if not isinstance(first, list):
         raise AssertionError("a parser must yield its column list first")
-    return ParsedBody(first, _aiter(gen, body), body)
+    return ParsedBody(first, _aiter(gen, body, spec.executor), body)
 
 
-async def _next(gen: Iterator[Any], body: SyncBody) -> Any:
+async def _next(gen: Iterator[Any], body: SyncBody, executor: Executor | None) -> Any:
     try:
-        return await asyncio.to_thread(next, gen, None)
+        return await asyncio.get_running_loop().run_in_executor(executor, next, gen, None)
     except ReplicadError:
         raise
     except Exception as e:
@@ -208,17 +111,18 @@ async def _next(gen: Iterator[Any], body: SyncBody) -> Any:
         raise BadInputError(f"Cannot parse input: {_short(e)}") from e
 
 
-async def _aiter(gen: Iterator[Any], body: SyncBody) -> AsyncIterator[pa.RecordBatch]:
+async def _aiter(gen: Iterator[Any], body: SyncBody, executor: Executor | None
+                 ) -> AsyncIterator[pa.RecordBatch]:
     try:
         while True:
-            batch = await _next(gen, body)
+            batch = await _next(gen, body, executor)
             if batch is None:
                 return
             yield batch
     finally:
         body.error = body.error or ConnectionAbortedError("insert finished")
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(gen.close)  # type: ignore[attr-defined]
+            await asyncio.get_running_loop().run_in_executor(executor, gen.close)  # type: ignore[attr-defined]
 
 
 def _short(e: BaseException) -> str:

@@ -18,7 +18,12 @@ Compatible with 18.16 and modern fetchers:
 * Basic auth as 18.16: 401 ``Client requires HTTP Basic authentification, but server doesn't provide it``
   when the client sends credentials we do not expect, ``Server requires …`` /
   ``Incorrect user or password …``;
-* too many parallel sends → 429, ``Retry-After: 10``, empty body;
+* too many parallel sends → 429, ``Retry-After: 10``, empty body (``interserver.max_parallel_sends`` in all,
+  ``replicated_max_parallel_sends[_for_table]`` as ClickHouse);
+* limits a peer that misbehaves meets: ``interserver.max_connections`` open connections (one more is answered
+  503 and closed), the request head and body within ``HEAD_TIMEOUT_S``, and every write of an answer taken
+  by the peer within ``interserver.send_timeout_s`` (ClickHouse's ``http_send_timeout``): a reader that
+  stops reading is cut off, freeing its send slot, its buffer and its reading thread;
 * an unknown endpoint or part → 404 with a message (18.16 answers 200 with an empty body, which every fetcher
   treats as a failed fetch anyway); the part name is validated (PartInfo) before anything is looked up;
 * a small part (its files add up to at most ``part_transfer.SMALL_PART_BYTES``) is read and checked whole
@@ -57,6 +62,9 @@ CANCELLED = "Transferring part to replica was cancelled"  # the error text while
 MAX_HEAD = 64 * 1024
 MAX_REQUEST_BODY = 1 << 20
 HEAD_TIMEOUT_S = 30.0
+SEND_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 1024
+MAX_PARALLEL_SENDS = 64
 KEEP_ALIVE_TIMEOUT_S = 30.0
 SEND_BUFFER = 8 << 20  # bytes the transport may hold before drain() waits
 _REASONS = {
@@ -67,6 +75,7 @@ _REASONS = {
     405: "Method Not Allowed",
     429: "Too many concurrent fetches, try again later",
     500: "Internal Server Error",
+    503: "Service Unavailable",
 }
 
 
@@ -130,14 +139,20 @@ def keep_alive(request: Request) -> bool:
     return "close" not in connection
 
 
-async def read_request(reader: asyncio.StreamReader, timeout_s: float = HEAD_TIMEOUT_S) -> Request:
-    """Request line and headers; a body (Content-Length or chunked) is read and discarded."""
+async def read_request(reader: asyncio.StreamReader, timeout_s: float = HEAD_TIMEOUT_S,
+                       body_timeout_s: float = HEAD_TIMEOUT_S) -> Request:
+    """Request line and headers (within ``timeout_s``); a body (Content-Length or chunked) is read and
+    discarded (within ``body_timeout_s`` more)."""
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout_s)
     except asyncio.LimitOverrunError as e:
         raise BadRequest("request head too large") from e
     except asyncio.IncompleteReadError as e:
         raise ConnectionResetError("client closed the connection before sending a request") from e
+    return await asyncio.wait_for(_parse_request(head, reader), body_timeout_s)
+
+
+async def _parse_request(head: bytes, reader: asyncio.StreamReader) -> Request:
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -182,8 +197,10 @@ class InterserverServer:
         *,
         user: str | None = None,
         password: str | None = None,
-        max_parallel_sends: int = 0,
+        max_parallel_sends: int = MAX_PARALLEL_SENDS,
         tls_files: tuple[Path, Path] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        send_timeout_s: float = SEND_TIMEOUT_S,
     ) -> None:
         self.host = host
         self.tls_files = tls_files  # (certificate chain, key): serve HTTPS
@@ -191,6 +208,10 @@ class InterserverServer:
         self.user = user
         self.password = password
         self.max_parallel_sends = max_parallel_sends
+        self.max_connections = max_connections
+        self.send_timeout_s = send_timeout_s
+        self.refused_connections = 0
+        self.send_timeouts = 0
         self.endpoints: dict[str, Endpoint] = {}
         self.total_sends = 0
         self.sent_parts = 0
@@ -253,6 +274,16 @@ class InterserverServer:
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        if len(self._connections) >= self.max_connections:
+            self.refused_connections += 1
+            log.warning("interserver_connection_refused", connections=len(self._connections),
+                        max_connections=self.max_connections)
+            try:
+                await self._reply(writer, Reply(503, f"Too many connections (max {self.max_connections})\n"))
+            except (ConnectionError, OSError, TimeoutError):
+                pass
+            writer.close()
+            return
         if task is not None:
             self._connections.add(task)
         try:
@@ -320,7 +351,18 @@ class InterserverServer:
             "Connection: Keep-Alive" if keep else "Connection: Close",
         ]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
-        await writer.drain()
+        await self._drain(writer)
+
+    async def _drain(self, writer: asyncio.StreamWriter) -> None:
+        """Wait until the peer takes what is buffered, ``send_timeout_s`` at most (then the connection is
+        cut: TimeoutError)."""
+        try:
+            await asyncio.wait_for(writer.drain(), self.send_timeout_s)
+        except TimeoutError:
+            self.send_timeouts += 1
+            writer.transport.abort()
+            raise TimeoutError(f"peer took nothing for {self.send_timeout_s:g} s "
+                               "(interserver.send_timeout_s)") from None
 
     # --------------------------------------------------------------------------------------------- routing
 
@@ -419,12 +461,12 @@ class InterserverServer:
             writer.write(_ok_head(request, version, keep, "Transfer-Encoding: chunked"))
             writer.writelines(_chunk(first))
             async for piece in body:
-                await writer.drain()
+                await self._drain(writer)
                 if endpoint.blocked:
                     raise ConnectionAbortedError(CANCELLED)
                 writer.writelines(_chunk(piece))
             writer.write(b"0\r\n\r\n")
-            await writer.drain()
+            await self._drain(writer)
             self.sent_parts += 1
             log.debug("part_sent", part=part_name, version=version)
             return True
@@ -433,7 +475,7 @@ class InterserverServer:
             if endpoint.on_broken_part is not None:
                 endpoint.on_broken_part(part_name)
             log.warning("part_send_aborted", part=part_name, error=str(e))
-        except (OSError, ConnectionError) as e:
+        except (OSError, ConnectionError, TimeoutError) as e:
             log.info("part_send_aborted", part=part_name, error=str(e))
         finally:
             await _aclose(body)
@@ -462,8 +504,8 @@ class InterserverServer:
         writer.transport.set_write_buffer_limits(high=SEND_BUFFER)
         try:
             writer.write(head + body)
-            await writer.drain()
-        except (OSError, ConnectionError) as e:
+            await self._drain(writer)
+        except (OSError, ConnectionError, TimeoutError) as e:
             log.info("part_send_aborted", part=part_name, error=str(e))
             return False
         self.sent_parts += 1

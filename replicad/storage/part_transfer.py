@@ -24,6 +24,7 @@ pieces ahead of the socket (:func:`iter_part_body`).  The receiver's thread is
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import struct
@@ -33,7 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from replicad.errors import CorruptedDataError, InsecurePathError
+from replicad.errors import (
+    CorruptedDataError,
+    InsecurePathError,
+    NotEnoughSpaceError,
+    UnsupportedPartFormatError,
+)
 from replicad.model.checksums import Checksums, MinimalisticChecksums
 from replicad.model.cityhash import FileHasher
 from replicad.model.varint import encode_varuint
@@ -65,6 +71,8 @@ MAX_KEPT_FILE = 64 << 20  # checksums.txt and columns.txt are also kept in memor
 MAX_FILES = 100_000
 MAX_FILE_SIZE = 1 << 40
 MAX_NAME_LENGTH = 255
+MAX_PART_BYTES = 1 << 40  # a received part's files add up to at most this (interserver.max_fetch_part_bytes)
+SPACE_CHECK_STEP = 16 << 20  # without a declared size (v0), free space is checked again every this many bytes
 _WHOLE_BODY = 1 << 62  # a chunk size no body reaches
 _U64 = struct.Struct("<Q")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.%+-]+")
@@ -336,6 +344,57 @@ class _Body:
         return await self.exactly(n, what)
 
 
+class _SpaceGuard:
+    """The received part's declared bytes against its limits and the disk's free space."""
+
+    def __init__(self, directory: Path, max_part_bytes: int) -> None:
+        self.directory = directory
+        self.max_part_bytes = max_part_bytes
+        self.total = 0  # file sizes declared so far (each file is whole on disk before the next is declared)
+        self._checked: int | None = None  # ``total`` at the last free-space check
+
+    async def part_declared(self, sum_size: int) -> None:
+        """The sender declared the part's size (v>=1): it must fit, whole."""
+        self._check_limit(sum_size)
+        self._checked = 0
+        await self._check_free(sum_size)
+
+    async def file_declared(self, size: int, sum_size: int | None) -> None:
+        """A file of ``size`` bytes comes next."""
+        self.total += size
+        if sum_size is not None and self.total > sum_size:
+            raise CorruptedDataError(f"The part's files add up to more than the {sum_size} bytes the sender "
+                                     "declared for it")
+        self._check_limit(self.total)
+        if sum_size is None and (self._checked is None or self.total - self._checked >= SPACE_CHECK_STEP
+                                 or size >= SPACE_CHECK_STEP):
+            self._checked = self.total
+            await self._check_free(size)
+
+    def _check_limit(self, total: int) -> None:
+        if total > self.max_part_bytes:
+            raise CorruptedDataError(f"The part is larger than {self.max_part_bytes} bytes "
+                                     "(interserver.max_fetch_part_bytes)")
+
+    async def _check_free(self, need: int) -> None:
+        free = await asyncio.to_thread(_free_bytes, self.directory)
+        if need > free:
+            raise NotEnoughSpaceError(f"Cannot fetch part: {need} more bytes are needed, the disk has {free} "
+                                      "bytes free")
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def _free_bytes(directory: Path) -> int:
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
 async def _receive_file(body: _Body, sink: PartSink, name: str, size: int) -> bytes | None:
     """Hand one file's bytes to ``sink`` in batches; returns them for checksums.txt and columns.txt."""
     what = f"file {name}"
@@ -368,6 +427,7 @@ async def receive_part(
     fsync: bool = False,
     max_files: int = MAX_FILES,
     max_file_size: int = MAX_FILE_SIZE,
+    max_part_bytes: int = MAX_PART_BYTES,
     sink: PartSink | None = None,
 ) -> ReceivedPart:
     """Read a DataPartsExchange body from ``stream`` into the new directory ``tmp_dir`` and verify it.
@@ -376,7 +436,13 @@ async def receive_part(
     with 18.16).  Raises InsecurePathError for a bad file name and CorruptedDataError for anything else
     wrong (truncation, wrong hash, sizes or files not matching checksums.txt, trailing data, mismatch with
     ``expected_checksums``); ``tmp_dir`` is then removed.  ``tmp_dir`` must not exist yet.  ``sink``: a
-    :class:`PartSink` for ``tmp_dir`` made beforehand (``fsync`` is then the sink's)."""
+    :class:`PartSink` for ``tmp_dir`` made beforehand (``fsync`` is then the sink's).
+
+    Size: the files may add up to ``max_part_bytes`` and, when the sender declared the part's size (v>=1),
+    to no more than that (checked as each file's size arrives, before its bytes are read).  Free space on
+    ``tmp_dir``'s disk: for the declared part size before anything is written (v>=1); without one (v0,
+    18.16), for the first file, every file of ``SPACE_CHECK_STEP`` bytes or more, and after each further
+    ``SPACE_CHECK_STEP`` declared bytes.  NotEnoughSpaceError (code 243, retriable) when it would not fit."""
     if not 0 <= server_protocol_version <= RECEIVE_MAX_PROTOCOL_VERSION:
         raise CorruptedDataError(f"Unsupported DataPartsExchange protocol version {server_protocol_version}")
     path = Path(tmp_dir)
@@ -386,7 +452,8 @@ async def receive_part(
         raise ValueError(f"the sink writes to {sink.path}, not {path}")
     try:
         return await _receive(
-            _Body(stream), sink, server_protocol_version, expected_checksums, max_files, max_file_size
+            _Body(stream), sink, server_protocol_version, expected_checksums, max_files, max_file_size,
+            _SpaceGuard(path.parent, max_part_bytes),
         )
     except BaseException:
         await asyncio.shield(sink.discard())
@@ -400,17 +467,24 @@ async def _receive(
     expected: Checksums | MinimalisticChecksums | None,
     max_files: int,
     max_file_size: int,
+    space: _SpaceGuard,
 ) -> ReceivedPart:
     sum_size = ttl = uuid = None
     part_type = "Wide"
     if version >= 1:
         sum_size = await body.u64("part size")
+        await space.part_declared(sum_size)
     if version >= 2:
         ttl = (await body.string("ttl infos", 1 << 20)).decode("utf-8", "replace")
-        if not ttl.startswith(TTL_INFOS_HEADER):
+        if not ttl.startswith(TTL_INFOS_HEADER) or not _is_json_object(ttl[len(TTL_INFOS_HEADER):]):
             raise CorruptedDataError(f"Bad ttl infos in part body: {ttl[:40]!r}")
     if version >= 3:
         part_type = (await body.string("part type", 64)).decode("ascii", "replace")
+        if part_type in ("Compact", "InMemory"):
+            raise UnsupportedPartFormatError(f"The sender's part is {part_type}: only Wide parts are "
+                                             "received")
+        if part_type != "Wide":
+            raise CorruptedDataError(f"Bad part type in part body: {part_type!r}")
     if version >= 5:
         uuid = (await body.exactly(36, "part uuid")).decode("ascii", "replace")
         if not _UUID_RE.fullmatch(uuid):
@@ -438,6 +512,11 @@ async def _receive(
         size = await body.u64(f"size of {name}")
         if size > max_file_size:
             raise CorruptedDataError(f"File {name} in part body is too large: {size} bytes")
+        if name in NO_CHECKSUM_FILES:  # not in sum_size: small text files
+            if size > MAX_KEPT_FILE:
+                raise CorruptedDataError(f"File {name} in part body is too large: {size} bytes")
+        else:
+            await space.file_declared(size, sum_size)
         data = await _receive_file(body, sink, name, size)
         if data is not None:
             kept[name] = data

@@ -36,7 +36,7 @@ from replicad.errors import BadInputError
 from replicad.keeper.client import Keeper
 from replicad.replica import ReplicaEnv, TableReplica
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
-from replicad.server.api import _insert_columns
+from replicad.server.insert_input import insert_columns as _insert_columns
 from replicad.server.interserver import InterserverServer
 from replicad.server.parts_exchange import InterserverExchange
 from replicad.service import SelectQuery, TableName

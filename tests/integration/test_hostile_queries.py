@@ -137,3 +137,26 @@ def test_an_insert_block_over_max_partitions_per_insert_block_writes_nothing(dae
     assert not [p for p in parts.iterdir() if p.name.startswith("tmp")]
     ok(query(daemon.url, f"INSERT INTO {TABLE} FORMAT TSV", body, max_partitions_per_insert_block=0))
     assert int(ok(query(daemon.url, f"SELECT count() FROM {TABLE}")).text) == int(before) + 150
+
+
+def test_order_by_holds_a_bounded_number_of_rows(daemon: Daemon) -> None:
+    """ORDER BY without LIMIT stops at max_bytes_to_sort / max_rows_to_sort (400, code 396); with LIMIT n it
+    keeps only the best n rows as it reads, so the same small cap serves it, with the rows of a full sort."""
+    ddl = ("CREATE TABLE IF NOT EXISTS db.sorted (k UInt64, g UInt32, s String) ENGINE = "
+           "ReplicatedMergeTree('/clickhouse/tables/01/sorted', '{replica}') ORDER BY k")
+    ok(query(daemon.url, ddl, post=True))
+    n = 300_000
+    body = "".join(f"{i}\t{(i * 7919) % 1000}\tv{i % 13}\n" for i in range(n)).encode()
+    ok(query(daemon.url, "INSERT INTO db.sorted FORMAT TSV", body, max_insert_block_size=50_000))
+    for setting in ({"max_bytes_to_sort": 100_000}, {"max_rows_to_sort": 1000}):
+        r = query(daemon.url, "SELECT k, g FROM db.sorted ORDER BY g DESC, k", **setting)
+        assert_client_error(r, 396)
+        assert "max_rows_to_sort" in r.text
+        sql = "SELECT k, g FROM db.sorted ORDER BY g DESC, k LIMIT 5 OFFSET 3"
+        top = ok(query(daemon.url, sql, **setting))
+        expected = sorted(((i, (i * 7919) % 1000) for i in range(n)), key=lambda kg: (-kg[1], kg[0]))[3:8]
+        assert top.text == "".join(f"{k}\t{g}\n" for k, g in expected)
+    everything = ok(query(daemon.url, "SELECT count() FROM db.sorted"))
+    assert everything.text == f"{n}\n"
+    full = ok(query(daemon.url, "SELECT k FROM db.sorted ORDER BY k DESC LIMIT 2"))  # default cap: 1 GiB
+    assert full.text == f"{n - 1}\n{n - 2}\n"

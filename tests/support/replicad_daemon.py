@@ -98,10 +98,12 @@ def make_chroot(zookeeper: ZooKeeperServer, name: str) -> str:
 
 def daemon_config(base: Path, zookeeper: ZooKeeperServer, chroot: str, name: str,
                   tables: Sequence[str] = (), api: Mapping[str, Any] | None = None,
-                  settings: Mapping[str, Any] | None = None) -> Path:
+                  settings: Mapping[str, Any] | None = None,
+                  interserver: Mapping[str, Any] | None = None) -> Path:
     cfg = replica_config(name, str(base / name / "data"), zookeeper.hosts + chroot, free_port(), free_port(),
                          tables=list(tables), settings=dict(settings or {}))
     cfg["api"] = {**cfg["api"], **dict(api or {})}
+    cfg["interserver"] = {**cfg["interserver"], **dict(interserver or {})}
     path = base / name / "replicad.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -111,8 +113,9 @@ def daemon_config(base: Path, zookeeper: ZooKeeperServer, chroot: str, name: str
 def start_daemon(base: Path, zookeeper: ZooKeeperServer, chroot: str, name: str = "r1", *,
                  tables: Sequence[str] = (), api: Mapping[str, Any] | None = None,
                  settings: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-                 wait_table: str | None = None, timeout: float = 60.0) -> Daemon:
-    path = daemon_config(base, zookeeper, chroot, name, tables, api, settings)
+                 wait_table: str | None = None, timeout: float = 60.0,
+                 interserver: Mapping[str, Any] | None = None) -> Daemon:
+    path = daemon_config(base, zookeeper, chroot, name, tables, api, settings, interserver)
     d = Daemon(path, cwd=path.parent, log_path=path.parent / "replicad.log", env=dict(env or {}))
     d.start()
     try:

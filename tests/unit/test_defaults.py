@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from replicad.errors import BadInputError
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
-from replicad.server.api import _insert_columns
+from replicad.server.insert_input import insert_columns as _insert_columns
 from replicad.sql.ddl import parse_create_table
 from replicad.storage.block import ColumnDefaults, prepare_block, zero_under_nulls
 from replicad.storage.layout import TableDataLayout

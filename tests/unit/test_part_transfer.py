@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replicad.errors import CorruptedDataError, InsecurePathError
+from replicad.errors import CorruptedDataError, InsecurePathError, NotEnoughSpaceError
 from replicad.model.checksums import Checksum, Checksums, plain_checksum
 from replicad.model.cityhash import file_hash
+from replicad.storage import part_transfer
 from replicad.storage.part_transfer import (
     EMPTY_TTL_INFOS,
     SMALL_PART_BYTES,
@@ -191,7 +192,9 @@ async def test_hostile_bodies(tmp_path: Path) -> None:
     await expect_failure(tmp_path, huge, E, "too large")
     await expect_failure(tmp_path, struct.pack("<Q", 1 << 40), E, "Too many files")
     await expect_failure(tmp_path, struct.pack("<Q", 5) + b"\x03ab", E, "Truncated")
-    await expect_failure(tmp_path, struct.pack("<Q", 1) + REAL_RESPONSE, E, "Part size", version=1)
+    await expect_failure(tmp_path, struct.pack("<Q", 1) + REAL_RESPONSE, E, "declared for it", version=1)
+    more = struct.pack("<Q", CHECKSUMS.total_size + 1) + REAL_RESPONSE
+    await expect_failure(tmp_path, more, E, "Part size", version=1)
     v2 = struct.pack("<Q", CHECKSUMS.total_size) + b"\x03abc" + REAL_RESPONSE
     await expect_failure(tmp_path, v2, E, "Bad ttl infos", version=2)
     v7 = body_header(CHECKSUMS, 5) + struct.pack("<Q", 1) + REAL_RESPONSE
@@ -326,6 +329,30 @@ def test_any_flipped_byte_is_rejected(tmp_path: Path, pos: int, xor: int) -> Non
     body = bytearray(REAL_RESPONSE)
     body[pos] ^= xor
     target = Path(tempfile.mkdtemp(dir=tmp_path)) / "t"
-    with pytest.raises((CorruptedDataError, InsecurePathError)):
+    # (a flipped size may also claim more than the disk has free: refused as such before it is read)
+    with pytest.raises((CorruptedDataError, InsecurePathError, NotEnoughSpaceError)):
         asyncio.run(receive_from_bytes(bytes(body), target, 0))
     assert not target.exists()
+
+
+async def test_declared_sizes_are_checked_against_the_limit_and_the_free_space(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before a byte of a file is read: a part over ``max_part_bytes`` is refused, and one the disk cannot
+    hold is refused as NOT_ENOUGH_SPACE (v1: the declared part size; v0: the declared file sizes)."""
+    target = tmp_path / "tmp-fetch_x"
+    with pytest.raises(CorruptedDataError, match="max_fetch_part_bytes"):
+        await receive_part(stream(REAL_RESPONSE), target, 0, CHECKSUMS, max_part_bytes=100)
+    assert not target.exists()
+    free = [0]
+    monkeypatch.setattr(part_transfer, "_free_bytes", lambda _d: free[0])
+    # v0: checked at the first file and every SPACE_CHECK_STEP declared bytes; v1: the declared part size
+    for version, body, room in ((0, REAL_RESPONSE, 0),
+                                (1, body_header(CHECKSUMS, 1) + REAL_RESPONSE, CHECKSUMS.total_size - 1)):
+        free[0] = room
+        with pytest.raises(NotEnoughSpaceError, match="bytes free") as e:
+            await receive_part(stream(body), target, version, CHECKSUMS)
+        assert e.value.code == 243 and e.value.retriable
+        assert not target.exists()
+    free[0] = CHECKSUMS.total_size
+    got = await receive_part(stream(REAL_RESPONSE), target, 0, CHECKSUMS)
+    assert got.checksums.total_size == CHECKSUMS.total_size

@@ -1,0 +1,203 @@
+"""A request body as a blocking file object for the insert parsers, with the limits a hostile client meets.
+
+The parsers (pyarrow readers, generators) run in worker threads of their own pool (:class:`ParsePool`), never
+in the event loop's default executor: a parser waiting for body bytes holds one of *those* threads only, so
+commits, sends and other ``to_thread`` work never queue behind idle insert connections.  The pool has a thread
+for every insert it admits (``api.max_concurrent_inserts``, as ClickHouse's ``max_concurrent_queries``; one
+more is refused with 503, code 202), so an admitted insert never waits for a thread either.
+
+Limits (each a 4xx with ClickHouse's code, nothing written):
+
+* ``limit`` bytes in all (``api.max_body_bytes``, decompressed bytes: 413, code 307);
+* ``receive_timeout_s`` without a byte from the client (``api.receive_timeout_s``, ClickHouse's
+  ``http_receive_timeout``): 408, code 209, and the worker thread is free again;
+* ``max_line_bytes`` for one line of a line-based format (``api.max_line_bytes``): 400, code 117 (a line
+  up to twice the limit may pass when it starts at the end of one read); the line buffer grows linearly (a
+  bytearray), never by re-copying itself per read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import io
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from replicad.errors import BadInputError, BodyTooLargeError, ReplicadError
+
+SOCKET_TIMEOUT = 209
+INCORRECT_DATA = 117
+TOO_MANY_SIMULTANEOUS_QUERIES = 202
+DEFAULT_RECEIVE_TIMEOUT_S = 30.0
+DEFAULT_MAX_LINE_BYTES = 64 << 20
+
+
+class ReceiveTimeoutError(ReplicadError):
+    """The client sent nothing for ``api.receive_timeout_s``."""
+
+    code = SOCKET_TIMEOUT
+    http_status = 408
+
+
+class TooManyInsertsError(ReplicadError):
+    """More inserts at once than ``api.max_concurrent_inserts``: retry later."""
+
+    code = TOO_MANY_SIMULTANEOUS_QUERIES
+    http_status = 503
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=True)
+
+
+class BodySource(Protocol):
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class ParsePool:
+    """The insert parsers' threads and the count of inserts being parsed."""
+
+    def __init__(self, max_inserts: int) -> None:
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_inserts, thread_name_prefix="insert-parse")
+        self.max_inserts = max_inserts
+        self.active = 0
+
+    def enter(self) -> None:
+        if self.active >= self.max_inserts:
+            raise TooManyInsertsError(f"Too many simultaneous inserts: {self.active}, maximum "
+                                      f"{self.max_inserts} (api.max_concurrent_inserts)")
+        self.active += 1
+
+    def leave(self) -> None:
+        self.active -= 1
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class SyncBody(io.RawIOBase):
+    """A blocking file object over an async body, for use from a worker thread.
+
+    ``read`` asks the event loop for the next chunk and waits for it (``receive_timeout_s`` at most);
+    ``limit`` bytes at most may be read (BodyTooLargeError after that).  ``prefix`` is served first (bytes
+    already read by the caller).
+    """
+
+    def __init__(self, source: BodySource, loop: asyncio.AbstractEventLoop, limit: int,
+                 prefix: bytes = b"", chunk: int = 1 << 20, *,
+                 receive_timeout_s: float = DEFAULT_RECEIVE_TIMEOUT_S,
+                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        super().__init__()
+        self._source, self._loop, self._limit, self._chunk = source, loop, limit, chunk
+        self._timeout = receive_timeout_s
+        self.max_line_bytes = max_line_bytes
+        self._pending = bytearray(prefix)
+        self.bytes_read = len(prefix)
+        self._eof = False
+        self.error: BaseException | None = None
+        if self.bytes_read > limit:
+            self.error = BodyTooLargeError(f"Request body is larger than api.max_body_bytes = {limit}")
+
+    def readable(self) -> bool:
+        return True
+
+    def _fetch(self, n: int) -> bytes:
+        if self.error is not None:
+            raise self.error
+        if self._eof:
+            return b""
+        fut = asyncio.run_coroutine_threadsafe(self._source.read(n), self._loop)
+        try:
+            data = fut.result(self._timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            self.error = ReceiveTimeoutError(
+                f"Timeout exceeded while reading from socket: no data for {self._timeout:g} s "
+                f"(api.receive_timeout_s) after {self.bytes_read} bytes")
+            raise self.error from None
+        except BaseException as e:
+            self.error = e
+            raise
+        if not data:
+            self._eof = True
+        self.bytes_read += len(data)
+        if self.bytes_read > self._limit:
+            self.error = BodyTooLargeError(f"Request body is larger than api.max_body_bytes = {self._limit}")
+            raise self.error
+        return data
+
+    def read(self, n: int | None = -1) -> bytes:
+        if self._pending:
+            size = len(self._pending) if n is None or n < 0 else min(n, len(self._pending))
+            out = bytes(self._pending[:size])
+            del self._pending[:size]
+            return out
+        if n is None or n < 0:
+            parts = []
+            while data := self._fetch(self._chunk):
+                parts.append(data)
+            return b"".join(parts)
+        parts, want = [], max(1, n)
+        while want > 0:  # full reads (pyarrow treats every read as one block)
+            data = self._fetch(min(want, self._chunk))
+            if not data:
+                break
+            parts.append(data)
+            want -= len(data)
+        return b"".join(parts)
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def unread(self, data: bytes) -> None:
+        self._pending[:0] = data
+
+    def _check_line(self, length: int) -> None:
+        if length > self.max_line_bytes:
+            raise BadInputError(f"Cannot parse input: a line is longer than {self.max_line_bytes} bytes "
+                                "(api.max_line_bytes)", code=INCORRECT_DATA)
+
+    def readline_raw(self) -> bytes:
+        """One line including its ``\\n`` (or up to EOF)."""
+        buf = bytearray()
+        while True:
+            data = self.read(1 << 16)
+            if not data:
+                return bytes(buf)
+            i = data.find(b"\n")
+            if i >= 0:
+                buf += data[:i + 1]
+                self.unread(data[i + 1:])
+                self._check_line(len(buf))
+                return bytes(buf)
+            buf += data
+            self._check_line(len(buf))
+
+    def line_blocks(self, size: int) -> Iterator[bytes]:
+        """The rest of the body in pieces of about ``size`` bytes, each ending at a line end.  Reads are at
+        most ``max_line_bytes``, so a line longer than that spills into the next read and is refused once
+        the carried part exceeds the limit (the line buffer never exceeds the limit plus one read)."""
+        size = min(size, self.max_line_bytes)
+        carry = bytearray()
+        while True:
+            data = self.read(size)
+            if not data:
+                if carry:
+                    yield bytes(carry)
+                return
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry += data
+                self._check_line(len(carry))
+                continue
+            if carry:
+                carry += memoryview(data)[:cut + 1]
+                block = bytes(carry)
+                carry = bytearray(memoryview(data)[cut + 1:])
+            else:
+                block = data[:cut + 1] if cut + 1 < len(data) else data
+                carry = bytearray(memoryview(data)[cut + 1:])
+            self._check_line(len(carry))
+            yield block
