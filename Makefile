@@ -23,7 +23,7 @@ apt:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements.lock setup.py replicad/native/cityhash102.c replicad/native/strings.c replicad/native/siphash.c
+$(STAMP): pyproject.toml requirements.lock setup.py replicad/native/cityhash102.c replicad/native/strings.c replicad/native/siphash.c replicad/native/bitcodecs.c
 	@[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c requirements.lock -e '.[test,bench]' --config-settings editable_mode=compat
@@ -36,7 +36,7 @@ lock:
 	$(BIN)/python scripts/lock.py
 
 lint: venv
-	$(BIN)/ruff check replicad tests bench
+	$(BIN)/ruff check replicad tests bench scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import subprocess
@@ -58,6 +59,7 @@ class Daemon(process.ServerProcess):
     log_path: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    auth: tuple[str, str] | None = None  # (user, password) for the API, when it has users
 
     def __post_init__(self) -> None:
         cfg = yaml.safe_load((self.cwd / self.config_path).read_text())
@@ -87,6 +89,9 @@ class Daemon(process.ServerProcess):
 
     def http(self, path: str, body: bytes | None = None, timeout: float = 30.0) -> str:
         req = urllib.request.Request(self.url + path, data=body, method="GET" if body is None else "POST")
+        if self.auth is not None:
+            token = base64.b64encode(f"{self.auth[0]}:{self.auth[1]}".encode()).decode()
+            req.add_header("Authorization", f"Basic {token}")
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return bytes(resp.read()).decode("utf-8", "replace")
@@ -118,8 +123,13 @@ class Daemon(process.ServerProcess):
         raise RuntimeError(f"replica {self.name} not ready after {timeout}s ({last}):\n{self.log_tail()}")
 
     def status_text(self) -> str:
-        r = subprocess.run([sys.executable, "-m", "replicad", "status", "--url", self.url], cwd=self.cwd,
-                           env=daemon_env(), capture_output=True, text=True, timeout=60)
+        argv = [sys.executable, "-m", "replicad", "status", "--url", self.url]
+        extra = {}
+        if self.auth is not None:
+            argv += ["--user", self.auth[0]]
+            extra["REPLICAD_PASSWORD"] = self.auth[1]
+        r = subprocess.run(argv, cwd=self.cwd, env={**daemon_env(), **extra}, capture_output=True, text=True,
+                           timeout=60)
         return r.stdout + r.stderr
 
 
