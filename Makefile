@@ -38,6 +38,7 @@ lock:
 lint: venv
 	$(BIN)/ruff check replicad tests bench scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: deps lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests

@@ -158,7 +158,7 @@ class LoadSampler:
 def profile_merge(ctx: Context, args: argparse.Namespace) -> None:
     """bench/merge.py once more, under py-spy (its merge child process included)."""
     from bench import merge
-    from bench.cluster import PySpy
+    from bench.profiling import PySpy
 
     argv = [sys.executable, merge.__file__, "--parts", str(args.parts), "--rows", str(args.rows)]
     spy = PySpy.record_command(argv, ctx.work_dir / "profiles" / "merge.txt", only_process="--child")
@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = args.output
     if output is None and not args.quick and set(names) == set(ALL):
         output = REPO / "BENCHMARKS.md"
-    from tests.support import clickhouse, zookeeper
+    from replicad.devtools import clickhouse, zookeeper
 
     if not (clickhouse.available() and zookeeper.available()):
         print("ClickHouse 18.16 and ZooKeeper must be installed (make deps)", file=sys.stderr)

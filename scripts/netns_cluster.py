@@ -36,9 +36,10 @@ from pathlib import Path
 
 import yaml
 
-from scripts.run_cluster import DEMO_DDL, DEMO_TABLE, Daemon, Stop, _on_signal, daemon_env, say, wait_in_sync
-from tests.support import process
-from tests.support.zookeeper import ZooKeeperServer
+from replicad.devtools import process
+from replicad.devtools.daemon import DEMO_DDL, DEMO_TABLE, Daemon, daemon_env, wait_in_sync
+from replicad.devtools.zookeeper import ZooKeeperServer
+from scripts.run_cluster import Stop, _on_signal, say
 
 PREFIX = "rpdc"
 BRIDGE = f"{PREFIX}-br"
@@ -109,7 +110,7 @@ class BridgeZooKeeper(ZooKeeperServer):
         return f"{GATEWAY}:{self.port}"
 
     def _serving(self) -> bool:
-        from tests.support.zookeeper import four_letter
+        from replicad.devtools.zookeeper import four_letter
 
         try:
             return four_letter(GATEWAY, self.port, "ruok", timeout=0.5) == "imok"

@@ -27,9 +27,8 @@ import re
 import shutil
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from replicad.errors import (
     BadInputError,
@@ -40,9 +39,10 @@ from replicad.errors import (
     UnsupportedPartFormatError,
 )
 from replicad.logging import get_logger
-from replicad.model.log_entry import LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.replication.commit import TempPart
+from replicad.replication.table_context import TableContext
+from replicad.replication.table_ops import TableOperations
 from replicad.service import ExecuteResult, Statement, StatementKind
 from replicad.storage.merge import TableSchemaLike
 from replicad.storage.mutate import rewrite_part
@@ -50,8 +50,12 @@ from replicad.storage.part import PartDirectory, columns_text
 from replicad.storage.reader import SYSTEM_COLUMNS, incompatibilities_with_18_16
 from replicad.storage.writer import WriterSettings
 
-if TYPE_CHECKING:
-    from replicad.replica import TableReplica
+
+class AdminContext(TableContext, Protocol):
+    """The table as the admin statements see it: its context and its merges/partition operations."""
+
+    @property
+    def ops(self) -> TableOperations: ...
 
 log = get_logger(__name__)
 
@@ -62,30 +66,13 @@ TABLE_WAS_NOT_DROPPED = 305
 TMP_ATTACH = "tmp_attach_"
 TMP_CONVERT = "tmp_convert_"
 PATCH_PREFIX = "patch-"
-_FETCHES = frozenset((LogEntryType.GET_PART,))
-_MERGES = frozenset((LogEntryType.MERGE_PARTS, LogEntryType.MUTATE_PART))
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
-
-
-@dataclass
-class ActionBlockers:
-    """SYSTEM STOP FETCHES / STOP MERGES of one table (in memory, as in ClickHouse: a restart clears them)."""
-
-    fetches: bool = False
-    merges: bool = False
-
-    def reason(self, entry_type: LogEntryType) -> str | None:
-        if self.fetches and entry_type in _FETCHES:
-            return "Not executing fetch: fetches are stopped (SYSTEM STOP FETCHES)"
-        if self.merges and entry_type in _MERGES:
-            return "Not executing merge or mutation: merges are stopped (SYSTEM STOP MERGES)"
-        return None
 
 
 class TableAdmin:
     """The admin statements of one table (see the module docstring)."""
 
-    def __init__(self, replica: TableReplica) -> None:
+    def __init__(self, replica: AdminContext) -> None:
         self.replica = replica
 
     def handlers(self) -> dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]]:

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from replicad.devtools.clickhouse import ClickHouseServer
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.errors import BadInputError
 from replicad.service import Statement, StatementKind, TableName
 from replicad.sql.statements import parse_statement
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import incompatibilities_with_18_16
 from tests.integration.test_interop_clickhouse import DDL, ch, start_replicad
-from tests.support.clickhouse import ClickHouseServer
-from tests.support.zookeeper import ZooKeeperServer
 
 chdb_session = pytest.importorskip("chdb.session")
 

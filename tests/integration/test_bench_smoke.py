@@ -12,7 +12,7 @@ import pytest
 from bench import Context, Sizes
 from bench.cluster import BenchCluster, make_events, to_tsv_fast
 from bench.report import Report
-from tests.support import zookeeper as zk_support
+from replicad.devtools import zookeeper as zk_support
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(180)]
 

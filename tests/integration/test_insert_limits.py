@@ -13,9 +13,9 @@ from urllib.parse import quote
 
 import pytest
 
-from scripts.run_cluster import Daemon
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import make_chroot, ok, query, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

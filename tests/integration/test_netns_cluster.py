@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from replicad.devtools.daemon import REPO, daemon_env
 from scripts.netns_cluster import PREFIX, can_make_namespaces
-from scripts.run_cluster import REPO, daemon_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
