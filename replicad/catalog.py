@@ -14,7 +14,7 @@ import dataclasses
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +95,7 @@ def spec_from_ddl(
         order_by=table.order_by,
         primary_key=table.primary_key,
         settings=dict(table.settings),
+        ddl=table.ddl,
     )
 
 
@@ -196,6 +197,7 @@ class ReplicaCatalog:
                                         code=253)
             replica = TableReplica(spec, self.keeper, self.env, self.supervisor)
             path = self.ddl_path(spec.name)
+            replica.alter.persist_ddl = _ddl_writer(path)
             if persist:
                 await asyncio.to_thread(_write_atomically, path, ddl)
             try:
@@ -271,6 +273,15 @@ def _write_atomically(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _ddl_writer(path: Path) -> Callable[[str], Awaitable[None]]:
+    """How a table rewrites its persisted DDL (after an ALTER)."""
+
+    async def write(ddl: str) -> None:
+        await asyncio.to_thread(_write_atomically, path, ddl)
+
+    return write
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -38,9 +38,10 @@ from replicad.model.queue_state import BackoffSettings, QueueState
 from replicad.model.staged_job import StagedTask
 from replicad.replication import init as zk_init
 from replicad.replication.admin import ActionBlockers, TableAdmin
+from replicad.replication.alter_columns import TableAlter
 from replicad.replication.cleanup import CleanupSettings, CleanupThread
 from replicad.replication.clone import clone_replica_if_needed
-from replicad.replication.commit import PartCommitter
+from replicad.replication.commit import ColumnsVersionChangedError, PartCommitter
 from replicad.replication.executor import QueueExecutor
 from replicad.replication.fetcher import PartFetcher
 from replicad.replication.leader import LeaderElection
@@ -114,7 +115,7 @@ class TableReplica:
                                   defaults=column_defaults(spec.columns_text))
         #: SELECT / count / full reads of the active parts
         self.reader = TableReader(spec.columns, [n for n, _t in self.schema.insertable_columns], self.store,
-                                  env.tz, on_broken_part=self.enqueue_part_check)
+                                  env.tz, on_broken_part=self.enqueue_part_check, schema=self.schema)
         base = env.writer or WriterSettings()
         self.writer_settings = WriterSettings(
             index_granularity=int(s.get("index_granularity", base.index_granularity)),
@@ -235,6 +236,10 @@ class TableReplica:
             self.writer_settings, self.committer, StagingSettings.from_settings(s),
             is_readonly=lambda: self.is_readonly, is_leader=lambda: self.leader.is_leader))
         self._tasks.append(self.staging.task)
+        #: ALTER … ADD/DROP COLUMN and the alter task following the table's columns (alter_columns)
+        self.alter = TableAlter(self)
+        self._tasks.append(self.alter.task)
+        self.statement_handlers.update(self.alter.handlers())
 
     # ------------------------------------------------------------------------------------------- protocol
 
@@ -294,10 +299,14 @@ class TableReplica:
         first = not self._parts_checked
         spec, keeper, paths = self.spec, self.keeper, self.paths
         await zk_init.create_table_if_not_exists(keeper, paths, spec.metadata_text, spec.columns_text)
+        exists = await zk_init.replica_exists(keeper, paths)
+        # as 18.16 attaching a table: an existing replica takes the columns an ALTER wrote while it was
+        # away (the alter task applies them); a new replica must match them
         self.structure = await zk_init.check_table_structure(
-            keeper, paths, spec.metadata_text, spec.columns_text
+            keeper, paths, spec.metadata_text, spec.columns_text,
+            **({"compare_columns": lambda _local, _zk: []} if exists else {}),
         )
-        if not await zk_init.replica_exists(keeper, paths):
+        if not exists:
             if first and self.store.active():
                 raise ReplicadError(
                     f"Data directory {self.layout.path} already contains parts but replica "
@@ -466,14 +475,23 @@ class TableReplica:
                 if columns is not None and list(table.column_names) != list(columns):
                     table = table.rename_columns(list(columns))
                 nbytes += table.nbytes
-                temp_parts = await write_block(table, self.schema, self.layout, self.writer_settings, ctx)
-                for tp in temp_parts:
-                    result = await self.committer.commit(tp, quorum, quorum_timeout_s)
-                    if result.deduplicated:
-                        dedup += 1
-                    else:
-                        parts += 1
-                        rows += tp.rows
+                for attempt in range(4):
+                    try:
+                        async with self.alter.gate.shared():  # the table structure stays during the block
+                            temp_parts = await write_block(table, self.schema, self.layout,
+                                                           self.writer_settings, ctx)
+                            for tp in temp_parts:
+                                result = await self.committer.commit(tp, quorum, quorum_timeout_s)
+                                if result.deduplicated:
+                                    dedup += 1
+                                else:
+                                    parts += 1
+                                    rows += tp.rows
+                        break
+                    except ColumnsVersionChangedError:
+                        if attempt == 3:
+                            raise
+                        await self.alter.catch_up()  # an ALTER: write the block again with the new columns
         except BaseException:
             # parts written but not committed (a later part of the block failed): never left behind.  A part
             # that got as far as the commit was renamed away from its tmp path, so this removes only those.

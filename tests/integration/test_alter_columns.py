@@ -1,0 +1,86 @@
+"""Replicated ALTER … ADD / DROP COLUMN between in-process replicad replicas (18.16's protocol: the table's
+``columns`` znode, ``replicas/<r>/columns``, parts converted by each replica's alter task)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pyarrow as pa
+import pytest
+
+from replicad.errors import ReplicadError
+from replicad.keeper.paths import TablePaths
+from replicad.model.table_metadata import ColumnsDescription, NamesAndTypesList
+from tests.support.table_cluster import ZK_PATH, Cluster, rows, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+async def znode(replica: object, path: str) -> str:
+    return (await replica.keeper.get(path))[0].decode()  # type: ignore[attr-defined]
+
+
+async def test_add_and_drop_column_reach_every_replica(cluster: Cluster) -> None:
+    rs = [await cluster.start(n) for n in ("r1", "r2", "r3")]
+    await rs[0].insert_table(rows(range(0, 20), month=10))
+    for r in rs:
+        await r.sync_replica(60)
+    paths = TablePaths.create(ZK_PATH, "r1")
+
+    await cluster.execute("r2", "ALTER TABLE db.events ADD COLUMN c UInt32 DEFAULT 7 AFTER id")
+    shared = await znode(rs[0], paths.columns)
+    assert [c.name for c in ColumnsDescription.parse(shared).ordered()] == ["id", "c", "ctime", "name", "v"]
+    assert "`c` UInt32\tDEFAULT\tCAST(7, \\'UInt32\\')\n" in shared, shared  # as 18.16 writes it
+    for name in ("r1", "r2", "r3"):  # the initiator returned after every active replica applied it
+        assert await znode(rs[0], paths.replica(name).columns) == shared
+    for r in rs:
+        assert [n for n, _t in r.columns] == ["id", "c", "ctime", "name", "v"]
+    # a new insert has the column; old rows read its default
+    t = rows(range(100, 110), month=11)
+    t = t.add_column(1, "c", pa.array([1000 + i for i in range(10)], pa.uint32()))
+    await rs[2].insert_table(t)
+    for r in rs:
+        await r.sync_replica(60)
+    for r in rs:
+        got = sorted((x["id"], x["c"]) for x in (await r.read_all(["id", "c"])).to_pylist())
+        expected = [(i, 7) for i in range(20)] + [(100 + i, 1000 + i) for i in range(10)]
+        assert got == expected, r.spec.replica_name
+
+    await cluster.execute("r3", "ALTER TABLE db.events DROP COLUMN name")
+    shared = await znode(rs[0], paths.columns)
+    assert "`name`" not in shared
+    for r in rs:
+        assert [n for n, _t in r.columns] == ["id", "c", "ctime", "v"]
+        for p in r.store.active():  # files, columns.txt, checksums.txt and the part's znodes agree
+            files = {f.name for f in p.path.iterdir()}
+            assert "name.bin" not in files and "name.mrk" not in files, (p.name, files)
+            assert "name" not in p.directory.columns_text
+            assert not any(f.startswith("name.") for f in p.directory.checksums.files)
+            me = TablePaths.create(ZK_PATH, r.spec.replica_name).me
+            assert await znode(r, me.part_columns(p.name)) == p.directory.columns_text
+            assert NamesAndTypesList.parse(p.directory.columns_text).names[0] == "id"
+        assert len((await r.read_all()).to_pylist()) == 30
+    # errors as 18.16 words them
+    for sql, code in (("ALTER TABLE db.events DROP COLUMN id", 44),
+                      ("ALTER TABLE db.events DROP COLUMN nope", 44),
+                      ("ALTER TABLE db.events ADD COLUMN c UInt8", 44),
+                      ("ALTER TABLE db.events MODIFY COLUMN v String", 48)):
+        with pytest.raises(ReplicadError) as e:
+            await cluster.execute("r1", sql)
+        assert e.value.code == code, (sql, e.value)
+    await cluster.execute("r1", "ALTER TABLE db.events ADD COLUMN IF NOT EXISTS c UInt8")
+
+
+async def test_alter_times_out_with_341_when_an_active_replica_does_not_follow(cluster: Cluster) -> None:
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    r2.alter.task.request_stop()  # r2 stays active but never applies
+    await asyncio.sleep(0.5)
+    with pytest.raises(ReplicadError) as e:
+        await cluster.execute("r1", "ALTER TABLE db.events ADD COLUMN c UInt8",
+                              replication_alter_columns_timeout=3)
+    assert e.value.code == 341
+    assert str(e.value).startswith("Alter is not finished because timeout when waiting for some replicas: "
+                                   "r2 (replication_alter_columns_timeout = 3). Alter will be done "
+                                   "asynchronously."), str(e.value)
+    await wait_for(lambda: [n for n, _t in r1.columns][-1] == "c", what="r1 applied")
