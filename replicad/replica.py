@@ -475,13 +475,20 @@ class TableReplica:
                 if columns is not None and list(table.column_names) != list(columns):
                     table = table.rename_columns(list(columns))
                 nbytes += table.nbytes
+                done: set[str] = set()  # partitions of the block committed before an ALTER made it retry
                 for attempt in range(4):
                     try:
                         async with self.alter.gate.shared():  # the table structure stays during the block
                             temp_parts = await write_block(table, self.schema, self.layout,
                                                            self.writer_settings, ctx)
+                            if done:
+                                await asyncio.to_thread(_remove_dirs, [tp.path for tp in temp_parts
+                                                                       if tp.partition_id in done])
                             for tp in temp_parts:
+                                if tp.partition_id in done:
+                                    continue
                                 result = await self.committer.commit(tp, quorum, quorum_timeout_s)
+                                done.add(tp.partition_id)
                                 if result.deduplicated:
                                     dedup += 1
                                 else:
