@@ -84,3 +84,26 @@ async def test_alter_times_out_with_341_when_an_active_replica_does_not_follow(c
                                    "r2 (replication_alter_columns_timeout = 3). Alter will be done "
                                    "asynchronously."), str(e.value)
     await wait_for(lambda: [n for n, _t in r1.columns][-1] == "c", what="r1 applied")
+
+
+async def test_a_replica_down_during_the_alter_takes_the_columns_when_it_comes_back(cluster: Cluster) -> None:
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    await r1.insert_table(rows(range(0, 20), month=10))
+    await r2.sync_replica(60)
+    await cluster.stop("r2")  # not active: the initiator does not wait for it (as 18.16)
+    await cluster.execute("r1", "ALTER TABLE db.events ADD COLUMN c UInt8 DEFAULT 3, DROP COLUMN name")
+    paths = TablePaths.create(ZK_PATH, "r2")
+    shared = await znode(r1, paths.columns)
+    assert await znode(r1, paths.me.columns) != shared
+    r2 = await cluster.start("r2")  # its own definition still has the old columns: it takes ZooKeeper's
+
+    async def followed() -> bool:
+        return await znode(r2, paths.me.columns) == shared
+
+    await wait_for(followed, what="r2 to publish the altered columns")
+    assert [n for n, _t in r2.columns] == ["id", "ctime", "v", "c"]
+    for p in r2.store.active():
+        assert "`name`" not in p.directory.columns_text and not (p.path / "name.bin").exists()
+    got = sorted((x["id"], x["c"]) for x in (await r2.read_all(["id", "c"])).to_pylist())
+    assert got == [(i, 3) for i in range(20)]
