@@ -1,4 +1,4 @@
-"""Replicated ALTER of columns (ADD / DROP COLUMN), as ClickHouse 18.16 does it.
+"""Replicated ALTER of columns (ADD / DROP / MODIFY COLUMN), as ClickHouse 18.16 does it.
 
 The initiator (any replica, :meth:`TableAlter.execute`) computes the new column list from its own, sets
 the table's ``columns`` znode guarded by the version it read, then waits until every replica with an
@@ -12,7 +12,8 @@ znode (a data watch, and a periodic look) it
 2. swaps its in-memory structure (schema, reader, insert sink, fetch check) while no insert block is
    between its write and its commit (:class:`StructureGate`), and rewrites its persisted DDL,
 3. converts its active parts (:mod:`replicad.storage.alter_part`: ADD needs nothing on disk, DROP removes
-   the column's files), updating ``replicas/<me>/parts/<p>/columns`` and ``checksums`` in one multi each,
+   the column's files, MODIFY of a type rewrites the column's streams with CAST), updating
+   ``replicas/<me>/parts/<p>/columns`` and ``checksums`` in one multi each,
 4. then sets ``replicas/<me>/columns`` (and ``metadata`` when it differs) to the table's.
 
 Parts that arrive later with a dropped column (an old merge, a fetch from a replica not yet converted) are
@@ -126,13 +127,10 @@ def apply_column_commands(table: TableDef, commands: Sequence[Any]) -> TableDef:
         else:
             raise ReplicadError(f"ALTER {cmd.kind} COLUMN is not supported", code=NOT_IMPLEMENTED)
     new = parse_create_table(render_create_table(table, [d for _n, d in cols]))
-    for c in new.columns:  # a type change needs the parts converted: not served yet
+    for c in new.columns:  # a type change converts the parts (alter_part); never a key column's
         old = current.get(c.name)
-        if old is not None and old.type.name != c.type.name:
-            if c.name in keys:
-                raise ReplicadError(f"trying to ALTER key column {c.name}", code=ILLEGAL_COLUMN)
-            raise ReplicadError(f"MODIFY COLUMN {c.name}: changing the type ({old.type.name} -> "
-                                f"{c.type.name}) is not supported by replicad", code=NOT_IMPLEMENTED)
+        if old is not None and old.type.name != c.type.name and c.name in keys:
+            raise ReplicadError(f"trying to ALTER key column {c.name}", code=ILLEGAL_COLUMN)
         if old is not None and old.is_physical != c.is_physical:
             raise ReplicadError(f"MODIFY COLUMN {c.name}: turning a stored column into an ALIAS (or back) "
                                 "is not supported by replicad", code=NOT_IMPLEMENTED)
@@ -295,7 +293,7 @@ class TableAlter:
             conv = alter_part.plan_conversion(part.directory, r.schema.columns)
             if conv is None:
                 continue
-            await asyncio.to_thread(alter_part.prepare, part.path, conv)
+            conv = await asyncio.to_thread(alter_part.prepare, part.path, conv, r.writer_settings, r.env.tz)
             me = r.paths.me
             try:
                 await r.keeper.multi([
@@ -311,7 +309,8 @@ class TableAlter:
                 await asyncio.to_thread(alter_part.abandon, part.path)
                 raise
             part.directory = await asyncio.to_thread(alter_part.finish, part.path, conv)
-            log.info("part_altered", part=part.name, dropped=list(conv.dropped_columns))
+            log.info("part_altered", part=part.name, dropped=list(conv.dropped_columns),
+                     retyped=[n for n, _t in conv.retyped])
             n += 1
         return n
 

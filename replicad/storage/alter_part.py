@@ -4,6 +4,8 @@
 * A column the table lost (DROP COLUMN): its files (``<col>.bin``/``.mrk`` and its substreams
   ``<col>.null.bin`` …; the ``<nested>.size0`` sizes only when no remaining column of that Nested shares
   them) leave the part, and ``columns.txt`` / ``checksums.txt`` are rewritten without them.
+* A column whose type changed (MODIFY COLUMN): its values are read with the part's type, converted with
+  ``CAST(c, 'NewType')`` and its streams written again (same granules); the other files stay as they are.
 
 :func:`plan_conversion` says what to do (None: the part already fits); :func:`prepare` writes the new
 ``columns.txt`` / ``checksums.txt`` next to the old ones as ``*.alter.tmp`` (the old part stays intact);
@@ -13,16 +15,26 @@ Blocking functions: call them in a worker thread.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+
+from replicad.errors import ReplicadError
 from replicad.model.checksums import Checksums
+from replicad.sql.expressions import compile_expression
+from replicad.sql.expressions_lexer import back_quote_if_needed, quote_string
 from replicad.storage.part import PartDirectory, columns_text, nested_table_name
-from replicad.storage.types import DataType, escape_for_file_name
+from replicad.storage.reader import PartReader
+from replicad.storage.types import DataType, escape_for_file_name, parse_type
+from replicad.storage.writer import PartWriter, WriterSettings
 
 _TMP = ".alter.tmp"
+_STAGING = "alter_columns.tmp"
 _DATA_EXTENSIONS = (".bin", ".mrk", ".mrk2")
 
 
@@ -34,6 +46,8 @@ class Conversion:
     removed_files: tuple[str, ...]
     columns_text: str
     checksums: Checksums
+    retyped: tuple[tuple[str, DataType], ...] = ()  # (column, new type): streams written by prepare()
+    new_files: tuple[str, ...] = ()  # written by prepare() into the staging directory
 
 
 def _stem(file_name: str) -> str | None:
@@ -65,46 +79,94 @@ def column_files(column: str, files: Sequence[str], remaining: Sequence[str]) ->
 
 
 def plan_conversion(part: PartDirectory, table_columns: Sequence[tuple[str, DataType]]) -> Conversion | None:
-    """What makes ``part`` fit ``table_columns`` (None: nothing).  Columns whose type differs are kept as
-    they are here (MODIFY COLUMN converts them: :mod:`replicad.storage.alter_part` does not)."""
-    wanted = {n for n, _t in table_columns}
+    """What makes ``part`` fit ``table_columns`` (None: nothing): columns to drop, columns to retype."""
+    wanted = dict(table_columns)
     part_columns = part.column_types
     dropped = [n for n, _t in part_columns if n not in wanted]
-    if not dropped:
+    retyped = [(n, wanted[n]) for n, t in part_columns
+               if n in wanted and t != wanted[n].name and parse_type(t) != wanted[n]]
+    if not dropped and not retyped:
         return None
-    kept = [(n, t) for n, t in part_columns if n in wanted]
+    kept = [(n, wanted[n].name if n in dict(retyped) else t) for n, t in part_columns if n in wanted]
     if not kept:
         return None  # a part must keep a column; 18.16 refuses to drop the last one, never happens here
     checksums = part.checksums
     files = list(checksums.files)
     removed: list[str] = []
-    for col in dropped:
-        removed += column_files(col, files, [n for n, _t in kept])
+    for col in dropped + [n for n, _t in retyped]:
+        removed += column_files(col, files, [n for n, _t in kept if n not in dict(retyped)])
     new_checksums = Checksums({k: v for k, v in checksums.files.items() if k not in set(removed)})
-    return Conversion(tuple(dropped), tuple(sorted(set(removed))), columns_text(kept), new_checksums)
+    return Conversion(tuple(dropped), tuple(sorted(set(removed))), columns_text(kept), new_checksums,
+                      tuple(retyped))
 
 
-def prepare(path: Path, conversion: Conversion) -> None:
-    """Write the new metadata files as tmp files beside the part's."""
+def _write_retyped(part: PartDirectory, conversion: Conversion, settings: WriterSettings,
+                   tz: str) -> Conversion:
+    """The retyped columns' streams, written into ``<part>/alter.tmp/``; the conversion with their files."""
+    old_types = {n: parse_type(t) for n, t in part.column_types}
+    names = [n for n, _t in conversion.retyped]
+    staging = part.path / _STAGING
+    with PartReader(part, {n: old_types[n] for n in names},
+                    index_granularity=settings.index_granularity) as reader:
+        if reader.layout.adaptive:
+            raise ReplicadError(f"part {part.name}: changing a column's type in a part with adaptive "
+                                "granularity is not supported by replicad", code=48)
+        casts = {n: compile_expression(f"CAST({back_quote_if_needed(n)}, {quote_string(t.name)})")
+                 for n, t in conversion.retyped}
+        new_types = dict(conversion.retyped)
+        writer = PartWriter(staging, list(conversion.retyped), settings)
+        with writer:
+            for batch in reader.iter_batches(names, 16):
+                arrays = []
+                for n in names:
+                    arr, _t = casts[n].evaluate(batch, old_types, tz)
+                    if isinstance(arr, pa.ChunkedArray):
+                        arr = arr.combine_chunks()
+                    dtype = new_types[n]
+                    if arr.type != dtype.arrow_type or (not dtype.is_nullable and arr.null_count):
+                        arr = dtype.to_storage(arr, n, tz)
+                    arrays.append(arr)
+                writer.write(pa.table(arrays, names=names))
+            written = writer.finish()
+    streams = {f: c for f, c in written.checksums.files.items() if _stem(f) is not None}
+    files = dict(conversion.checksums.files)
+    files.update(streams)
+    return dataclasses.replace(conversion, checksums=Checksums(files),
+                               new_files=tuple(sorted(streams)))
+
+
+def prepare(path: Path, conversion: Conversion, settings: WriterSettings | None = None,
+            tz: str = "UTC") -> Conversion:
+    """Write the retyped columns' streams and the new metadata files beside the part's (the part itself
+    is unchanged); the conversion as :func:`finish` completes it."""
+    if conversion.retyped:
+        shutil.rmtree(path / _STAGING, ignore_errors=True)
+        conversion = _write_retyped(PartDirectory.at(path), conversion, settings or WriterSettings(), tz)
     for name, data in (("columns.txt", conversion.columns_text.encode()),
                        ("checksums.txt", conversion.checksums.to_bytes())):
         with open(path / (name + _TMP), "wb") as f:
             f.write(data)
+    return conversion
 
 
 def finish(path: Path, conversion: Conversion) -> PartDirectory:
     """Put the new metadata files in place, remove the dropped files; the part directory, re-read."""
+    for f in conversion.removed_files:
+        if f not in conversion.new_files:
+            try:
+                os.unlink(path / f)
+            except FileNotFoundError:
+                pass
+    for f in conversion.new_files:
+        os.replace(path / _STAGING / f, path / f)
+    shutil.rmtree(path / _STAGING, ignore_errors=True)
     for name in ("columns.txt", "checksums.txt"):
         os.replace(path / (name + _TMP), path / name)
-    for f in conversion.removed_files:
-        try:
-            os.unlink(path / f)
-        except FileNotFoundError:
-            pass
     return PartDirectory.at(path).preload()
 
 
 def abandon(path: Path) -> None:
+    shutil.rmtree(path / _STAGING, ignore_errors=True)
     for name in ("columns.txt", "checksums.txt"):
         try:
             os.unlink(path / (name + _TMP))

@@ -64,7 +64,8 @@ async def test_add_and_drop_column_reach_every_replica(cluster: Cluster) -> None
     for sql, code in (("ALTER TABLE db.events DROP COLUMN id", 44),
                       ("ALTER TABLE db.events DROP COLUMN nope", 44),
                       ("ALTER TABLE db.events ADD COLUMN c UInt8", 44),
-                      ("ALTER TABLE db.events MODIFY COLUMN v String", 48)):
+                      ("ALTER TABLE db.events MODIFY COLUMN id Int64", 44),
+                      ("ALTER TABLE db.events MODIFY COLUMN nope Int64", 44)):
         with pytest.raises(ReplicadError) as e:
             await cluster.execute("r1", sql)
         assert e.value.code == code, (sql, e.value)

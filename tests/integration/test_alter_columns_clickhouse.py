@@ -19,6 +19,7 @@ import pytest_asyncio
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.replica import TableReplica
+from replicad.storage.writer import WriterSettings
 from tests.support.clickhouse import ClickHouseServer
 from tests.support.table_cluster import ZK_PATH, Cluster, rows
 from tests.support.zookeeper import ZooKeeperServer
@@ -30,6 +31,8 @@ DDL = (
     "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/events', '{replica}') "
     "PARTITION BY toYYYYMM(ctime) ORDER BY id"
 )
+
+LZ4 = WriterSettings(fsync=False, method="lz4", threads=1)
 
 
 @pytest_asyncio.fixture
@@ -75,7 +78,7 @@ async def parts_consistent(keeper: Keeper, replica: str, table_dir: Path, names:
 async def test_clickhouse_alters_and_replicad_follows_and_the_other_way_round(
     clickhouse_factory: Callable[..., ClickHouseServer], cluster: Cluster, keeper: Keeper,
 ) -> None:
-    rd = await cluster.start("rd")
+    rd = await cluster.start("rd", writer=LZ4)  # ClickHouse's compression: byte-identical converted parts
     ch1 = await asyncio.to_thread(clickhouse_factory, "ch1")
     await ch(ch1, "CREATE DATABASE db")
     await ch(ch1, DDL)
@@ -127,3 +130,39 @@ async def test_clickhouse_alters_and_replicad_follows_and_the_other_way_round(
     await parts_consistent(keeper, "ch1", ch1.table_dir("db", "events"), ch_parts, "name")
     await parts_consistent(keeper, "rd", rd.layout.path, rd.store.active_names(), "name")
     assert sorted(ch_parts) == sorted(rd.store.active_names())
+
+    # ---- MODIFY COLUMN (a type change converts every part): issued by ClickHouse, then by replicad.
+    # Both sides write the converted streams: the parts stay byte-identical (checksums.txt equal).
+    await ch(ch1, "ALTER TABLE db.events MODIFY COLUMN v UInt64")
+    assert dict(rd.columns)["v"].name == "UInt64"
+    await same_parts(ch1, rd, keeper, "`v` UInt64")
+    await cluster.execute("rd", "ALTER TABLE db.events MODIFY COLUMN c String")
+    assert (await ch(ch1, "SELECT toTypeName(c) FROM db.events LIMIT 1")).strip() == "String"
+    await same_parts(ch1, rd, keeper, "`c` String")
+    text = await ch(ch1, "SELECT id, c, v FROM db.events ORDER BY id FORMAT TSV")
+    t = await rd.read_all(["id", "c", "v"])
+    mine = sorted(zip(t.column("id").to_pylist(), t.column("c").to_pylist(), t.column("v").to_pylist(),
+                      strict=True))
+    assert "".join(f"{i}\t{c.decode()}\t{v}\n" for i, c, v in mine) == text
+    # converted values; rows of parts without the column read the new default (MODIFY without DEFAULT
+    # removed it, as in 18.16: '')
+    converted = {i: c for i, c, _v in mine}
+    assert [converted[i] for i in (200, 209, 300, 400)] == [b"2000", b"2009", b"900", b"1"]
+    assert converted[0] == b""
+
+
+async def same_parts(s: ClickHouseServer, rd: TableReplica, keeper: Keeper, column_line: str) -> None:
+    names = (await ch(s, "SELECT name FROM system.parts WHERE active AND table = 'events'")).split()
+    assert sorted(names) == sorted(rd.store.active_names())
+    having = 0
+    for name in names:
+        theirs = (s.table_dir("db", "events") / name / "checksums.txt").read_bytes()
+        ours = (rd.layout.path / name / "checksums.txt").read_bytes()
+        assert theirs == ours, name
+        text = (rd.layout.path / name / "columns.txt").read_text()
+        if column_line.split(" ")[0] in text:  # parts written before the column was added lack it
+            assert column_line in text, (name, text)
+            having += 1
+    assert having, "no part has the converted column"
+    await parts_consistent(keeper, "rd", rd.layout.path, names)
+    await parts_consistent(keeper, "ch1", s.table_dir("db", "events"), names)
