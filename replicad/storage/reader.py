@@ -282,6 +282,9 @@ class PartReader:
         if verify:
             self.part.verify()
         part_types = dict(self.part.column_types)
+        #: columns whose type in the part differs from the requested one (a part not yet converted after
+        #: ALTER MODIFY COLUMN): read with the part's type, then CAST, as ClickHouse reads such parts
+        self._cast: dict[str, DataType] = {}
         if columns is None:
             self.columns: dict[str, DataType] = dict(self.part.columns)
         else:
@@ -289,11 +292,9 @@ class PartReader:
             for name, dtype in self.columns.items():
                 have = part_types.get(name)
                 if have is not None and have != dtype.name and parse_type(have) != dtype:
-                    raise MetadataMismatchError(
-                        f"part {self.part.name}: column {name} is {have} in the part, {dtype.name} expected"
-                    )
-        #: the columns read from disk (requested and present in the part)
-        self.part_columns = {n: t for n, t in self.columns.items() if n in part_types}
+                    self._cast[name] = parse_type(have)
+        #: the columns read from disk (requested and present in the part), with their types in the part
+        self.part_columns = {n: self._cast.get(n, t) for n, t in self.columns.items() if n in part_types}
         # Streams opened: the selected columns', or the part's first column's for the geometry alone.
         opened = dict(self.part_columns)
         if not opened and part_types:
@@ -413,15 +414,17 @@ class PartReader:
                 arrays.append(dtype.defaults(n) if hasattr(dtype, "defaults") else
                               pa.repeat(pa.scalar(dtype.default_value, dtype.arrow_type), n))
                 continue
+            stored = self.part_columns[name]
             bufs: dict[str, bytes] = {}
-            for suffix in dtype.substreams():
+            for suffix in stored.substreams():
                 stream = self._streams[stream_stem(name, suffix)]
                 # A LowCardinality dictionary stream is read from the granule's mark to its end: every
                 # mark points at the shared dictionary, which 18.16 writes once, after the last granule.
                 stop = len(stream.marks) if suffix.endswith(".dict") else end
                 bufs[suffix] = stream.read_range(start, stop)
             try:
-                arrays.append(dtype.deserialize(bufs, n))
+                arr = stored.deserialize(bufs, n)
+                arrays.append(arr if stored is dtype else _cast(arr, name, stored, dtype))
             except CorruptedDataError as e:
                 raise CorruptedDataError(
                     f"part {self.part.name}, column {name}, granules {start}..{end}: {e}"
@@ -454,3 +457,17 @@ class PartReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _cast(arr: pa.Array, name: str, stored: DataType, wanted: DataType) -> pa.Array:
+    """``CAST(column, 'wanted')`` of values read with the part's own type (ClickHouse's conversion)."""
+    from replicad.sql.expressions import compile_expression
+    from replicad.sql.expressions_lexer import back_quote_if_needed, quote_string
+
+    expr = compile_expression(f"CAST({back_quote_if_needed(name)}, {quote_string(wanted.name)})")
+    out, _t = expr.evaluate(pa.table({name: arr}), {name: stored}, "UTC")
+    if isinstance(out, pa.ChunkedArray):
+        out = out.combine_chunks()
+    if out.type != wanted.arrow_type or (not wanted.is_nullable and out.null_count):
+        out = wanted.to_storage(out, name, "UTC")
+    return out
