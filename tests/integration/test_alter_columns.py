@@ -108,3 +108,24 @@ async def test_a_replica_down_during_the_alter_takes_the_columns_when_it_comes_b
         assert "`name`" not in p.directory.columns_text and not (p.path / "name.bin").exists()
     got = sorted((x["id"], x["c"]) for x in (await r2.read_all(["id", "c"])).to_pylist())
     assert got == [(i, 3) for i in range(20)]
+
+
+async def test_an_insert_meeting_a_newer_columns_version_is_written_again(cluster: Cluster) -> None:
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    r1.alter.task.request_stop()  # r1 does not follow by itself: its next insert meets the new columns
+    await asyncio.sleep(0.5)
+    with pytest.raises(ReplicadError) as e:
+        await cluster.execute("r2", "ALTER TABLE db.events ADD COLUMN c UInt16 DEFAULT v + 1",
+                              replication_alter_columns_timeout=1)
+    assert e.value.code == 341
+    assert "c" not in dict(r1.columns)
+    summary = await r1.insert_table(rows(range(0, 10), month=10))  # written with the old columns first
+    assert summary.written_rows == 10
+    assert "c" in dict(r1.columns)
+    [part] = r1.store.active()
+    assert "`c` UInt16" in part.directory.columns_text  # the block was written again, with the column
+    await r2.sync_replica(60)
+    for r in (r1, r2):
+        got = sorted((x["id"], x["c"]) for x in (await r.read_all(["id", "c"])).to_pylist())
+        assert got == [(i, i * 10 + 1) for i in range(10)]
