@@ -123,6 +123,8 @@ class ReplicaCatalog:
         self.settings: dict[str, int | float | str] = dict(settings or {})
         self._tables: dict[TableName, TableReplica] = {}
         self._lock = asyncio.Lock()
+        #: distributed DDL (replicad.ddl.service.DistributedDDL) when configured
+        self.ddl: Any = None
 
     @property
     def metadata_path(self) -> Path:
@@ -334,6 +336,15 @@ class ReplicationEngine:
             settings=config.settings,
         )
 
+        if config.distributed_ddl is not None:
+            from replicad.ddl.service import DistributedDDL
+            from replicad.ddl.worker import DDLSettings, shards_of
+
+            d = config.distributed_ddl
+            self._catalog.ddl = DistributedDDL(self.keeper, DDLSettings(
+                d.host, d.port, d.path, d.task_max_lifetime, d.cleanup_delay_period, d.max_tasks_in_queue,
+                d.task_timeout), shards_of(config.clusters), self._catalog)
+
     @property
     def catalog(self) -> ReplicaCatalog:
         return self._catalog
@@ -344,6 +355,8 @@ class ReplicationEngine:
         await self.interserver.start()
         await self._catalog.load()
         await self._create_config_tables(self.config)
+        if self._catalog.ddl is not None:  # tasks run once the tables are loaded
+            self.supervisor.add(self._catalog.ddl.worker, group="ddl")
 
     async def _create_config_tables(self, config: Config) -> None:
         for ddl in config.tables:
