@@ -16,7 +16,8 @@ from replicad.ddl.worker import Shard, remove_on_cluster
 
 LIVE = (b"version: 1\nquery: CREATE TABLE d1.t ON CLUSTER c2 ( d Date,  k UInt64,  v String) ENGINE = "
         b"ReplicatedMergeTree(\\'/clickhouse/tables/{shard}/d1/t\\', \\'{replica}\\') "
-        b"PARTITION BY toYYYYMM(d) ORDER BY k\nhosts: ['127%2E0%2E0%2E1:9301','127%2E0%2E0%2E1:9302']\ninitiator: vm:9301\n")
+        b"PARTITION BY toYYYYMM(d) ORDER BY k\nhosts: ['127%2E0%2E0%2E1:9301','127%2E0%2E0%2E1:9302']\n"
+        b"initiator: vm:9301\n")
 
 
 def test_entry_round_trips_18_16_bytes() -> None:
