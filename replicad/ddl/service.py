@@ -69,6 +69,9 @@ class CatalogRunner(StatementRunner):
             raise ReplicadError("Received unknown DDL query", code=UNKNOWN_DDL_QUERY)
         return r
 
+    def check_query(self, sql: str) -> None:
+        self._route(sql)
+
     def is_replicated_alter(self, sql: str) -> bool:
         r = self._route(sql)
         if r.kind in _ALTERS:

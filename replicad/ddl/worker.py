@@ -89,6 +89,9 @@ class DDLSettings:
 class StatementRunner:
     """What the worker needs from the engine: is this an ALTER of a replicated table; run a statement."""
 
+    def check_query(self, sql: str) -> None:
+        """Refuse (code 78) a statement that is not one distributed DDL runs."""
+
     def is_replicated_alter(self, sql: str) -> bool:
         raise NotImplementedError
 
@@ -198,8 +201,11 @@ class DDLWorker(BackgroundTask):
             return code, exception_message(code, text, before_execution=True)
 
         local, cluster_name = remove_on_cluster(entry.query)
-        if _CREATE_DATABASE.match(entry.query):
-            cluster_name = cluster_name or ""
+        if not _CREATE_DATABASE.match(entry.query):
+            try:  # as 18.16: an unknown kind of statement first, then the cluster
+                self.runner.check_query(local)
+            except ReplicadError as e:
+                return before(e.code, str(e))
         if cluster_name is None or cluster_name not in self.clusters:
             return before(INCONSISTENT_CLUSTER_DEFINITION,
                           f"DDL task {name} contains current host {me_readable} in cluster "

@@ -216,7 +216,8 @@ def _statement(sql: str, db: str) -> StatementRoute:
             if m.group(2) is None:  # SYSTEM STOP|START FETCHES|MERGES without a table: every table
                 return StatementRoute(kind, TableName(db, ""), False)
             return StatementRoute(kind, _table(m.group(2), db), bool(m.group(1)))
-    m = re.match(rf"ALTER\s+TABLE\s+({_TABLE})\s+", sql, re.IGNORECASE)
+    m = re.match(rf"ALTER\s+TABLE\s+({_TABLE})\s+(?:ON\s+CLUSTER\s+(?:'(?:[^'\\]|\\.)*'|\S+)\s+)?", sql,
+                 re.IGNORECASE)
     if m:
         rest = sql[m.end():]
         for pattern, kind in _ALTERS:
