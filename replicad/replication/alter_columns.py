@@ -212,11 +212,13 @@ class TableAlter:
         #: rewrites the persisted CREATE statement (set by the catalog); None: not persisted
         self.persist_ddl: Callable[[str], Awaitable[None]] | None = None
         self.table = parse_create_table(replica.spec.ddl) if replica.spec.ddl else _table_of(replica)
+        self._published: tuple[str, int] | None = None  # (columns text, version) last published
 
     def handlers(self) -> dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]]:
         return {StatementKind.ALTER_COLUMNS: self.execute}
 
     def _watch(self, _event: object) -> None:
+        self._published = None  # look at everything again (a session change fires watches too)
         self.task.wakeup()
 
     # ---- following -----------------------------------------------------------------------------------
@@ -245,7 +247,10 @@ class TableAlter:
             await self._apply(zk_text, stat.version)
             applied = True
         converted = await self._convert_parts()
-        published = await self._publish(zk_text)
+        published = False
+        if applied or converted or self._published != (zk_text, stat.version):
+            published = await self._publish(zk_text)
+            self._published = (zk_text, stat.version)
         if applied or converted or published:
             return Outcome("altered", did_work=True,
                            fields={"columns_version": stat.version, "parts_converted": converted})
