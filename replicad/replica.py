@@ -41,7 +41,7 @@ from replicad.replication.admin import ActionBlockers, TableAdmin
 from replicad.replication.alter_columns import TableAlter
 from replicad.replication.cleanup import CleanupSettings, CleanupThread
 from replicad.replication.clone import clone_replica_if_needed
-from replicad.replication.commit import ColumnsVersionChangedError, PartCommitter
+from replicad.replication.commit import PartCommitter
 from replicad.replication.executor import QueueExecutor
 from replicad.replication.fetcher import PartFetcher
 from replicad.replication.leader import LeaderElection
@@ -50,7 +50,7 @@ from replicad.replication.part_check import PartCheckThread, check_parts_at_star
 from replicad.replication.part_store import PartStore
 from replicad.replication.quorum import check_quorum_precondition, update_quorum_if_we_have_part
 from replicad.replication.restarting import CONNECTION_ERRORS, RestartingThread
-from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
+from replicad.replication.sink import InsertContext, TableSchema, column_defaults
 from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
 from replicad.replication.table_ops import TableOperations
 from replicad.server.interserver import Endpoint, PartToSend
@@ -475,30 +475,13 @@ class TableReplica:
                 if columns is not None and list(table.column_names) != list(columns):
                     table = table.rename_columns(list(columns))
                 nbytes += table.nbytes
-                done: set[str] = set()  # partitions of the block committed before an ALTER made it retry
-                for attempt in range(4):
-                    try:
-                        async with self.alter.gate.shared():  # the table structure stays during the block
-                            temp_parts = await write_block(table, self.schema, self.layout,
-                                                           self.writer_settings, ctx)
-                            if done:
-                                await asyncio.to_thread(_remove_dirs, [tp.path for tp in temp_parts
-                                                                       if tp.partition_id in done])
-                            for tp in temp_parts:
-                                if tp.partition_id in done:
-                                    continue
-                                result = await self.committer.commit(tp, quorum, quorum_timeout_s)
-                                done.add(tp.partition_id)
-                                if result.deduplicated:
-                                    dedup += 1
-                                else:
-                                    parts += 1
-                                    rows += tp.rows
-                        break
-                    except ColumnsVersionChangedError:
-                        if attempt == 3:
-                            raise
-                        await self.alter.catch_up()  # an ALTER: write the block again with the new columns
+                # written and committed under the table structure of the moment (again after an ALTER)
+                for tp, result in await self.alter.write_and_commit(table, ctx, quorum, quorum_timeout_s):
+                    if result.deduplicated:
+                        dedup += 1
+                    else:
+                        parts += 1
+                        rows += tp.rows
         except BaseException:
             # parts written but not committed (a later part of the block failed): never left behind.  A part
             # that got as far as the commit was renamed away from its tmp path, so this removes only those.

@@ -25,9 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from replicad.errors import (
     KeeperBadVersionError,
@@ -40,8 +44,9 @@ from replicad.errors import (
 from replicad.keeper.ops import Set
 from replicad.logging import get_logger
 from replicad.model.table_metadata import ColumnsDescription
+from replicad.replication.commit import ColumnsVersionChangedError, CommitResult, TempPart
 from replicad.replication.init import default_columns_comparer
-from replicad.replication.sink import TableSchema, column_defaults
+from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
 from replicad.service import ExecuteResult, Statement, StatementKind
 from replicad.sql.ddl import (
     TableDef,
@@ -337,6 +342,35 @@ class TableAlter:
             log.info("alter_published", table=str(r.spec.name))
         return changed
 
+    # ---- inserting ------------------------------------------------------------------------------------
+
+    async def write_and_commit(self, table: pa.Table, ctx: InsertContext, quorum: Any,
+                               quorum_timeout_s: float) -> list[tuple[TempPart, CommitResult]]:
+        """Write one insert block and commit its parts while the table structure stays.  A commit that meets
+        a newer ``columns`` (an ALTER between the write and the commit) applies the ALTER here and writes the
+        block again, without the partitions already committed (their new part would carry other columns
+        and so another block id: it would not deduplicate)."""
+        r = self.r
+        out: list[tuple[TempPart, CommitResult]] = []
+        done: set[str] = set()
+        for attempt in range(4):
+            try:
+                async with self.gate.shared():
+                    temp_parts = await write_block(table, r.schema, r.layout, r.writer_settings, ctx)
+                    skipped = [tp.path for tp in temp_parts if tp.partition_id in done]
+                    if skipped:
+                        await asyncio.to_thread(_remove_dirs, skipped)
+                    for tp in temp_parts:
+                        if tp.partition_id not in done:
+                            out.append((tp, await r.committer.commit(tp, quorum, quorum_timeout_s)))
+                            done.add(tp.partition_id)
+                return out
+            except ColumnsVersionChangedError:
+                if attempt == 3:
+                    raise
+                await self.catch_up()
+        return out
+
     # ---- initiating ----------------------------------------------------------------------------------
 
     async def execute(self, statement: Statement) -> ExecuteResult:
@@ -426,6 +460,11 @@ def _table_of(replica: TableReplica) -> TableDef | None:
     except ReplicadError as e:
         log.warning("alter_table_definition_unknown", table=str(s.name), error=str(e))
         return None
+
+
+def _remove_dirs(paths: list[Path]) -> None:
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def _swap(target: object, new: object) -> None:
