@@ -129,3 +129,22 @@ async def test_an_insert_meeting_a_newer_columns_version_is_written_again(cluste
     for r in (r1, r2):
         got = sorted((x["id"], x["c"]) for x in (await r.read_all(["id", "c"])).to_pylist())
         assert got == [(i, i * 10 + 1) for i in range(10)]
+
+
+async def test_add_materialized_and_alias_columns(cluster: Cluster) -> None:
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    await r1.insert_table(rows(range(0, 5), month=10))
+    await r2.sync_replica(60)
+    await cluster.execute("r1", "ALTER TABLE db.events ADD COLUMN m UInt64 MATERIALIZED id * 2, "
+                                "ADD COLUMN a UInt32 ALIAS v + 1")
+    shared = await znode(r1, TablePaths.create(ZK_PATH, "r1").columns)
+    described = {c.name: (c.type, c.default_kind) for c in ColumnsDescription.parse(shared).ordered()}
+    assert list(described)[-2:] == ["m", "a"], shared  # ordinary, MATERIALIZED, ALIAS: 18.16's order
+    assert described["m"] == ("UInt64", "MATERIALIZED") and described["a"] == ("UInt32", "ALIAS")
+    await r2.insert_table(rows(range(10, 15), month=10))  # m computed at insert
+    await r1.sync_replica(60)
+    for r in (r1, r2):
+        assert [n for n, _t in r.columns] == ["id", "ctime", "name", "v", "m"]
+        got = sorted((x["id"], x["m"]) for x in (await r.read_all(["id", "m"])).to_pylist())
+        assert got == [(i, i * 2) for i in [*range(0, 5), *range(10, 15)]]
