@@ -148,3 +148,38 @@ async def test_add_materialized_and_alias_columns(cluster: Cluster) -> None:
         assert [n for n, _t in r.columns] == ["id", "ctime", "name", "v", "m"]
         got = sorted((x["id"], x["m"]) for x in (await r.read_all(["id", "m"])).to_pylist())
         assert got == [(i, i * 2) for i in [*range(0, 5), *range(10, 15)]]
+
+
+async def test_converted_parts_attach_in_current_clickhouse(cluster: Cluster, tmp_path: object) -> None:
+    """Parts converted by DROP and MODIFY COLUMN (and lacking a column added later) are attached by chdb
+    (ClickHouse 26.x) into a table with the new columns: CHECK TABLE passes and the rows are replicad's."""
+    import shutil
+    from pathlib import Path
+
+    chdb_session = pytest.importorskip("chdb.session")
+    r1 = await cluster.start("r1")
+    await r1.insert_table(rows(range(0, 300), month=10))
+    await r1.insert_table(rows(range(300, 400), month=11))
+    await cluster.execute("r1", "ALTER TABLE db.events DROP COLUMN name, MODIFY COLUMN v String")
+    await cluster.execute("r1", "ALTER TABLE db.events ADD COLUMN c UInt8 DEFAULT 3")
+    got = (await r1.read_all(["id", "v", "c"])).to_pylist()
+    mine = sorted((x["id"], x["v"].decode(), x["c"]) for x in got)
+    s = chdb_session.Session(str(Path(str(tmp_path)) / "chdb"))
+    try:
+        s.query("CREATE DATABASE IF NOT EXISTS db ENGINE = Atomic")
+        s.query("CREATE TABLE db.x (id Int32, ctime DateTime, v String, c UInt8 DEFAULT 3) "
+                "ENGINE = MergeTree PARTITION BY toYYYYMM(ctime) ORDER BY id SETTINGS "
+                "index_granularity = 8192, index_granularity_bytes = 0, min_bytes_for_wide_part = 0, "
+                "min_rows_for_wide_part = 0")
+        data = Path(str(s.query("SELECT arrayJoin(data_paths) FROM system.tables WHERE name = 'x'",
+                                "TabSeparated")).strip())
+        for p in r1.store.active():
+            shutil.copytree(p.path, data / "detached" / p.name)
+            s.query(f"ALTER TABLE db.x ATTACH PART '{p.name}'")
+        assert str(s.query("CHECK TABLE db.x SETTINGS check_query_single_value_result = 1",
+                           "TabSeparated")).strip() == "1"
+        text = str(s.query("SELECT id, v, c FROM db.x ORDER BY id", "TabSeparated"))
+        theirs = [(int(a), b, int(c)) for a, b, c in (line.split("\t") for line in text.splitlines())]
+        assert theirs == mine == [(i, str(i * 10), 3) for i in range(400)]
+    finally:
+        s.close()
