@@ -248,7 +248,10 @@ class TableAlter:
         zk_text = raw.decode()
         assert r.structure is not None
         applied = False
-        if stat.version != r.structure.columns_version or zk_text != r.spec.columns_text:
+        # a new version, or columns other than ours (a restart after an ALTER made while we were away);
+        # texts that differ only in formatting are the same columns
+        differ = default_columns_comparer(r.spec.columns_text, zk_text)
+        if stat.version != r.structure.columns_version or differ:
             await self._apply(zk_text, stat.version)
             applied = True
         converted = await self._convert_parts()
