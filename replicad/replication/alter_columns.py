@@ -43,7 +43,9 @@ from replicad.errors import (
 )
 from replicad.keeper.ops import Set
 from replicad.logging import get_logger
-from replicad.model.table_metadata import ColumnsDescription
+from replicad.model.log_entry import LogEntryType
+from replicad.model.queue_state import Selected
+from replicad.model.table_metadata import ColumnsDescription, TableMetadata
 from replicad.replication.commit import ColumnsVersionChangedError, CommitResult, TempPart
 from replicad.replication.init import default_columns_comparer
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
@@ -70,6 +72,13 @@ NOT_IMPLEMENTED = 48
 UNFINISHED = 341
 DEFAULT_TIMEOUT_S = 60
 _ERROR_DELAY_S = 10.0  # 18.16's ALTER_ERROR_SLEEP_MS
+
+
+#: metadata fields an ALTER may change that replicad would have to serve (format markers are ignored)
+_SERVED_METADATA = frozenset((
+    "sampling_expression", "primary_key", "partition_key", "sorting_key", "ttl_table", "skip_indices",
+    "projections", "constraints", "date_column", "sign_column", "merging_params_mode", "version_column",
+    "is_deleted_column", "columns_to_sum"))
 
 
 class AlterNotFinishedError(ReplicadError):
@@ -218,6 +227,7 @@ class TableAlter:
         self.persist_ddl: Callable[[str], Awaitable[None]] | None = None
         self.table = parse_create_table(replica.spec.ddl) if replica.spec.ddl else _table_of(replica)
         self._published: tuple[str, int] | None = None  # (columns text, version) last published
+        replica.executor.handlers[LogEntryType.ALTER_METADATA] = self.execute_alter_metadata
 
     def handlers(self) -> dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]]:
         return {StatementKind.ALTER_COLUMNS: self.execute}
@@ -344,6 +354,37 @@ class TableAlter:
         if changed:
             log.info("alter_published", table=str(r.spec.name))
         return changed
+
+    # ---- current ClickHouse's ALTER_METADATA entries --------------------------------------------------
+
+    async def execute_alter_metadata(self, selected: Selected) -> None:
+        """An ``ALTER_METADATA`` log entry (20.x+): its writer also set the table's ``columns``, which the
+        alter task follows; here the entry's columns are checked (what replicad cannot serve stays in the
+        queue with a clear error), the table's columns applied, then ``replicas/<me>/metadata_version`` set
+        to the entry's ``alter_version``.  A change of the table ``metadata`` (keys, TTL, indices) is
+        refused (code 48): replicad serves none."""
+        r = self.r
+        entry = selected.entry
+        if self.table is not None:
+            table_with_columns(self.table, entry.columns_str)  # raises 48 with the reason
+        if entry.metadata_str and r.structure is not None:
+            try:
+                diffs = TableMetadata.parse(entry.metadata_str).differences(
+                    TableMetadata.parse(r.structure.metadata_text))
+            except ZnodeFormatError as e:
+                raise ReplicadError(f"ALTER_METADATA: unreadable metadata: {e}", code=NOT_IMPLEMENTED) from e
+            diffs = [d for d in diffs if d.field in _SERVED_METADATA]
+            if diffs:
+                raise ReplicadError("ALTER_METADATA changes the table's metadata, which replicad does not "
+                                    "serve: " + "; ".join(d.message() for d in diffs), code=NOT_IMPLEMENTED)
+        await self.catch_up()
+        path = f"{r.paths.me.root}/metadata_version"
+        data = str(entry.alter_version).encode()
+        try:
+            await r.keeper.set(path, data)
+        except KeeperNoNodeError:
+            await r.keeper.create(path, data)
+        log.info("alter_metadata_executed", table=str(r.spec.name), alter_version=entry.alter_version)
 
     # ---- inserting ------------------------------------------------------------------------------------
 

@@ -183,3 +183,45 @@ async def test_converted_parts_attach_in_current_clickhouse(cluster: Cluster, tm
         assert theirs == mine == [(i, str(i * 10), 3) for i in range(400)]
     finally:
         s.close()
+
+
+async def test_current_clickhouse_alter_metadata_entries(cluster: Cluster) -> None:
+    """An ALTER as current ClickHouse makes it (the table's columns set and an ALTER_METADATA entry in the
+    same multi): replicad applies it and sets replicas/<me>/metadata_version; one whose columns replicad
+    cannot serve (CODEC) stays in the queue with a clear error and changes nothing."""
+    from replicad.keeper.ops import Create, Set
+    from replicad.model.log_entry import LogEntry, LogEntryType
+
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    await r1.insert_table(rows(range(0, 5), month=10))
+    paths = TablePaths.create(ZK_PATH, "r1")
+    old, stat = await r1.keeper.get(paths.columns)
+    metadata = (await r1.keeper.get(paths.metadata))[0].decode()
+    new = old.decode().replace("4 columns:", "5 columns:") + "`c` UInt8\tDEFAULT\t9\n"
+
+    async def alter(columns: str, version: int, expected_version: int) -> None:
+        entry = LogEntry(LogEntryType.ALTER_METADATA, source_replica="modern", create_time=1795600000,
+                         alter_version=version, columns_str=columns, metadata_str=metadata)
+        await r1.keeper.multi([Set(paths.columns, columns.encode(), expected_version),
+                               Create(paths.log_prefix, entry.to_bytes(), sequence=True)])
+
+    await alter(new, 0, stat.version)
+    for r in (r1, r2):
+        me = TablePaths.create(ZK_PATH, r.spec.replica_name).me
+        await r.sync_replica(60)
+        assert await znode(r, f"{me.root}/metadata_version") == "0"
+        assert await znode(r, me.columns) == new
+        got = sorted((x["id"], x["c"]) for x in (await r.read_all(["id", "c"])).to_pylist())
+        assert got == [(i, 9) for i in range(5)]
+
+    bad = new.replace("5 columns:", "6 columns:") + "`z` UInt8\t\tCODEC(ZSTD(1))\n"
+    await alter(bad, 1, stat.version + 1)
+
+    async def refused() -> bool:
+        rows_ = r1.queue_rows()
+        return any("CODEC" in str(q.get("last_exception")) for q in rows_)
+
+    await wait_for(refused, what="the ALTER_METADATA entry refused with a clear error")
+    assert "z" not in dict(r1.columns)
+    assert await znode(r1, f"{paths.me.root}/metadata_version") == "0"
