@@ -117,7 +117,9 @@ class DistributedDDL:
 
         if kind not in _ALTERS | _EVERY_HOST:
             raise ReplicadError("Unsupported type of ALTER query", code=48)
-        if isinstance(parsed, Alter) and any(isinstance(c, DetachedCommand) for c in parsed.commands):
+        commands = parsed.commands if isinstance(parsed, Alter) else ()
+        # as 18.16: ATTACH … and COMMENT COLUMN are not distributed
+        if any(isinstance(c, DetachedCommand) or getattr(c, "kind", "") == "COMMENT" for c in commands):
             raise ReplicadError("Unsupported type of ALTER query", code=48)
 
     async def initiate(self, query: str, cluster: str, timeout_s: float) -> list[HostStatus]:

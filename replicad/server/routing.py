@@ -205,7 +205,7 @@ _ALTERS: tuple[tuple[str, StatementKind], ...] = (
     (r"DETACH\s+PARTITION\b", StatementKind.DETACH_PARTITION),
     (r"ATTACH\s+PART(?:ITION)?\b", StatementKind.ATTACH),
     (r"DROP\s+DETACHED\s+PART(?:ITION)?\b", StatementKind.DROP_DETACHED),
-    (r"(?:ADD|DROP|MODIFY)\s+COLUMN\b", StatementKind.ALTER_COLUMNS),
+    (r"(?:ADD|DROP|MODIFY|COMMENT)\s+COLUMN\b", StatementKind.ALTER_COLUMNS),
 )
 
 
@@ -225,7 +225,7 @@ def _statement(sql: str, db: str) -> StatementRoute:
                 return StatementRoute(kind, _table(m.group(1), db), False)
         raise SyntaxError_(f"unsupported ALTER: {rest[:80]!r} (supported: DELETE WHERE, UPDATE, "
                            "DROP PARTITION, DETACH PARTITION, ATTACH PART|PARTITION, DROP DETACHED "
-                           "PART|PARTITION, ADD|DROP|MODIFY COLUMN)", code=48)
+                           "PART|PARTITION, ADD|DROP|MODIFY|COMMENT COLUMN)", code=48)
     word = sql.split(None, 1)[0].upper() if sql.split() else ""
     raise SyntaxError_(f"Syntax error: unsupported statement {word or '(empty)'}", code=62)
 

@@ -252,14 +252,16 @@ class ColumnCommand:
     """``ADD COLUMN [IF NOT EXISTS] def [AFTER x]`` / ``DROP COLUMN [IF EXISTS] c`` / ``MODIFY COLUMN
     [IF EXISTS] def``: ``definition`` is the column as CREATE TABLE text (ADD, MODIFY)."""
 
-    kind: TypingLiteral["ADD", "DROP", "MODIFY"]
+    kind: TypingLiteral["ADD", "DROP", "MODIFY", "COMMENT"]
     name: str
-    definition: str = ""
+    definition: str = ""  # COMMENT: the comment text
     after: str | None = None
-    if_exists: bool = False  # IF EXISTS (DROP, MODIFY) / IF NOT EXISTS (ADD)
+    if_exists: bool = False  # IF EXISTS (DROP, MODIFY, COMMENT) / IF NOT EXISTS (ADD)
 
     def to_text(self) -> str:
         guard = ("IF NOT EXISTS " if self.kind == "ADD" else "IF EXISTS ") if self.if_exists else ""
+        if self.kind == "COMMENT":
+            return f"COMMENT COLUMN {guard}{back_quote_if_needed(self.name)} {quote_string(self.definition)}"
         body = self.definition if self.kind != "DROP" else back_quote_if_needed(self.name)
         after = f" AFTER {back_quote_if_needed(self.after)}" if self.after else ""
         return f"{self.kind} COLUMN {guard}{body}{after}"
@@ -410,6 +412,12 @@ def _alter_command(p: Parser) -> AlterCommand:
     if p.accept_words("DROP", "COLUMN"):
         guard = p.accept_words("IF", "EXISTS")
         return ColumnCommand("DROP", p.identifier(), if_exists=guard)
+    if p.accept_words("COMMENT", "COLUMN"):
+        guard = p.accept_words("IF", "EXISTS")
+        name = p.identifier()
+        if p.tok.kind is not T.STRING:
+            raise p.error("the comment as a string")
+        return ColumnCommand("COMMENT", name, p.string_literal(), None, guard)
     if p.accept_words("MODIFY", "COLUMN"):
         guard = p.accept_words("IF", "EXISTS")
         name, definition = parse_column_definition(p)
@@ -419,7 +427,7 @@ def _alter_command(p: Parser) -> AlterCommand:
             p.accept_words(kind, "PARTITION")
             return PartitionCommand("DROP" if kind == "DROP" else "DETACH", _partition_spec(p))
     raise p.error("DELETE WHERE, UPDATE, DROP PARTITION, DETACH PARTITION, ATTACH PART|PARTITION, "
-                  "DROP DETACHED PART|PARTITION, ADD COLUMN, DROP COLUMN or MODIFY COLUMN")
+                  "DROP DETACHED PART|PARTITION, ADD COLUMN, DROP COLUMN, MODIFY COLUMN or COMMENT COLUMN")
 
 def _system(p: Parser) -> SystemSyncReplica | SystemCommand:
     if p.accept_words("SYNC", "REPLICA"):

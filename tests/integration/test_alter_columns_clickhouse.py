@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 import pytest_asyncio
 
+from replicad.errors import ReplicadError
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.replica import TableReplica
@@ -149,6 +150,16 @@ async def test_clickhouse_alters_and_replicad_follows_and_the_other_way_round(
     converted = {i: c for i, c, _v in mine}
     assert [converted[i] for i in (200, 209, 300, 400)] == [b"2000", b"2009", b"900", b"1"]
     assert converted[0] == b""
+
+    # ---- COMMENT COLUMN issued by ClickHouse: replicad follows (the same columns text on both sides)
+    await ch(ch1, "ALTER TABLE db.events COMMENT COLUMN c 'a comment'")
+    shared = (await keeper.get(paths.columns))[0].decode()
+    assert "`c` String\t\t\\'a comment\\'\n" in shared, shared
+    assert rd.spec.columns_text == shared
+    assert (await keeper.get(paths.me.columns))[0].decode() == shared
+    with pytest.raises(ReplicadError) as e:  # not initiated by replicad (see README)
+        await cluster.execute("rd", "ALTER TABLE db.events COMMENT COLUMN v 'x'")
+    assert e.value.code == 48
 
 
 async def same_parts(s: ClickHouseServer, rd: TableReplica, keeper: Keeper, column_line: str) -> None:
