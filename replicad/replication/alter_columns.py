@@ -140,9 +140,8 @@ def apply_column_commands(table: TableDef, commands: Sequence[Any]) -> TableDef:
             cols[at] = (cmd.name, cmd.definition)
         else:  # COMMENT COLUMN: followed when another replica makes it, not initiated (README)
             raise ReplicadError(f"ALTER {cmd.kind} COLUMN is not initiated by replicad (in a test, a "
-                                "ClickHouse 18.16 replica following it lost the commented column); issue it on "
-                                "ClickHouse, replicad follows", code=NOT_IMPLEMENTED)
-            raise ReplicadError(f"ALTER {cmd.kind} COLUMN is not supported", code=NOT_IMPLEMENTED)
+                                "ClickHouse 18.16 replica following it lost the commented column); issue it "
+                                "on ClickHouse, replicad follows", code=NOT_IMPLEMENTED)
     new = parse_create_table(render_create_table(table, [d for _n, d in cols]))
     for c in new.columns:  # a type change converts the parts (alter_part); never a key column's
         old = current.get(c.name)
