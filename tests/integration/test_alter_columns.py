@@ -225,3 +225,37 @@ async def test_current_clickhouse_alter_metadata_entries(cluster: Cluster) -> No
     await wait_for(refused, what="the ALTER_METADATA entry refused with a clear error")
     assert "z" not in dict(r1.columns)
     assert await znode(r1, f"{paths.me.root}/metadata_version") == "0"
+
+
+async def test_an_alter_between_the_parts_of_one_block_commits_each_partition_once(cluster: Cluster) -> None:
+    """A block of two partitions: the first part commits, then an ALTER (made elsewhere) lands before the
+    second commits.  The block is written again with the new columns for the second partition only: no
+    row twice (the first partition's new part would not deduplicate: other columns, other block id)."""
+    import datetime as dt
+
+    r1 = await cluster.start("r1")
+    paths = TablePaths.create(ZK_PATH, "r1")
+    old, stat = await r1.keeper.get(paths.columns)
+    new = old.decode().replace("4 columns:", "5 columns:") + "`c` UInt8\tDEFAULT\tCAST(1, \\'UInt8\\')\n"
+    real = r1.committer.commit
+    calls = 0
+
+    async def alter_after_first(*args: object, **kw: object) -> object:
+        nonlocal calls
+        calls += 1
+        result = await real(*args, **kw)  # type: ignore[arg-type]
+        if calls == 1:  # another replica's ALTER, before our second part's commit
+            await r1.keeper.set(paths.columns, new.encode(), stat.version)
+        return result
+
+    r1.committer.commit = alter_after_first  # type: ignore[method-assign]
+    r1.alter.task.request_stop()  # only the insert's own catch-up applies the ALTER
+    t = rows(range(0, 10), month=10)
+    months = pa.array([dt.datetime(2026, 10 + i % 2, 3, 12, 0, 0) for i in range(10)], pa.timestamp("s"))
+    t = t.set_column(t.schema.get_field_index("ctime"), "ctime", months)
+    summary = await r1.insert_table(t)
+    assert summary.written_rows == 10 and summary.written_parts == 2
+    got = sorted((x["id"], x["c"]) for x in (await r1.read_all(["id", "c"])).to_pylist())
+    assert got == [(i, 1) for i in range(10)]  # each row once; the first part reads c's default
+    texts = sorted(p.directory.columns_text for p in r1.store.active())
+    assert ["`c` UInt8" in x for x in texts] == [False, True], texts
