@@ -25,6 +25,7 @@ from replicad.logging import get_logger
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.replication.fetcher import FetchCredentials
 from replicad.server.interserver import InterserverServer
+from replicad.server.parts_exchange import InterserverExchange
 from replicad.server.tls import client_context
 from replicad.service import Statement, TableName, TableService
 from replicad.sql.ddl import TableDef, parse_create_table
@@ -33,6 +34,7 @@ from replicad.tasks import Supervisor
 
 if TYPE_CHECKING:
     from replicad.config import Config
+    from replicad.service import Engine
 
 log = get_logger(__name__)
 
@@ -319,7 +321,7 @@ class ReplicationEngine:
         peer_ssl = client_context(ic.tls_ca_file) if ic.tls_ca_file is not None else True
         env = ReplicaEnv(
             data_path=config.data_path,
-            interserver=self.interserver,
+            interserver=InterserverExchange(self.interserver),
             interserver_host=ic.host,
             tz=config.timezone,
             credentials=FetchCredentials(ic.user, ic.password, peer_ssl),
@@ -337,13 +339,14 @@ class ReplicationEngine:
         )
 
         if config.distributed_ddl is not None:
-            from replicad.ddl.service import DistributedDDL
+            from replicad.ddl.service import CatalogRunner, DistributedDDL
             from replicad.ddl.worker import DDLSettings, shards_of
+            from replicad.server.routing import parse_full, route
 
             d = config.distributed_ddl
             self._catalog.ddl = DistributedDDL(self.keeper, DDLSettings(
                 d.host, d.port, d.path, d.task_max_lifetime, d.cleanup_delay_period, d.max_tasks_in_queue,
-                d.task_timeout), shards_of(config.clusters), self._catalog)
+                d.task_timeout), shards_of(config.clusters), CatalogRunner(self._catalog, route, parse_full))
 
     @property
     def catalog(self) -> ReplicaCatalog:
@@ -410,3 +413,8 @@ def check_names(name: TableName, zk_path: str, replica: str) -> None:
 def _min_limit(*limits: int) -> int:
     """The lowest of limits where 0 means none (0 when all are 0)."""
     return min((n for n in limits if n > 0), default=0)
+
+
+def create_engine(config: Config, supervisor: Supervisor, metrics: object) -> Engine:
+    """The daemon's engine factory (``replicad.daemon.DEFAULT_ENGINE``)."""
+    return ReplicationEngine(config, supervisor, metrics)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replicad.ddl.entry import DDLEntry, host_id, parse_status, split_host_id
 from replicad.ddl.worker import DDLSettings, DDLWorker, Shard, StatementRunner
@@ -25,11 +25,7 @@ from replicad.errors import KeeperError, KeeperNoNodeError, ReplicadError
 from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Create
 from replicad.logging import get_logger
-from replicad.server.routing import StatementRoute, parse_full, route
 from replicad.service import Statement, StatementKind
-
-if TYPE_CHECKING:
-    from replicad.catalog import ReplicaCatalog
 
 log = get_logger(__name__)
 
@@ -54,18 +50,22 @@ def on_cluster_of(parsed: Any) -> str | None:
 
 
 class CatalogRunner(StatementRunner):
-    """Runs a task's statement (``ON CLUSTER`` removed) against this daemon's tables."""
+    """Runs a task's statement (``ON CLUSTER`` removed) against this daemon's tables.  ``route`` and
+    ``parse`` are the API's (``replicad.server.routing.route`` / ``parse_full``), given by the catalog."""
 
-    def __init__(self, catalog: ReplicaCatalog, default_database: str = "default") -> None:
+    def __init__(self, catalog: Any, route: Callable[[str, str], Any], parse: Callable[[str], Any],
+                 default_database: str = "default") -> None:
         self.catalog = catalog
+        self.route = route
+        self.parse = parse
         self.default_database = default_database
 
-    def _route(self, sql: str) -> StatementRoute:
+    def _route(self, sql: str) -> Any:
         try:
-            r = route(sql, self.default_database)
+            r = self.route(sql, self.default_database)
         except ReplicadError as e:
             raise ReplicadError(f"Received unknown DDL query ({e})", code=UNKNOWN_DDL_QUERY) from e
-        if not isinstance(r, StatementRoute) or r.kind not in _ALTERS | _EVERY_HOST:
+        if getattr(r, "kind", None) not in _ALTERS | _EVERY_HOST:
             raise ReplicadError("Received unknown DDL query", code=UNKNOWN_DDL_QUERY)
         return r
 
@@ -81,7 +81,7 @@ class CatalogRunner(StatementRunner):
 
     async def run(self, sql: str) -> None:
         r = self._route(sql)
-        parsed = parse_full(sql)
+        parsed = self.parse(sql)
         stmt = Statement(kind=r.kind, table=r.table, text=sql, parsed=parsed, if_exists=r.if_exists)
         if r.kind is StatementKind.CREATE_TABLE:
             await self.catalog.create_table(stmt)
@@ -105,11 +105,11 @@ class DistributedDDL:
     """This daemon's part in distributed DDL: the worker task and the initiator."""
 
     def __init__(self, keeper: Keeper, settings: DDLSettings, clusters: Mapping[str, Sequence[Shard]],
-                 catalog: ReplicaCatalog) -> None:
+                 runner: StatementRunner) -> None:
         self.keeper = keeper
         self.settings = settings
         self.clusters = dict(clusters)
-        self.worker = DDLWorker(keeper, settings, clusters, CatalogRunner(catalog))
+        self.worker = DDLWorker(keeper, settings, clusters, runner)
 
     def check(self, kind: StatementKind, parsed: Any) -> None:
         """Refuse before enqueueing what 18.16 refuses ON CLUSTER."""

@@ -29,7 +29,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
@@ -45,7 +45,6 @@ from replicad.keeper.ops import Set
 from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntryType
 from replicad.model.queue_state import Selected
-from replicad.model.table_metadata import ColumnsDescription, TableMetadata
 from replicad.replication.commit import ColumnsVersionChangedError, CommitResult, TempPart
 from replicad.replication.init import default_columns_comparer
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
@@ -57,13 +56,10 @@ from replicad.sql.ddl import (
     parse_create_table,
     render_create_table,
 )
+from replicad.sql.table_metadata import ColumnsDescription, TableMetadata
 from replicad.storage import alter_part
 from replicad.storage.part import columns_text as part_columns_text
-from replicad.table_reader import TableReader
 from replicad.tasks import IDLE, FunctionTask, Outcome
-
-if TYPE_CHECKING:
-    from replicad.replica import TableReplica
 
 log = get_logger(__name__)
 
@@ -219,7 +215,9 @@ class StructureGate:
 class TableAlter:
     """The ALTER statement and the alter task of one table replica."""
 
-    def __init__(self, replica: TableReplica, period_s: float = 5.0) -> None:
+    def __init__(self, replica: Any, period_s: float = 5.0) -> None:
+        """``replica``: the ``TableReplica`` (its spec, structure, schema, reader and fetch check are what an
+        ALTER changes; the layers keep this module from naming its class)."""
         self.r = replica
         self.task = FunctionTask(f"{replica.spec.name}:alter", self.run_once, period_s=period_s)
         self.gate = StructureGate()
@@ -296,8 +294,8 @@ class TableAlter:
                                    ddl=new_ddl)
         schema = TableSchema(spec.columns, spec.partition_by, spec.order_by, spec.primary_key, r.env.tz,
                              defaults=column_defaults(spec.columns_text))
-        reader = TableReader(spec.columns, [n for n, _t in schema.insertable_columns], r.store, r.env.tz,
-                             on_broken_part=r.enqueue_part_check, schema=schema)
+        reader = type(r.reader)(spec.columns, [n for n, _t in schema.insertable_columns], r.store, r.env.tz,
+                                on_broken_part=r.enqueue_part_check, schema=schema)
         async with self.gate.exclusive(timeout_s=30.0):
             r.spec = spec
             _swap(r.schema, schema)
@@ -390,8 +388,9 @@ class TableAlter:
 
     # ---- inserting ------------------------------------------------------------------------------------
 
-    async def write_and_commit(self, table: pa.Table, ctx: InsertContext, quorum: Any,
-                               quorum_timeout_s: float) -> list[tuple[TempPart, CommitResult]]:
+    async def write_and_commit(self, table: pa.Table, ctx: InsertContext,
+                               commit: Callable[[TempPart], Awaitable[CommitResult]]
+                               ) -> list[tuple[TempPart, CommitResult]]:
         """Write one insert block and commit its parts while the table structure stays.  A commit that meets
         a newer ``columns`` (an ALTER between the write and the commit) applies the ALTER here and writes the
         block again, without the partitions already committed (their new part would carry other columns
@@ -408,7 +407,7 @@ class TableAlter:
                         await asyncio.to_thread(_remove_dirs, skipped)
                     for tp in temp_parts:
                         if tp.partition_id not in done:
-                            out.append((tp, await r.committer.commit(tp, quorum, quorum_timeout_s)))
+                            out.append((tp, await commit(tp)))
                             done.add(tp.partition_id)
                 return out
             except ColumnsVersionChangedError:
@@ -495,7 +494,7 @@ class TableAlter:
             f"(replication_alter_columns_timeout = {int(timeout_s)}). Alter will be done asynchronously.")
 
 
-def _table_of(replica: TableReplica) -> TableDef | None:
+def _table_of(replica: Any) -> TableDef | None:
     """A TableDef for a replica built without DDL (from a TableSpec alone, as tests build them)."""
     s = replica.spec
     base = TableDef(s.name.database, s.name.table, (), "ReplicatedMergeTree", s.zk_path, s.replica_name,

@@ -21,13 +21,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from replicad.errors import ReplicadError, SyntaxError_
-from replicad.model.partition import PartitionKey
-from replicad.model.table_metadata import (
-    ColumnDescription,
-    ColumnsDescription,
-    NamesAndTypesList,
-    TableMetadata,
-)
 from replicad.sql.expressions import Expr, empty_table
 from replicad.sql.expressions_ast import (
     Function,
@@ -41,6 +34,13 @@ from replicad.sql.expressions_ast import (
     referenced_columns,
 )
 from replicad.sql.expressions_lexer import T, back_quote_if_needed, quote_string
+from replicad.sql.partition import PartitionKey
+from replicad.sql.table_metadata import (
+    ColumnDescription,
+    ColumnsDescription,
+    NamesAndTypesList,
+    TableMetadata,
+)
 from replicad.storage.types import DataType, parse_type
 
 BAD_ARGUMENTS = 36

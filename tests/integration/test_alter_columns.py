@@ -10,7 +10,7 @@ import pytest
 
 from replicad.errors import ReplicadError
 from replicad.keeper.paths import TablePaths
-from replicad.model.table_metadata import ColumnsDescription, NamesAndTypesList
+from replicad.sql.table_metadata import ColumnsDescription, NamesAndTypesList
 from tests.support.table_cluster import ZK_PATH, Cluster, rows, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
