@@ -14,7 +14,7 @@ import dataclasses
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +97,7 @@ def spec_from_ddl(
         order_by=table.order_by,
         primary_key=table.primary_key,
         settings=dict(table.settings),
+        ddl=table.ddl,
     )
 
 
@@ -124,6 +125,8 @@ class ReplicaCatalog:
         self.settings: dict[str, int | float | str] = dict(settings or {})
         self._tables: dict[TableName, TableReplica] = {}
         self._lock = asyncio.Lock()
+        #: distributed DDL (replicad.ddl.service.DistributedDDL) when configured
+        self.ddl: Any = None
 
     @property
     def metadata_path(self) -> Path:
@@ -198,6 +201,7 @@ class ReplicaCatalog:
                                         code=253)
             replica = TableReplica(spec, self.keeper, self.env, self.supervisor)
             path = self.ddl_path(spec.name)
+            replica.alter.persist_ddl = _ddl_writer(path)
             if persist:
                 await asyncio.to_thread(_write_atomically, path, ddl)
             try:
@@ -275,6 +279,15 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _ddl_writer(path: Path) -> Callable[[str], Awaitable[None]]:
+    """How a table rewrites its persisted DDL (after an ALTER)."""
+
+    async def write(ddl: str) -> None:
+        await asyncio.to_thread(_write_atomically, path, ddl)
+
+    return write
+
+
 def _unlink_quietly(path: Path) -> None:
     try:
         path.unlink()
@@ -325,6 +338,16 @@ class ReplicationEngine:
             settings=config.settings,
         )
 
+        if config.distributed_ddl is not None:
+            from replicad.ddl.service import CatalogRunner, DistributedDDL
+            from replicad.ddl.worker import DDLSettings, shards_of
+            from replicad.server.routing import parse_full, route
+
+            d = config.distributed_ddl
+            self._catalog.ddl = DistributedDDL(self.keeper, DDLSettings(
+                d.host, d.port, d.path, d.task_max_lifetime, d.cleanup_delay_period, d.max_tasks_in_queue,
+                d.task_timeout), shards_of(config.clusters), CatalogRunner(self._catalog, route, parse_full))
+
     @property
     def catalog(self) -> ReplicaCatalog:
         return self._catalog
@@ -335,6 +358,8 @@ class ReplicationEngine:
         await self.interserver.start()
         await self._catalog.load()
         await self._create_config_tables(self.config)
+        if self._catalog.ddl is not None:  # tasks run once the tables are loaded
+            self.supervisor.add(self._catalog.ddl.worker, group="ddl")
 
     async def _create_config_tables(self, config: Config) -> None:
         for ddl in config.tables:

@@ -155,6 +155,37 @@ class ApiConfig(_Section):
         return v
 
 
+class ClusterShard(_Section):
+    """One shard of a cluster, as ClickHouse's ``remote_servers``: its replicas as ``host:port`` (the port
+    ClickHouse servers list there, their native ``tcp_port``)."""
+
+    replicas: list[str] = Field(min_length=1)
+    internal_replication: bool = True
+
+    @field_validator("replicas")
+    @classmethod
+    def _check_replicas(cls, v: list[str]) -> list[str]:
+        for r in v:
+            host, sep, port = r.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"replica {r!r} must be host:port")
+        return v
+
+
+class DistributedDDLConfig(_Section):
+    """ClickHouse's ``<distributed_ddl>``, and who this daemon is in the clusters (``host``/``port`` exactly
+    as the clusters spell it)."""
+
+    host: str = Field(min_length=1)
+    port: int = Field(gt=0, lt=65536)
+    path: str = "/clickhouse/task_queue/ddl"
+    task_max_lifetime: int = Field(default=604800, gt=0)
+    cleanup_delay_period: int = Field(default=60, ge=0)
+    max_tasks_in_queue: int = Field(default=1000, ge=1)
+    #: how long ON CLUSTER waits for the hosts (``distributed_ddl_task_timeout``, also a URL setting)
+    task_timeout: int = 180
+
+
 class Config(_Section):
     replica: str = Field(min_length=1)
     data_path: Path = Path("/var/lib/replicad")
@@ -166,6 +197,9 @@ class Config(_Section):
     api: ApiConfig = Field(default_factory=ApiConfig)
     settings: dict[str, int | float | str] = Field(default_factory=dict)
     tables: list[str] = Field(default_factory=list)
+    #: clusters for ``… ON CLUSTER c`` (shaped like ClickHouse's ``remote_servers``)
+    clusters: dict[str, list[ClusterShard]] = Field(default_factory=dict)
+    distributed_ddl: DistributedDDLConfig | None = None
 
     @field_validator("replica")
     @classmethod
@@ -506,7 +540,8 @@ def _check_data_path(path: Path) -> list[str]:
     return []
 
 
-RESTART_REQUIRED = ("replica", "data_path", "timezone", "macros", "zookeeper", "interserver")
+RESTART_REQUIRED = ("replica", "data_path", "timezone", "macros", "zookeeper", "interserver", "clusters",
+                    "distributed_ddl")
 
 
 def restart_required(old: Config, new: Config) -> list[str]:

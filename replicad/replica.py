@@ -38,13 +38,19 @@ from replicad.model.staged_job import StagedTask
 from replicad.replica_wiring import build_collaborators
 from replicad.replication import init as zk_init
 from replicad.replication.admin import TableAdmin
+from replicad.replication.alter_columns import TableAlter
 from replicad.replication.clone import clone_replica_if_needed
+from replicad.replication.commit import CommitResult, TempPart
 from replicad.replication.exchange import ServedPart
 from replicad.replication.log_puller import load_queue
 from replicad.replication.part_check import check_parts_at_startup
-from replicad.replication.quorum import check_quorum_precondition, update_quorum_if_we_have_part
+from replicad.replication.quorum import (
+    QuorumPrecondition,
+    check_quorum_precondition,
+    update_quorum_if_we_have_part,
+)
 from replicad.replication.restarting import CONNECTION_ERRORS
-from replicad.replication.sink import InsertContext, write_block
+from replicad.replication.sink import InsertContext
 from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
 from replicad.replication.table_ops import TableOperations
 from replicad.service import (
@@ -127,6 +133,10 @@ class TableReplica:
         #: statements other modules implement (OPTIMIZE, ALTER … DELETE/UPDATE, DROP PARTITION …)
         self.statement_handlers: dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]] = {
             **self.admin.handlers()}
+        #: ALTER … ADD/DROP/MODIFY COLUMN and the alter task following the table's columns (alter_columns)
+        self.alter = TableAlter(self)
+        self.tasks["alter"] = self.alter.task
+        self.statement_handlers.update(self.alter.handlers())
 
     # ------------------------------------------------------------------------------------------- protocol
 
@@ -183,10 +193,14 @@ class TableReplica:
         first = not self._parts_checked
         spec, keeper, paths = self.spec, self.keeper, self.paths
         await zk_init.create_table_if_not_exists(keeper, paths, spec.metadata_text, spec.columns_text)
+        exists = await zk_init.replica_exists(keeper, paths)
+        # as 18.16 attaching a table: an existing replica takes the columns an ALTER wrote while it was
+        # away (the alter task applies them); a new replica must match them
         self.structure = await zk_init.check_table_structure(
-            keeper, paths, spec.metadata_text, spec.columns_text
+            keeper, paths, spec.metadata_text, spec.columns_text,
+            **({"compare_columns": lambda _local, _zk: []} if exists else {}),
         )
-        if not await zk_init.replica_exists(keeper, paths):
+        if not exists:
             if first and self.store.active():
                 raise ReplicadError(
                     f"Data directory {self.layout.path} already contains parts but replica "
@@ -357,13 +371,16 @@ class TableReplica:
                 if columns is not None and list(table.column_names) != list(columns):
                     table = table.rename_columns(list(columns))
                 nbytes += table.nbytes
-                temp_parts = await write_block(table, self.schema, self.layout, self.writer_settings, ctx)
-                for tp in temp_parts:
+
+
+                async def commit(tp: TempPart, quorum: QuorumPrecondition | None = quorum) -> CommitResult:
                     if fault_plant.planted("ack_before_commit"):  # test-only planted bug
                         fault_plant.later(self.committer.commit(tp, quorum, quorum_timeout_s))
-                        parts, rows = parts + 1, rows + tp.rows
-                        continue
-                    result = await self.committer.commit(tp, quorum, quorum_timeout_s)
+                        return CommitResult("", False)
+                    return await self.committer.commit(tp, quorum, quorum_timeout_s)
+
+                # written and committed under the table structure of the moment (again after an ALTER)
+                for tp, result in await self.alter.write_and_commit(table, ctx, commit):
                     if result.deduplicated:
                         dedup += 1
                     else:

@@ -93,7 +93,7 @@ def build_collaborators(
     schema = TableSchema(spec.columns, spec.partition_by, spec.order_by, spec.primary_key, env.tz,
                          defaults=column_defaults(spec.columns_text))
     reader = TableReader(spec.columns, [n for n, _t in schema.insertable_columns], store, env.tz,
-                         on_broken_part=hooks.enqueue_part_check)
+                         on_broken_part=hooks.enqueue_part_check, schema=schema)
     base = env.writer or WriterSettings()
     writer_settings = WriterSettings(
         index_granularity=int(s.get("index_granularity", base.index_granularity)),

@@ -174,6 +174,7 @@ class StatementKind(enum.Enum):
     RESTART_REPLICA = "restart_replica"  # SYSTEM RESTART REPLICA t
     FETCHES = "system_fetches"  # SYSTEM STOP|START FETCHES [t]
     MERGES = "system_merges"  # SYSTEM STOP|START MERGES [t]
+    ALTER_COLUMNS = "alter_columns"  # ALTER TABLE t ADD|DROP|MODIFY COLUMN …
 
 
 @dataclass(frozen=True)

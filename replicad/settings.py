@@ -191,6 +191,10 @@ _DEFS: tuple[SettingDef, ...] = (
                check=_non_negative),
     SettingDef("insert_quorum_timeout", 600000, Q, "quorum wait in milliseconds", check=_positive),
     SettingDef("insert_deduplicate", 1, Q, "deduplicate insert blocks by block_id", check=_bool01),
+    SettingDef("replication_alter_columns_timeout", 60, Q, "seconds ALTER … COLUMN waits for the active "
+               "replicas to apply it (code 341 after)", check=_positive),
+    SettingDef("distributed_ddl_task_timeout", 180, Q, "seconds an ON CLUSTER statement waits for the hosts "
+               "(0: enqueue and return; negative: no limit; code 159 after)"),
     SettingDef("insert_deduplication_token", "", Q, "user-supplied block_id seed", since="22.x"),
     SettingDef("replicad_stage_run", "", Q, "two-phase write: stage this insert for run <hex id> instead of "
                "publishing it", since="replicad"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,6 +17,7 @@ from replicad.errors import BadInputError, CorruptedDataError, TooManyRowsOrByte
 from replicad.replication.part_store import PartStore
 from replicad.service import QueryResult, SelectQuery
 from replicad.sql.expressions import Expr, compile_expression
+from replicad.storage.merge import TableKeys, TableSchemaLike
 from replicad.storage.reader import PartReader
 from replicad.storage.types import DataType, parse_type
 
@@ -42,7 +43,10 @@ class TableReader:
         store: PartStore,
         tz: str,
         on_broken_part: Callable[[str], None],
+        schema: TableSchemaLike | None = None,
     ) -> None:
+        #: DEFAULT expressions, computed for parts that lack their column (written before ALTER ADD COLUMN)
+        self.keys = TableKeys(schema) if schema is not None else None
         self.columns = list(columns)
         self.types = {**VIRTUAL_COLUMNS, **dict(columns)}
         self.select_star = list(select_star)
@@ -76,20 +80,27 @@ class TableReader:
                 one = pa.table({n: pa.array([values[n]], types[n].arrow_type) for n in virtual})
                 if not pa.array(expr.mask(one, types, tz))[0].as_py():
                     continue
+            read, missing = wanted, self._missing_defaults(p.directory.column_types, wanted)
+            if missing and self.keys is not None:
+                need = {c for m in missing for c in self.keys.defaults[m][1].columns}
+                read = {**wanted, **{c: types[c] for c in need if c not in wanted and c in types}}
             try:
-                reader = await asyncio.to_thread(PartReader, p.directory, wanted)
+                reader = await asyncio.to_thread(PartReader, p.directory, read)
             except (CorruptedDataError, OSError):
                 self.on_broken_part(p.name)  # a broken or vanished part: the part check repairs it
                 raise
             try:
-                batches = reader.iter_batches(list(wanted), granules_per_batch)
+                batches = reader.iter_batches(list(read), granules_per_batch)
 
                 def step(
-                    it: Iterator[pa.Table] = batches, values: dict[str, bytes] = values
+                    it: Iterator[pa.Table] = batches, values: dict[str, bytes] = values,
+                    missing: list[str] = missing,
                 ) -> pa.Table | None:
                     batch = next(it, None)
                     if batch is None:
                         return batch
+                    if missing and self.keys is not None:
+                        batch = self.keys.fill_defaults(batch, missing)
                     for n in virtual:
                         batch = batch.append_column(n, pa.array([values[n]] * batch.num_rows, pa.binary()))
                     if expr is not None and not only_virtual:
@@ -108,6 +119,15 @@ class TableReader:
                         yield batch
             finally:
                 reader.close()
+
+    def _missing_defaults(self, part_columns: Sequence[tuple[str, str]], wanted: Mapping[str, DataType]
+                          ) -> list[str]:
+        """Wanted columns the part lacks that have a DEFAULT expression (computed instead of type defaults,
+        as ClickHouse reads a part written before ALTER ADD COLUMN)."""
+        if self.keys is None or not self.keys.defaults:
+            return []
+        have = {n for n, _t in part_columns}
+        return [n for n in wanted if n not in have and n in self.keys.defaults]
 
     async def read_all(self, columns: Sequence[str] | None = None, where: str | None = None) -> pa.Table:
         """Every (matching) row of the active parts, in storage Arrow."""

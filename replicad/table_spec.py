@@ -27,6 +27,7 @@ class TableSpec:
     order_by: str | None
     primary_key: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    ddl: str = ""  # the CREATE statement (macros unexpanded) the table was created from, or "" (unknown)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replicad.errors import (
+    KeeperBadVersionError,
     KeeperConnectionLossError,
     KeeperError,
     KeeperMultiError,
@@ -50,6 +51,13 @@ from replicad.replication.part_store import PartStore
 from replicad.replication.quorum import QuorumPrecondition, quorum_commit_ops, wait_for_quorum
 
 log = get_logger(__name__)
+
+
+class ColumnsVersionChangedError(ReplicadError):
+    """The table's ``columns`` changed (an ALTER) between writing a part and committing it."""
+
+    code = 244  # 18.16 answers UNEXPECTED_ZOOKEEPER_ERROR here
+    retriable = True
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,9 @@ class PartCommitter:
             ):
                 log.info("block_deduplicated", block_id=block_id, part=name, stage="commit")
                 return CommitResult("", True, lock.number)
+            if isinstance(e.cause, KeeperBadVersionError) and failed_path == self.paths.columns:
+                raise ColumnsVersionChangedError(
+                    f"Table structure changed (ALTER) while adding block {lock.number}: retry") from e
             if isinstance(e.cause, KeeperNodeExistsError) and failed_path == self.paths.quorum_status:
                 raise QuorumError("Another quorum insert has been already started", code=286) from e
             raise ReplicadError(

@@ -410,12 +410,14 @@ class PartFetcher:
         try:
             if columns_text is None:
                 columns_text = (await asyncio.to_thread((tmp_dir / "columns.txt").read_bytes)).decode()
-            if self.part_columns_text is not None and columns_text != self.part_columns_text:
-                # a part with other columns would skip the comparison with the replicas' checksums (those are
-                # compared only between parts of the same columns): refused, whoever sent it
-                raise CorruptedDataError(f"Part {part_name} has other columns than the table: its "
-                                         f"columns.txt is {columns_text[:300]!r}")
             seen = await (state if state is not None else self._read_replica_state(part_name))
+            if self.part_columns_text is not None and columns_text != self.part_columns_text and not any(
+                    c is not None and c[0] == columns_text.encode() for c in seen.columns):
+                # a part with other columns than the table's (written before an ALTER, as 18.16 keeps them)
+                # is taken only with the columns a replica registered for it: with others it would skip the
+                # comparison with the replicas' checksums (made between parts of the same columns only)
+                raise CorruptedDataError(f"Part {part_name} has other columns than the table and than the "
+                                         f"replicas registered: its columns.txt is {columns_text[:300]!r}")
             absent = self._compare(seen, part_name, columns_text, checksums)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, tmp_dir, True)

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from replicad import settings as settings_table
 from replicad.config import Config
+from replicad.ddl import service as ddl_service
 from replicad.errors import (
     BadInputError,
     BodyTooLargeError,
@@ -452,6 +453,17 @@ async def _statement(state: ApiState, r: StatementRoute, text: str, given: Mappi
     stmt = Statement(kind=r.kind, table=r.table, text=text, parsed=parsed, if_exists=r.if_exists,
                      settings=dict(given))
     message = ""
+    cluster = ddl_service.on_cluster_of(parsed)
+    if cluster is not None:  # distributed DDL through ZooKeeper's task queue (replicad.ddl)
+        ddl = getattr(catalog, "ddl", None)
+        if ddl is None:
+            raise ReplicadError("… ON CLUSTER needs `distributed_ddl` and `clusters` in the configuration",
+                                code=139)
+        ddl.check(r.kind, parsed)
+        timeout = float(given.get("distributed_ddl_task_timeout", ddl.settings.task_timeout))
+        async with state.write():
+            rows = await ddl.initiate(text, cluster, timeout)
+        return web.Response(text=ddl_service.status_table(rows), headers=headers)
     if r.kind is StatementKind.SYNC_REPLICA:
         result = await catalog.get(r.table).execute(stmt)
         message = result.message

@@ -205,6 +205,7 @@ _ALTERS: tuple[tuple[str, StatementKind], ...] = (
     (r"DETACH\s+PARTITION\b", StatementKind.DETACH_PARTITION),
     (r"ATTACH\s+PART(?:ITION)?\b", StatementKind.ATTACH),
     (r"DROP\s+DETACHED\s+PART(?:ITION)?\b", StatementKind.DROP_DETACHED),
+    (r"(?:ADD|DROP|MODIFY|COMMENT)\s+COLUMN\b", StatementKind.ALTER_COLUMNS),
 )
 
 
@@ -215,7 +216,8 @@ def _statement(sql: str, db: str) -> StatementRoute:
             if m.group(2) is None:  # SYSTEM STOP|START FETCHES|MERGES without a table: every table
                 return StatementRoute(kind, TableName(db, ""), False)
             return StatementRoute(kind, _table(m.group(2), db), bool(m.group(1)))
-    m = re.match(rf"ALTER\s+TABLE\s+({_TABLE})\s+", sql, re.IGNORECASE)
+    m = re.match(rf"ALTER\s+TABLE\s+({_TABLE})\s+(?:ON\s+CLUSTER\s+(?:'(?:[^'\\]|\\.)*'|\S+)\s+)?", sql,
+                 re.IGNORECASE)
     if m:
         rest = sql[m.end():]
         for pattern, kind in _ALTERS:
@@ -223,7 +225,7 @@ def _statement(sql: str, db: str) -> StatementRoute:
                 return StatementRoute(kind, _table(m.group(1), db), False)
         raise SyntaxError_(f"unsupported ALTER: {rest[:80]!r} (supported: DELETE WHERE, UPDATE, "
                            "DROP PARTITION, DETACH PARTITION, ATTACH PART|PARTITION, DROP DETACHED "
-                           "PART|PARTITION)", code=48)
+                           "PART|PARTITION, ADD|DROP|MODIFY|COMMENT COLUMN)", code=48)
     word = sql.split(None, 1)[0].upper() if sql.split() else ""
     raise SyntaxError_(f"Syntax error: unsupported statement {word or '(empty)'}", code=62)
 

@@ -16,6 +16,7 @@ and typed DEFAULT expressions whose own type differs get wrapped in ``CAST(expr,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -32,7 +33,7 @@ from replicad.sql.expressions_ast import (
     key_expression_list,
     referenced_columns,
 )
-from replicad.sql.expressions_lexer import T
+from replicad.sql.expressions_lexer import T, back_quote_if_needed, quote_string
 from replicad.sql.partition import PartitionKey
 from replicad.sql.table_metadata import (
     ColumnDescription,
@@ -227,6 +228,65 @@ def _column(p: Parser) -> _RawColumn:
     if col.type_text is None and col.expr is None:
         raise p.error(f"a type for column {name}")
     return col
+
+
+def parse_column_definition(p: Parser) -> tuple[str, str]:
+    """One column definition of ``ALTER … ADD|MODIFY COLUMN`` as CREATE TABLE text (name, type, default,
+    comment: re-formatted), for :func:`render_create_table` and a re-parse that validates it."""
+    c = _column(p)
+    out = back_quote_if_needed(c.name)
+    if c.type_text is not None:
+        out += f" {c.type_text}"
+    if c.kind and c.expr is not None:
+        out += f" {c.kind} {format_ast(c.expr)}"
+    if c.comment:
+        out += f" COMMENT {quote_string(c.comment)}"
+    return c.name, out
+
+
+def column_definition(c: ColumnDef) -> str:
+    """A resolved column as CREATE TABLE text (its default as stored, so a re-parse keeps it unchanged)."""
+    out = f"{back_quote_if_needed(c.name)} {c.type_text}"
+    if c.default_kind:
+        out += f" {c.default_kind} {c.default_expression}"
+    if c.comment:
+        out += f" COMMENT {quote_string(c.comment)}"
+    return out
+
+
+def description_definition(c: ColumnDescription) -> str:
+    """A ``columns`` znode line as CREATE TABLE text (how a replica adopts columns another one wrote)."""
+    out = f"{back_quote_if_needed(c.name)} {c.type}"
+    if c.default_kind:
+        out += f" {c.default_kind} {c.default_expression}"
+    if c.comment:
+        out += f" COMMENT {quote_string(c.comment)}"
+    return out
+
+
+_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
+def render_create_table(table: TableDef, columns: list[str]) -> str:
+    """``table``'s CREATE statement (macros unexpanded, IF NOT EXISTS / ON CLUSTER dropped) with ``columns``
+    (CREATE TABLE column texts) instead of its own: the DDL a replica persists after an ALTER."""
+    name = back_quote_if_needed(table.name)
+    if table.database:
+        name = f"{back_quote_if_needed(table.database)}.{name}"
+    out = f"CREATE TABLE {name}\n(\n    " + ",\n    ".join(columns) + "\n)\n"
+    if table.replicated:
+        out += (f"ENGINE = ReplicatedMergeTree({quote_string(table.zk_path or '')}, "
+                f"{quote_string(table.replica_name or '')})\n")
+    else:
+        out += "ENGINE = MergeTree\n"
+    for clause, value in (("PARTITION BY", table.partition_by), ("ORDER BY", table.order_by),
+                          ("PRIMARY KEY", table.primary_key), ("SAMPLE BY", table.sample_by)):
+        if value is not None:
+            out += f"{clause} {value}\n"
+    if table.settings:
+        out += "SETTINGS " + ", ".join(f"{k} = {v if _NUMBER.fullmatch(v) else quote_string(v)}"
+                                       for k, v in table.settings.items()) + "\n"
+    return out
 
 
 def _normalize_type_text(text: str) -> str:

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from replicad.errors import ReplicadError, SyntaxError_
 from replicad.model.part_info import is_valid_partition_id
-from replicad.sql.ddl import TableDef, parse_create_table_body
+from replicad.sql.ddl import TableDef, parse_column_definition, parse_create_table_body
 from replicad.sql.expressions import Context, Expr
 from replicad.sql.expressions_ast import (
     Asterisk,
@@ -247,7 +247,27 @@ class DetachedCommand:
         return f"{self.kind} PARTITION {self.partition.to_text()}"
 
 
-AlterCommand = MutationCommand | PartitionCommand | DetachedCommand
+@dataclass(frozen=True)
+class ColumnCommand:
+    """``ADD COLUMN [IF NOT EXISTS] def [AFTER x]`` / ``DROP COLUMN [IF EXISTS] c`` / ``MODIFY COLUMN
+    [IF EXISTS] def``: ``definition`` is the column as CREATE TABLE text (ADD, MODIFY)."""
+
+    kind: TypingLiteral["ADD", "DROP", "MODIFY", "COMMENT"]
+    name: str
+    definition: str = ""  # COMMENT: the comment text
+    after: str | None = None
+    if_exists: bool = False  # IF EXISTS (DROP, MODIFY, COMMENT) / IF NOT EXISTS (ADD)
+
+    def to_text(self) -> str:
+        guard = ("IF NOT EXISTS " if self.kind == "ADD" else "IF EXISTS ") if self.if_exists else ""
+        if self.kind == "COMMENT":
+            return f"COMMENT COLUMN {guard}{back_quote_if_needed(self.name)} {quote_string(self.definition)}"
+        body = self.definition if self.kind != "DROP" else back_quote_if_needed(self.name)
+        after = f" AFTER {back_quote_if_needed(self.after)}" if self.after else ""
+        return f"{self.kind} COLUMN {guard}{body}{after}"
+
+
+AlterCommand = MutationCommand | PartitionCommand | DetachedCommand | ColumnCommand
 
 
 def format_commands(commands: list[MutationCommand] | tuple[MutationCommand, ...]) -> str:
@@ -384,13 +404,30 @@ def _alter_command(p: Parser) -> AlterCommand:
         return _detached(p, "ATTACH")
     if p.accept_words("DROP", "DETACHED"):
         return _detached(p, "DROP DETACHED")
+    if p.accept_words("ADD", "COLUMN"):
+        guard = p.accept_words("IF", "NOT", "EXISTS")
+        name, definition = parse_column_definition(p)
+        after = p.identifier() if p.accept_words("AFTER") else None
+        return ColumnCommand("ADD", name, definition, after, guard)
+    if p.accept_words("DROP", "COLUMN"):
+        guard = p.accept_words("IF", "EXISTS")
+        return ColumnCommand("DROP", p.identifier(), if_exists=guard)
+    if p.accept_words("COMMENT", "COLUMN"):
+        guard = p.accept_words("IF", "EXISTS")
+        name = p.identifier()
+        if p.tok.kind is not T.STRING:
+            raise p.error("the comment as a string")
+        return ColumnCommand("COMMENT", name, p.string_literal(), None, guard)
+    if p.accept_words("MODIFY", "COLUMN"):
+        guard = p.accept_words("IF", "EXISTS")
+        name, definition = parse_column_definition(p)
+        return ColumnCommand("MODIFY", name, definition, None, guard)
     for kind in ("DROP", "DETACH"):
         if p.at_words(kind, "PARTITION"):
             p.accept_words(kind, "PARTITION")
             return PartitionCommand("DROP" if kind == "DROP" else "DETACH", _partition_spec(p))
-    raise p.error("DELETE WHERE, UPDATE, DROP PARTITION, DETACH PARTITION, ATTACH PART|PARTITION or "
-                  "DROP DETACHED PART|PARTITION")
-
+    raise p.error("DELETE WHERE, UPDATE, DROP PARTITION, DETACH PARTITION, ATTACH PART|PARTITION, "
+                  "DROP DETACHED PART|PARTITION, ADD COLUMN, DROP COLUMN, MODIFY COLUMN or COMMENT COLUMN")
 
 def _system(p: Parser) -> SystemSyncReplica | SystemCommand:
     if p.accept_words("SYNC", "REPLICA"):

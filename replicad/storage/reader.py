@@ -237,6 +237,9 @@ class PartReader:
         if verify:
             self.part.verify()
         part_types = dict(self.part.column_types)
+        #: columns whose type in the part differs from the requested one (a part not yet converted after
+        #: ALTER MODIFY COLUMN): read with the part's type, then CAST, as ClickHouse reads such parts
+        self._cast: dict[str, DataType] = {}
         if columns is None:
             self.columns: dict[str, DataType] = {
                 n: t for n, t in self.part.columns if n not in SYSTEM_COLUMNS}
@@ -245,11 +248,9 @@ class PartReader:
             for name, dtype in self.columns.items():
                 have = part_types.get(name)
                 if have is not None and have != dtype.name and parse_type(have) != dtype:
-                    raise MetadataMismatchError(
-                        f"part {self.part.name}: column {name} is {have} in the part, {dtype.name} expected"
-                    )
-        #: the columns read from disk (requested and present in the part)
-        self.part_columns = {n: t for n, t in self.columns.items() if n in part_types}
+                    self._cast[name] = parse_type(have)
+        #: the columns read from disk (requested and present in the part), with their types in the part
+        self.part_columns = {n: self._cast.get(n, t) for n, t in self.columns.items() if n in part_types}
         # Streams opened: the selected columns', or the part's first column's for the geometry alone.
         opened = dict(self.part_columns)
         #: a lightweight DELETE of current ClickHouse left ``_row_exists`` (0 = deleted): such rows are
@@ -397,7 +398,8 @@ class PartReader:
                               pa.repeat(pa.scalar(dtype.default_value, dtype.arrow_type), n))
                 continue
             try:
-                arrays.append(self._read_column(name, self._serial[name], start, end, n))
+                arr = self._read_column(name, self._serial[name], start, end, n)
+                arrays.append(_cast(arr, name, self._cast[name], dtype) if name in self._cast else arr)
             except CorruptedDataError as e:
                 raise type(e)(f"part {self.part.name}, column {name}, granules {start}..{end}: {e}") from e
         table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
@@ -452,3 +454,17 @@ class PartReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _cast(arr: pa.Array, name: str, stored: DataType, wanted: DataType) -> pa.Array:
+    """``CAST(column, 'wanted')`` of values read with the part's own type (ClickHouse's conversion)."""
+    from replicad.sql.expressions import compile_expression
+    from replicad.sql.expressions_lexer import back_quote_if_needed, quote_string
+
+    expr = compile_expression(f"CAST({back_quote_if_needed(name)}, {quote_string(wanted.name)})")
+    out, _t = expr.evaluate(pa.table({name: arr}), {name: stored}, "UTC")
+    if isinstance(out, pa.ChunkedArray):
+        out = out.combine_chunks()
+    if out.type != wanted.arrow_type or (not wanted.is_nullable and out.null_count):
+        out = wanted.to_storage(out, name, "UTC")
+    return out

@@ -99,11 +99,13 @@ def make_chroot(zookeeper: ZooKeeperServer, name: str) -> str:
 def daemon_config(base: Path, zookeeper: ZooKeeperServer, chroot: str, name: str,
                   tables: Sequence[str] = (), api: Mapping[str, Any] | None = None,
                   settings: Mapping[str, Any] | None = None,
-                  interserver: Mapping[str, Any] | None = None) -> Path:
+                  interserver: Mapping[str, Any] | None = None,
+                  extra: Mapping[str, Any] | None = None) -> Path:
     cfg = replica_config(name, str(base / name / "data"), zookeeper.hosts + chroot, free_port(), free_port(),
                          tables=list(tables), settings=dict(settings or {}))
     cfg["api"] = {**cfg["api"], **dict(api or {})}
     cfg["interserver"] = {**cfg["interserver"], **dict(interserver or {})}
+    cfg.update(dict(extra or {}))  # other top-level keys (clusters, distributed_ddl …)
     path = base / name / "replicad.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -114,8 +116,9 @@ def start_daemon(base: Path, zookeeper: ZooKeeperServer, chroot: str, name: str 
                  tables: Sequence[str] = (), api: Mapping[str, Any] | None = None,
                  settings: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                  wait_table: str | None = None, timeout: float = 60.0,
-                 interserver: Mapping[str, Any] | None = None) -> Daemon:
-    path = daemon_config(base, zookeeper, chroot, name, tables, api, settings, interserver)
+                 interserver: Mapping[str, Any] | None = None,
+                 extra: Mapping[str, Any] | None = None) -> Daemon:
+    path = daemon_config(base, zookeeper, chroot, name, tables, api, settings, interserver, extra)
     d = Daemon(path, cwd=path.parent, log_path=path.parent / "replicad.log", env=dict(env or {}))
     d.start()
     try:

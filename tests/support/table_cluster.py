@@ -90,7 +90,9 @@ def statement(sql: str, **settings: Any) -> Statement:
         cmds = getattr(parsed, "commands", ())
         first = type(cmds[0]).__name__ if cmds else ""
         kinds = {c.kind for c in cmds}
-        if first == "PartitionCommand":
+        if first == "ColumnCommand":
+            kind = StatementKind.ALTER_COLUMNS
+        elif first == "PartitionCommand":
             kind = StatementKind.DETACH_PARTITION if "DETACH" in kinds else StatementKind.DROP_PARTITION
         elif "UPDATE" in kinds:
             kind = StatementKind.ALTER_UPDATE

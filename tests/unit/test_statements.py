@@ -143,7 +143,9 @@ def test_select() -> None:
         "SELECT a FROM t LIMIT x",
         "UPDATE t SET a = 1",
         "CREATE DATABASE x",
-        "ALTER TABLE t ADD COLUMN x UInt8",
+        "ALTER TABLE t ADD COLUMN x UInt8 AFTER",
+        "ALTER TABLE t DROP COLUMN",
+        "ALTER TABLE t MODIFY COLUMN x UInt8 CODEC(ZSTD)",
         "SYSTEM STOP MOVES t",
         "SYSTEM DROP REPLICA r FROM TABLE t",
         "SYSTEM STOP FETCHES t extra",
@@ -257,3 +259,19 @@ def test_attach_and_drop_detached_commands() -> None:
     assert cmd.partition.id == "202401" and cmd.to_text() == "DROP DETACHED PARTITION ID '202401'"
     with pytest.raises(SyntaxError_):
         parse_statement("ALTER TABLE db.t ATTACH PART all_1_1_0")  # the name is a string
+
+
+def test_column_commands() -> None:
+    from replicad.sql.statements import Alter, ColumnCommand
+
+    s = parse_statement("ALTER TABLE db.t ADD COLUMN IF NOT EXISTS `c d` UInt32 DEFAULT x * 2 "
+                        "COMMENT 'it''s' AFTER x, DROP COLUMN IF EXISTS y, MODIFY COLUMN z Nullable(String)")
+    assert isinstance(s, Alter)
+    assert s.commands == (
+        ColumnCommand("ADD", "c d", "`c d` UInt32 DEFAULT x * 2 COMMENT 'it\\'s'", "x", True),
+        ColumnCommand("DROP", "y", if_exists=True),
+        ColumnCommand("MODIFY", "z", "z Nullable(String)"),
+    )
+    assert [c.to_text() for c in s.commands] == [
+        "ADD COLUMN IF NOT EXISTS `c d` UInt32 DEFAULT x * 2 COMMENT 'it\\'s' AFTER x",
+        "DROP COLUMN IF EXISTS y", "MODIFY COLUMN z Nullable(String)"]
