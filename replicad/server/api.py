@@ -38,12 +38,10 @@ from replicad.errors import (
     ReplicadError,
     SyntaxError_,
     TooManyPartsError,
-    UnknownSettingError,
     UnknownTableError,
 )
 from replicad.logging import get_logger
 from replicad.memory import RELEASE_AFTER_BYTES, release_unused_memory
-from replicad.model.staged_job import StageId
 from replicad.server import auth, fault_injection, http_body, staging_api, system_queries, tls
 from replicad.server import status as status_mod
 from replicad.server.formats import parse_body
@@ -51,6 +49,7 @@ from replicad.server.insert_input import input_spec
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from replicad.server.metrics import Metrics
 from replicad.server.output_formats import content_type
+from replicad.server.query_settings import insert_settings, url_settings
 from replicad.server.routing import (
     InsertRoute,
     SelectRoute,
@@ -61,7 +60,6 @@ from replicad.server.routing import (
 from replicad.server.sync_body import ParsePool
 from replicad.service import (
     Catalog,
-    InsertSettings,
     QueryResult,
     Statement,
     StatementKind,
@@ -208,49 +206,6 @@ def _finish_query(request: web.Request, metrics: Metrics, *, failed: bool) -> No
     if kind is not None and not request.get(QUERY_FINISHED):
         request[QUERY_FINISHED] = True
         metrics.events.query_finished(kind, failed)
-
-
-# ---- settings ------------------------------------------------------------------------------------------
-
-
-def url_settings(params: Mapping[str, str]) -> dict[str, int | float | str]:
-    """Query-level settings given in the URL; unknown names → UnknownSettingError (code 115)."""
-    out: dict[str, int | float | str] = {}
-    for name, raw in params.items():
-        if name in settings_table.HTTP_PARAMETERS or name.startswith("param_"):
-            continue
-        d = settings_table.SETTINGS.get(name)
-        if d is None or d.scope is not settings_table.SettingScope.QUERY:
-            raise UnknownSettingError(f"Unknown setting {name}")
-        value, problem = settings_table.coerce(name, raw)
-        if problem or value is None:
-            raise BadInputError(f"Cannot parse setting {name}: {problem}", code=26)
-        out[name] = value
-    return out
-
-
-def insert_settings(config: Config, given: Mapping[str, int | float | str], query_id: str) -> InsertSettings:
-    def get(name: str) -> Any:
-        return given[name] if name in given else config.setting(name)
-
-    token = get("insert_deduplication_token")
-    stage = None
-    if given.get("replicad_stage_run") or given.get("replicad_stage_task"):
-        stage = StageId(str(given.get("replicad_stage_run", "")), str(given.get("replicad_stage_task", "")),
-                        int(given.get("replicad_stage_batch", 0)))
-    return InsertSettings(
-        insert_quorum=int(get("insert_quorum")),
-        insert_quorum_timeout_ms=int(get("insert_quorum_timeout")),
-        insert_deduplicate=bool(int(get("insert_deduplicate"))),
-        insert_deduplication_token=str(token) if token else None,
-        max_insert_block_size=int(get("max_insert_block_size")),
-        max_partitions_per_insert_block=int(get("max_partitions_per_insert_block")),
-        query_id=query_id,
-        stage=stage,
-    )
-
-
-# ---- reading the query ---------------------------------------------------------------------------------
 
 
 async def _read_first_line(content: Any) -> tuple[str, bytes]:
