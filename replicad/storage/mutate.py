@@ -47,9 +47,9 @@ import pyarrow.compute as pc
 from replicad.datatypes import escape_for_file_name
 from replicad.datatypes.composite import filter_rows
 from replicad.errors import BadInputError
-from replicad.model.checksums import Checksums
 from replicad.sql.expressions import Expr, Val, compile_expression, truthy
 from replicad.sql.expressions_ast import Function, Literal
+from replicad.storage.checksums import Checksums
 from replicad.storage.merge import DEFAULT_GRANULES_PER_BATCH, TableKeys, TableSchemaLike
 from replicad.storage.part import (
     CHECKSUMS_FILE,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from replicad.datatypes import DataType, escape_for_file_name, parse_type
 from replicad.errors import CorruptedDataError
-from replicad.model.checksums import Checksum, Checksums
 from replicad.model.cityhash import FileHasher, hash_file
+from replicad.storage.checksums import Checksum, Checksums
 from replicad.storage.compression import (
     BLOCK_OVERHEAD,
     CHECKSUM_SIZE,
