@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint deps apt venv clean unit integration lock
+.PHONY: run test bench lint deps apt venv clean unit integration lock chaos
 
 deps: apt venv
 
@@ -48,6 +48,13 @@ unit: venv
 
 integration: deps
 	$(BIN)/python -m pytest -q tests/integration
+
+# the fault suite (tests/chaos): planted-bug proofs, then RUNS random schedules from SEED; writes RELIABILITY.md
+SEED ?= 1
+RUNS ?= 3
+MIXED ?= 0
+chaos: deps
+	$(BIN)/python -m tests.chaos --seed $(SEED) --runs $(RUNS) --mixed $(MIXED)
 
 run: deps
 	$(BIN)/python -m scripts.run_cluster

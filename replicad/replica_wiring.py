@@ -122,6 +122,7 @@ def build_collaborators(
     puller = LogPuller(keeper, paths, hooks._on_pulled, tz=env.tz,
                        min_unprocessed_insert_time=lambda: queue_state.min_unprocessed_insert_time)
     puller.on_read = fetcher.precheck_sources
+    puller.known = lambda znode: znode in queue_state
     blockers = ActionBlockers()
     executor = QueueExecutor(f"{spec.name}:queue_executing", keeper, paths, queue_state, store, fetcher,
                              max_parallel_fetches=env.max_parallel_fetches)

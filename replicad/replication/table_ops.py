@@ -115,6 +115,7 @@ class TableOperations:
             r.writer_settings,
             settings=ExecutorSettings.from_settings(s),
             on_part_made=self._on_part_made,
+            on_broken_part=r.enqueue_part_check,
         )
         self.drops = DropRanges(
             r.keeper,
