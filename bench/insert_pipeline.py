@@ -27,11 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.part_writer import COLUMNS, make_rows, to_tsv  # noqa: E402
+from replicad.datatypes import parse_type  # noqa: E402
 from replicad.replication.sink import TableSchema, split_block, write_temp_part  # noqa: E402
 from replicad.server.formats import InputSpec, parse_body  # noqa: E402
 from replicad.storage.block import prepare_block  # noqa: E402
 from replicad.storage.layout import TableDataLayout  # noqa: E402
-from replicad.storage.types import parse_type  # noqa: E402
 from replicad.storage.writer import WriterSettings  # noqa: E402
 
 

@@ -49,8 +49,8 @@ def input_bytes(part_dirs: list[Path]) -> int:
 
 def child(sources_file: str, out_dir: str, order_by: str, method: str, gpb: int, threads: int) -> None:
     """Runs in a fresh process: merge the parts listed in ``sources_file``; print JSON stats."""
+    from replicad.datatypes import parse_type
     from replicad.storage.merge import PartSchema, merge_parts
-    from replicad.storage.types import parse_type
     from replicad.storage.writer import WriterSettings
 
     sources = [Path(p) for p in Path(sources_file).read_text().split()]

@@ -67,7 +67,7 @@ def child(ipc_path: str, out_dir: str, method: str, threads: int, fsync: bool, b
     The sort permutation is applied by the writer column by column (``order=``), in slices of
     ``batch_rows`` rows: the sorted table is never materialised.
     """
-    from replicad.storage.types import parse_type
+    from replicad.datatypes import parse_type
     from replicad.storage.writer import PartWriter, WriterSettings, sort_indices
 
     types = [(n, parse_type(t)) for n, t in COLUMNS]

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from replicad.datatypes import escape_for_file_name, unescape_for_file_name
 from replicad.errors import BadInputError, KeeperError, KeeperNoNodeError, ReplicadError, UnknownTableError
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
@@ -29,7 +30,6 @@ from replicad.server.parts_exchange import InterserverExchange
 from replicad.server.tls import client_context
 from replicad.service import Statement, TableName, TableService
 from replicad.sql.ddl import TableDef, parse_create_table
-from replicad.storage.types import escape_for_file_name, unescape_for_file_name
 from replicad.tasks import Supervisor
 
 if TYPE_CHECKING:

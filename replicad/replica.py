@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from replicad import fault_plant, replica_status
+from replicad.datatypes import DataType
 from replicad.errors import (
     BadInputError,
     KeeperError,
@@ -64,7 +65,6 @@ from replicad.service import (
     TableName,
 )
 from replicad.storage.staging_area import StagingArea
-from replicad.storage.types import DataType
 from replicad.table_spec import ReplicaEnv as ReplicaEnv
 from replicad.table_spec import TableSpec as TableSpec
 from replicad.tasks import BackgroundTask, Supervisor

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from replicad.datatypes import DataType
 from replicad.model.staged_job import StagedTask, StageId
-from replicad.storage.types import DataType
 
 if TYPE_CHECKING:
     from replicad.config import Config

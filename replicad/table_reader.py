@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replicad.datatypes import DataType, parse_type
 from replicad.errors import BadInputError, CorruptedDataError, TooManyRowsOrBytesError
 from replicad.replication.part_store import PartStore
 from replicad.service import QueryResult, SelectQuery
 from replicad.sql.expressions import Expr, compile_expression
 from replicad.storage.merge import TableKeys, TableSchemaLike
 from replicad.storage.reader import PartReader
-from replicad.storage.types import DataType, parse_type
 
 #: ORDER BY … LIMIT n re-sorts and keeps the best n rows whenever this many more have been read
 TOP_N_SLACK_ROWS = 65536

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from replicad.datatypes import DataType
 from replicad.replication.exchange import PartsExchange
 from replicad.replication.fetcher import FetchCredentials
 from replicad.service import TableName
-from replicad.storage.types import DataType
 from replicad.storage.writer import WriterSettings
 
 

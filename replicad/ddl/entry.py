@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replicad.datatypes import escape_for_file_name, unescape_for_file_name
 from replicad.errors import ReplicadError
 from replicad.model.text_io import escape
 from replicad.sql.expressions_lexer import unescape
-from replicad.storage.types import escape_for_file_name, unescape_for_file_name
 
 CANNOT_PARSE_INPUT = 27
 UNKNOWN_FORMAT_VERSION = 287

@@ -44,11 +44,11 @@ from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Check, Create, Op
 from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
-from replicad.model.checksums import Checksums
 from replicad.model.log_entry import LogEntry
 from replicad.model.part_info import PartInfo
 from replicad.replication.part_store import PartStore
 from replicad.replication.quorum import QuorumPrecondition, quorum_commit_ops, wait_for_quorum
+from replicad.storage.checksums import Checksums
 
 log = get_logger(__name__)
 

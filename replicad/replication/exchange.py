@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from replicad.model.checksums import Checksums
+from replicad.storage.checksums import Checksums
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from replicad.errors import KeeperNoNodeError
 from replicad.keeper.client import Keeper
 from replicad.keeper.ops import ZnodeStat
 from replicad.keeper.paths import TablePaths
-from replicad.model.checksums import MinimalisticChecksums, PartHeader
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
+from replicad.storage.checksums import MinimalisticChecksums, PartHeader
 
 #: a replica that failed to deliver a part is tried last for this long
 FAILED_SOURCE_PENALTY_S = 60.0

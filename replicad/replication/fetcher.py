@@ -46,13 +46,13 @@ from replicad.keeper.ops import Create, Delete, Op, ZnodeStat
 from replicad.keeper.paths import ReplicaPaths, TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
-from replicad.model.checksums import Checksums, MinimalisticChecksums, PartHeader
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.model.siphash import SipHash
 from replicad.replication.commit import part_commit_ops
 from replicad.replication.fetch_sources import MAX_PRECHECKS, FetchSource, SourceFinder, consume_error
 from replicad.replication.part_store import LocalPart, PartStore
+from replicad.storage.checksums import Checksums, MinimalisticChecksums, PartHeader
 from replicad.storage.layout import TMP_FETCH
 from replicad.storage.part import fsync_part_files
 from replicad.storage.part_sink import PartSink

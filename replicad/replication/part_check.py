@@ -42,7 +42,6 @@ from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Create, Delete, Op
 from replicad.keeper.paths import TablePaths, basename
 from replicad.logging import get_logger
-from replicad.model.checksums import Checksums, MinimalisticChecksums, PartHeader
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.model.queue_state import QueueState
@@ -50,6 +49,7 @@ from replicad.replication.commit import part_commit_ops
 from replicad.replication.executor import remove_parts_from_zookeeper
 from replicad.replication.part_store import LocalPart, PartState, PartStore
 from replicad.replication.quorum import fail_quorum_for_part
+from replicad.storage.checksums import Checksums, MinimalisticChecksums, PartHeader
 from replicad.storage.part import PartDirectory
 from replicad.tasks import BackgroundTask, Outcome
 

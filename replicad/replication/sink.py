@@ -18,16 +18,16 @@ from functools import cached_property
 
 import pyarrow as pa
 
+from replicad.datatypes import DataType
 from replicad.errors import BadInputError
 from replicad.model.block_id import block_id_from_checksums, block_id_from_token, block_token
-from replicad.model.checksums import Checksums
 from replicad.replication.commit import TempPart
 from replicad.sql.expressions import Expr, compile_key
 from replicad.sql.partition import PartitionKey, split_by_partition
 from replicad.sql.table_metadata import ColumnsDescription
 from replicad.storage.block import ColumnDefaults
+from replicad.storage.checksums import Checksums
 from replicad.storage.layout import TMP_INSERT, TableDataLayout
-from replicad.storage.types import DataType
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart, prepare_block, sort_table
 
 _tmp_counter = itertools.count(1)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from replicad.datatypes import DataType
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntryType
@@ -29,7 +30,6 @@ from replicad.replication.restarting import RestartingThread
 from replicad.replication.sink import TableSchema
 from replicad.service import TableName
 from replicad.storage.layout import TableDataLayout
-from replicad.storage.types import DataType
 from replicad.storage.writer import WriterSettings
 
 _FETCHES = frozenset((LogEntryType.GET_PART,))

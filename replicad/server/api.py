@@ -29,6 +29,7 @@ from aiohttp import web
 
 from replicad import settings as settings_table
 from replicad.config import Config
+from replicad.datatypes import parse_type
 from replicad.ddl import service as ddl_service
 from replicad.errors import (
     BadInputError,
@@ -65,7 +66,6 @@ from replicad.service import (
     StatementKind,
     TableName,
 )
-from replicad.storage.types import parse_type
 from replicad.tasks import Supervisor
 
 log = get_logger(__name__)

@@ -31,6 +31,7 @@ import pyarrow.ipc as pa_ipc
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from replicad.datatypes import DataType
 from replicad.errors import BadInputError, ReplicadError
 from replicad.server.input_columns import Converter, InputSpec, select_columns
 from replicad.server.sync_body import BodySource, SyncBody
@@ -39,7 +40,6 @@ from replicad.server.text_values import (
     text_kind,
     tsv_unescape,
 )
-from replicad.storage.types import DataType
 
 __all__ = ["INPUT_FORMATS", "BodySource", "InputSpec", "ParsedBody", "SyncBody", "parse_body", "tsv_unescape"]
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replicad.datatypes import DataType
+from replicad.datatypes.base import BadValue
 from replicad.errors import BadInputError
 from replicad.server.sync_body import DEFAULT_MAX_LINE_BYTES, DEFAULT_RECEIVE_TIMEOUT_S
 from replicad.server.text_values import array_element, check_array_rows, tsv_unescape, zero_dates
-from replicad.storage.types import DataType
-from replicad.storage.types_base import BadValue
 
 INCORRECT_DATA = 117
 NO_SUCH_COLUMN = 16

@@ -45,9 +45,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from replicad.errors import BadPartNameError, CorruptedDataError, UnsupportedPartFormatError
 from replicad.logging import get_logger
-from replicad.model.checksums import Checksums
 from replicad.model.part_info import PartInfo
 from replicad.server.tls import server_context
+from replicad.storage.checksums import Checksums
 from replicad.storage.part_transfer import (
     SEND_MAX_PROTOCOL_VERSION,
     build_part_body,

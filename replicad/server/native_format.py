@@ -32,11 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from replicad.errors import BadInputError, CorruptedDataError, ReplicadError
-from replicad.model.varint import encode_varuint
-from replicad.server.input_columns import Converter, select_columns
-from replicad.service import QueryResult
-from replicad.storage.types import (
+from replicad.datatypes import (
     ArrayType,
     DataType,
     LowCardinalityType,
@@ -44,8 +40,12 @@ from replicad.storage.types import (
     StringType,
     parse_type,
 )
-from replicad.storage.types_base import as_array
-from replicad.storage.types_composite import list_from_counts, list_parts, with_nulls
+from replicad.datatypes.base import as_array
+from replicad.datatypes.composite import list_from_counts, list_parts, with_nulls
+from replicad.errors import BadInputError, CorruptedDataError, ReplicadError
+from replicad.model.varint import encode_varuint
+from replicad.server.input_columns import Converter, select_columns
+from replicad.service import QueryResult
 
 #: rows per output block (ClickHouse's max_block_size)
 OUTPUT_BLOCK_ROWS = 65536

@@ -21,10 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as pa_ipc
 
+from replicad.datatypes import DataType
 from replicad.errors import BadInputError
 from replicad.server import native_format
 from replicad.service import QueryResult
-from replicad.storage.types import DataType
 
 Style = Literal["tsv", "csv", "json", "quoted"]
 OUTPUT_FORMATS: dict[str, str] = {

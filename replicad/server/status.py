@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replicad.logging import get_logger
-from replicad.model.checksums import Checksums
+from replicad.storage.checksums import Checksums
 
 if TYPE_CHECKING:
     from replicad.service import Catalog, TableService

@@ -32,12 +32,12 @@ import pyarrow.compute as pc
 
 from replicad import settings as settings_table
 from replicad.config import Config
+from replicad.datatypes import DataType, parse_type
 from replicad.errors import SyntaxError_, UnknownTableError
 from replicad.server import auth
 from replicad.server.routing import strip_comments
 from replicad.service import Catalog, QueryResult, TableName
 from replicad.sql.expressions import compile_expression
-from replicad.storage.types import DataType, parse_type
 
 #: what ``version()`` answers (see the module docstring)
 SERVER_VERSION = "18.16.1"

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from replicad.datatypes import DataType, parse_type
 from replicad.errors import ReplicadError, SyntaxError_
 from replicad.sql.expressions import Expr, empty_table
 from replicad.sql.expressions_ast import (
@@ -41,7 +42,6 @@ from replicad.sql.table_metadata import (
     NamesAndTypesList,
     TableMetadata,
 )
-from replicad.storage.types import DataType, parse_type
 
 BAD_ARGUMENTS = 36
 UNKNOWN_IDENTIFIER = 47

@@ -17,6 +17,8 @@ from functools import cached_property
 
 import pyarrow as pa
 
+from replicad.datatypes import DataType
+
 # Importing the function modules fills the registry (they register into expressions_core).
 from replicad.sql import expressions_compare as _compare  # noqa: F401
 from replicad.sql import expressions_dates as _dates  # noqa: F401
@@ -30,7 +32,6 @@ from replicad.sql.expressions_ast import (
 )
 from replicad.sql.expressions_core import Context, Val, register, truthy
 from replicad.sql.expressions_types import NDArray
-from replicad.storage.types import DataType
 
 # ---- public API -------------------------------------------------------------------------------------
 

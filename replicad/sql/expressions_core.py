@@ -14,6 +14,7 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
+from replicad.datatypes import DataType
 from replicad.errors import BadInputError, SyntaxError_
 from replicad.sql.expressions_ast import (
     Function,
@@ -33,7 +34,6 @@ from replicad.sql.expressions_types import (
     to_numpy,
     with_nullable,
 )
-from replicad.storage.types import DataType
 
 UNKNOWN_IDENTIFIER = 47
 UNKNOWN_FUNCTION = 46

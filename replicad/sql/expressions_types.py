@@ -13,8 +13,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from replicad.datatypes import DataType, parse_type
 from replicad.sql.expressions_lexer import unquote
-from replicad.storage.types import DataType, parse_type
 
 NDArray = npt.NDArray[Any]
 

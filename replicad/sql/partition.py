@@ -21,11 +21,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replicad.datatypes import DataType
 from replicad.errors import BadInputError
 from replicad.model.siphash import SipHash
 from replicad.sql.expressions import Expr, compile_key
 from replicad.sql.expressions_ast import format_list
-from replicad.storage.types import DataType
 
 _EPOCH = _dt.date(1970, 1, 1)
 

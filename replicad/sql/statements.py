@@ -15,6 +15,7 @@ from typing import Literal as TypingLiteral
 
 import pyarrow as pa
 
+from replicad.datatypes import DataType
 from replicad.errors import ReplicadError, SyntaxError_
 from replicad.model.part_info import is_valid_partition_id
 from replicad.sql.ddl import TableDef, parse_column_definition, parse_create_table_body
@@ -32,7 +33,6 @@ from replicad.sql.expressions_ast import (
 )
 from replicad.sql.expressions_lexer import T, back_quote_if_needed, quote_string
 from replicad.sql.partition import partition_id_at
-from replicad.storage.types import DataType
 
 INVALID_PARTITION_VALUE = 248
 

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from replicad.datatypes import DataType, escape_for_file_name, parse_type
 from replicad.errors import ReplicadError
-from replicad.model.checksums import Checksums
 from replicad.sql.expressions import compile_expression
 from replicad.sql.expressions_lexer import back_quote_if_needed, quote_string
+from replicad.storage.checksums import Checksums
 from replicad.storage.part import PartDirectory, columns_text, nested_table_name
 from replicad.storage.reader import PartReader
-from replicad.storage.types import DataType, escape_for_file_name, parse_type
 from replicad.storage.writer import PartWriter, WriterSettings
 
 _TMP = ".alter.tmp"

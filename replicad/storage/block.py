@@ -20,10 +20,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replicad.datatypes import DataType
 from replicad.errors import BadInputError, ReplicadError
 from replicad.sql.expressions import Expr, compile_expression
 from replicad.sql.expressions_ast import Function, Literal
-from replicad.storage.types import DataType
 
 NO_SUCH_COLUMN_IN_TABLE = 16
 ILLEGAL_COLUMN = 44

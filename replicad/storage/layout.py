@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from replicad.datatypes import escape_for_file_name
 from replicad.errors import BadPartNameError, CorruptedDataError, InsecurePathError, ReplicadError
 from replicad.model.part_info import PartInfo
 from replicad.storage.part import fsync_dir
-from replicad.storage.types import escape_for_file_name
 
 FORMAT_VERSION_FILE = "format_version.txt"
 FORMAT_VERSION = 1  # MERGE_TREE_DATA_MIN_FORMAT_VERSION_WITH_CUSTOM_PARTITIONING

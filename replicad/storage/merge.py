@@ -40,14 +40,14 @@ from typing import Protocol, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replicad.datatypes import DataType
+from replicad.datatypes.composite import take_rows
 from replicad.errors import CorruptedDataError
 from replicad.sql.expressions import Expr, compile_expression, compile_key
 from replicad.sql.expressions_ast import Function, Literal
 from replicad.sql.partition import PartitionKey
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader
-from replicad.storage.types import DataType
-from replicad.storage.types_composite import take_rows
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
 
 #: granules read from each source per batch (4 × 8192 rows; with read-ahead two batches per source)

@@ -44,10 +44,12 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replicad.datatypes import escape_for_file_name
+from replicad.datatypes.composite import filter_rows
 from replicad.errors import BadInputError
-from replicad.model.checksums import Checksums
 from replicad.sql.expressions import Expr, Val, compile_expression, truthy
 from replicad.sql.expressions_ast import Function, Literal
+from replicad.storage.checksums import Checksums
 from replicad.storage.merge import DEFAULT_GRANULES_PER_BATCH, TableKeys, TableSchemaLike
 from replicad.storage.part import (
     CHECKSUMS_FILE,
@@ -59,8 +61,6 @@ from replicad.storage.part import (
     write_file,
 )
 from replicad.storage.reader import PartReader, incompatibilities_with_18_16
-from replicad.storage.types import escape_for_file_name
-from replicad.storage.types_composite import filter_rows
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
 
 CANNOT_UPDATE_COLUMN = 420

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from replicad.datatypes import DataType, escape_for_file_name, parse_type
 from replicad.errors import CorruptedDataError
-from replicad.model.checksums import Checksum, Checksums
 from replicad.model.cityhash import FileHasher, hash_file
+from replicad.storage.checksums import Checksum, Checksums
 from replicad.storage.compression import (
     BLOCK_OVERHEAD,
     CHECKSUM_SIZE,
@@ -28,7 +29,6 @@ from replicad.storage.compression import (
     MAX_BLOCK_SIZE,
     read_block,
 )
-from replicad.storage.types import DataType, escape_for_file_name, parse_type
 
 COLUMNS_FILE = "columns.txt"
 CHECKSUMS_FILE = "checksums.txt"

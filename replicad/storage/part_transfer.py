@@ -41,10 +41,10 @@ from replicad.errors import (
     NotEnoughSpaceError,
     UnsupportedPartFormatError,
 )
-from replicad.model.checksums import Checksums, MinimalisticChecksums
 from replicad.model.cityhash import FileHasher
 from replicad.model.varint import encode_varuint
 from replicad.storage import part_sink
+from replicad.storage.checksums import Checksums, MinimalisticChecksums
 from replicad.storage.part import COMPACT_DATA_FILE, COMPACT_MARKS_FILES
 from replicad.storage.part_sink import PartSink, ReceivedFile, Write
 

@@ -32,6 +32,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from replicad.datatypes import DataType, parse_type
+from replicad.datatypes.composite import filter_rows
 from replicad.errors import CorruptedDataError, MetadataMismatchError, UnsupportedPartFormatError
 from replicad.model.siphash import siphash128
 from replicad.storage.compact import CompactData, CompactMarks, find_marks
@@ -46,8 +48,6 @@ from replicad.storage.serialization import (
     serialization_of,
     sparse_granule_rows,
 )
-from replicad.storage.types import DataType, parse_type
-from replicad.storage.types_composite import filter_rows
 
 _FIXED_WIDTHS = {
     "Int8": 1, "UInt8": 1, "Int16": 2, "UInt16": 2, "Int32": 4, "UInt32": 4, "Int64": 8, "UInt64": 8,

@@ -1,6 +1,6 @@
 """Serialization variants current ClickHouse writes into parts, for reading them.
 
-ClickHouse 18.16 knows one binary serialization per type (see :mod:`replicad.storage.types_base`).
+ClickHouse 18.16 knows one binary serialization per type (see :mod:`replicad.datatypes.base`).
 Current ClickHouse (26.x, FACTS §5.2) records per part, in ``serialization.json``, two variants the
 reader must follow:
 
@@ -33,12 +33,12 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from replicad.datatypes.base import DataType
+from replicad.datatypes.composite import ArrayType, NullableType, _take_stream
+from replicad.datatypes.enums import EnumType
+from replicad.datatypes.lowcard import KEYS_VERSION, LowCardinalityType
+from replicad.datatypes.strings import StringType
 from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
-from replicad.storage.types_base import DataType
-from replicad.storage.types_composite import ArrayType, NullableType, _take_stream
-from replicad.storage.types_enum import EnumType
-from replicad.storage.types_lowcard import KEYS_VERSION, LowCardinalityType
-from replicad.storage.types_string import StringType
 
 SPARSE_SUFFIX = ".sparse.idx"
 STRING_SIZE_SUFFIX = ".size"

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from replicad.datatypes import escape_for_file_name
 from replicad.model.staged_job import RUN_RE, TASK_RE, check_run, check_task
-from replicad.storage.types import escape_for_file_name
 
 STAGING_DIR = "staging"
 CREATED_FILE = "created"

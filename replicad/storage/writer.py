@@ -39,10 +39,11 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replicad.datatypes import DataType
 from replicad.errors import BadInputError
-from replicad.model.checksums import Checksum, Checksums
 from replicad.model.cityhash import file_hash
 from replicad.storage.block import prepare_block, sort_indices, sort_table
+from replicad.storage.checksums import Checksum, Checksums
 from replicad.storage.compression import CompressedStreamWriter
 from replicad.storage.part import (
     CHECKSUMS_FILE,
@@ -58,7 +59,6 @@ from replicad.storage.part import (
     stream_stem,
     write_file,
 )
-from replicad.storage.types import DataType
 
 __all__ = [
     "BulkSerializer",

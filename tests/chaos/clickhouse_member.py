@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support import process
-from tests.support.clickhouse import ClickHouseServer
+from replicad.devtools import process
+from replicad.devtools.clickhouse import ClickHouseServer
 
 
 class ClickHouseMember:

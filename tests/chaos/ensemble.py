@@ -6,7 +6,7 @@
     zk.kill(i) / zk.start_node(i) / zk.leader()
 
 Each node keeps its data directory between restarts.  The jars and Java are found as by
-``tests.support.zookeeper`` (Debian layout, ``$ZOOKEEPER_HOME`` or ``$REPLICAD_ZOOKEEPER_CLASSPATH``).
+``replicad.devtools.zookeeper`` (Debian layout, ``$ZOOKEEPER_HOME`` or ``$REPLICAD_ZOOKEEPER_CLASSPATH``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.support import process
-from tests.support.ports import free_port
-from tests.support.zookeeper import NETTY_FACTORY, find_classpath, find_java, four_letter
+from replicad.devtools import process
+from replicad.devtools.ports import free_port
+from replicad.devtools.zookeeper import NETTY_FACTORY, find_classpath, find_java, four_letter
 
 
 class Node:

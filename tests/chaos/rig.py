@@ -27,12 +27,12 @@ from typing import Any
 
 import yaml
 
-from scripts.run_cluster import Daemon, daemon_env, replica_config
+from replicad.devtools import process
+from replicad.devtools.daemon import Daemon, daemon_env, replica_config
+from replicad.devtools.ports import free_port
 from tests.chaos.clickhouse_member import ClickHouseMember
 from tests.chaos.ensemble import Ensemble
 from tests.chaos.netns import Network
-from tests.support import process
-from tests.support.ports import free_port
 
 DB_TABLE = "db.t"
 TABLE_ZK_PATH = "/clickhouse/tables/01/t"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from replicad.devtools.zookeeper import available
 from tests.chaos import scenarios
 from tests.chaos.ensemble import Ensemble
 from tests.chaos.netns import Network
 from tests.chaos.rig import netns_support
-from tests.support.zookeeper import available
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
 

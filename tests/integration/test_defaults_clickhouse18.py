@@ -30,6 +30,8 @@ import pyarrow as pa
 import pytest
 
 from replicad.catalog import spec_from_ddl
+from replicad.datatypes import parse_type
+from replicad.datatypes.composite import values_under_nulls
 from replicad.devtools.clickhouse import ClickHouseError, ClickHouseServer
 from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.errors import BadInputError
@@ -46,8 +48,6 @@ from replicad.storage.layout import TableDataLayout
 from replicad.storage.merge import PartSchema
 from replicad.storage.mutate import MutationCommand, mutate_part
 from replicad.storage.reader import PartReader
-from replicad.storage.types import parse_type
-from replicad.storage.types_composite import values_under_nulls
 from replicad.storage.writer import WriterSettings
 from tests.support.replicad_daemon import make_chroot, query, start_daemon
 

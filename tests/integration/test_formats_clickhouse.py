@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from replicad.datatypes import DataType, parse_type
 from replicad.devtools.clickhouse import ClickHouseServer
 from replicad.server.formats import InputSpec, parse_body
 from replicad.server.output_formats import render
 from replicad.service import QueryResult
-from replicad.storage.types import DataType, parse_type
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse]
 TZ = "Europe/Moscow"

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import parse_type
 from replicad.errors import UnsupportedPartFormatError
 from replicad.replication.part_store import PartStore
 from replicad.server.status import part_sizes
@@ -30,7 +31,6 @@ from replicad.storage.merge import PartSchema, merge_parts
 from replicad.storage.mutate import mutate_part, rewrite_part
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader, incompatibilities_with_18_16
-from replicad.storage.types import parse_type
 from replicad.storage.writer import PartWriter, WriterSettings
 from replicad.table_reader import TableReader
 from tests.support.part_rows import ALL_TYPES, ddl_columns, make_rows

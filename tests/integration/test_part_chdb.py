@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import parse_type
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader, incompatibilities_with_18_16
-from replicad.storage.types import parse_type
 from replicad.storage.writer import PartWriter, WriterSettings
 from tests.support.part_rows import ALL_TYPES, LOW_CARDINALITY, ddl_columns, make_rows
 
@@ -112,7 +112,7 @@ def test_chdb_attaches_every_type(chs: Any) -> None:
 
 def test_low_cardinality_supported() -> None:
     if not LOW_CARDINALITY:
-        pytest.xfail("LowCardinality(String) is not implemented by replicad.storage.types yet")
+        pytest.xfail("LowCardinality(String) is not implemented by replicad.datatypes yet")
 
 
 def test_chdb_attaches_lz4_and_uncompressed(chs: Any) -> None:

@@ -20,10 +20,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from replicad.datatypes import TypeSyntaxError
 from replicad.sql.ddl import parse_create_table
 from replicad.sql.expressions_lexer import quote_string
 from replicad.sql.partition import split_by_partition
-from replicad.storage.types import TypeSyntaxError
 
 chdb_session = pytest.importorskip("chdb.session")
 
@@ -166,7 +166,7 @@ def test_partition_ids_match_clickhouse(
     try:
         table_def = parse_create_table(ddl)
     except TypeSyntaxError as e:
-        pytest.skip(f"type not supported by replicad.storage.types yet: {e}")
+        pytest.skip(f"type not supported by replicad.datatypes yet: {e}")
     session.query(f"DROP TABLE IF EXISTS p.{name}")
     session.query(ddl + " SETTINGS allow_floating_point_partition_key = 1")
     col_names = [c.name for c in table_def.columns]

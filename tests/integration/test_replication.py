@@ -19,12 +19,12 @@ import pytest_asyncio
 from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
-from replicad.model.checksums import Checksums, MinimalisticChecksums
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.server.interserver import InterserverServer
 from replicad.server.parts_exchange import InterserverExchange
 from replicad.service import InsertSettings, TableName
+from replicad.storage.checksums import Checksums, MinimalisticChecksums
 from tests.support import table_cluster
 from tests.support.table_cluster import METADATA, ZK_PATH, Cluster, events_spec, part_checksums
 

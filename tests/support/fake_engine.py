@@ -17,6 +17,7 @@ import pyarrow as pa
 from aiohttp.test_utils import TestClient, TestServer
 
 from replicad.config import Config, build_config
+from replicad.datatypes import DataType, parse_type
 from replicad.errors import ReplicadError, UnknownTableError
 from replicad.server.api import ApiState, create_app
 from replicad.server.metrics import Metrics
@@ -29,7 +30,6 @@ from replicad.service import (
     Statement,
     TableName,
 )
-from replicad.storage.types import DataType, parse_type
 from replicad.tasks import IDLE, FunctionTask, Outcome, Supervisor
 
 

@@ -49,8 +49,8 @@ ALL_TYPES: list[tuple[str, str]] = [
 
 
 def supported(type_text: str) -> bool:
+    from replicad.datatypes import parse_type
     from replicad.errors import ReplicadError
-    from replicad.storage.types import parse_type
 
     try:
         parse_type(type_text)

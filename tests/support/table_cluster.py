@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from replicad.datatypes import parse_type
 from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.client import Keeper
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
@@ -28,7 +29,6 @@ from replicad.server.interserver import InterserverServer
 from replicad.server.parts_exchange import InterserverExchange
 from replicad.service import Statement, StatementKind, TableName
 from replicad.sql.statements import parse_statement
-from replicad.storage.types import parse_type
 from replicad.storage.writer import WriterSettings
 
 ZK_PATH = "/clickhouse/tables/01/events"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from replicad.datatypes import DataType, parse_type
 from replicad.storage import alter_part
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader
-from replicad.storage.types import DataType, parse_type
 from replicad.storage.writer import PartWriter, WriterSettings
 
 S = WriterSettings(fsync=False, method="lz4", threads=1, index_granularity=4)

@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from replicad.datatypes import DataType, parse_type
+from replicad.datatypes.composite import values_under_nulls
 from replicad.errors import BadInputError
 from replicad.replication.sink import TableSchema, column_defaults
 from replicad.sql.ddl import parse_create_table
@@ -18,8 +20,6 @@ from replicad.sql.expressions import compile_expression
 from replicad.storage.block import prepare_block
 from replicad.storage.merge import PartSchema, TableKeys
 from replicad.storage.mutate import MutationCommand, iter_mutated
-from replicad.storage.types import DataType, parse_type
-from replicad.storage.types_composite import values_under_nulls
 from replicad.storage.writer import WriterSettings
 
 TYPES = ["Decimal(9, 2)", "Decimal(18, 4)", "Decimal(38, 10)", "FixedString(3)", "UUID",

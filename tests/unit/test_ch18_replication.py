@@ -14,11 +14,11 @@ import pytest
 
 from replicad.model.address import ActiveMarker, ReplicaAddress
 from replicad.model.block_id import block_id_from_checksums
-from replicad.model.checksums import Checksums
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.mutation_entry import MutationEntry
 from replicad.model.queue_state import QueueState
 from replicad.model.quorum import QuorumEntry, QuorumLastPart
+from replicad.storage.checksums import Checksums
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ch18_replication.json"
 DATA: dict[str, Any] = json.loads(FIXTURE.read_text())

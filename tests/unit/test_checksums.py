@@ -10,14 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicad.errors import CorruptedDataError
-from replicad.model.checksums import (
+from replicad.model.cityhash import file_hash
+from replicad.storage.checksums import (
     Checksum,
     Checksums,
     MinimalisticChecksums,
     PartHeader,
     plain_checksum,
 )
-from replicad.model.cityhash import file_hash
 from replicad.storage.compression import compress_block, decompress_all, iter_blocks
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -10,9 +10,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import parse_type
 from replicad.sql import expressions_dates as dates
 from replicad.sql.expressions import compile_expression
-from replicad.storage.types import parse_type
 
 EPOCH = dt.date(1970, 1, 1).toordinal()
 

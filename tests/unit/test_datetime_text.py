@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replicad.storage import types_datetime
-from replicad.storage.types import parse_type
-from replicad.storage.types_base import BadValue
+from replicad.datatypes import dates as types_datetime
+from replicad.datatypes import parse_type
+from replicad.datatypes.base import BadValue
 
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "Europe/Moscow"]
 # days with DST changes (or odd offsets) in the zones above, to aim the generated times at the edges

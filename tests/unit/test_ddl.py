@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from replicad.datatypes import TypeSyntaxError, parse_type
 from replicad.errors import MetadataMismatchError, SyntaxError_, ZnodeFormatError
 from replicad.sql.ddl import TableDef, parse_create_table
 from replicad.sql.expressions_ast import Function, Literal, Parser
@@ -26,7 +27,6 @@ from replicad.sql.table_metadata import (
     NamesAndTypesList,
     TableMetadata,
 )
-from replicad.storage.types import TypeSyntaxError, parse_type
 from tests.fixtures.gen_ch18_metadata import CASES
 
 FIXTURE = json.loads((Path(__file__).parent.parent / "fixtures" / "ch18_metadata.json").read_text())
@@ -36,8 +36,8 @@ BY_NAME = {c["name"]: c for c in FIXTURE["cases"]}
 def parse_or_skip(ddl: str) -> TableDef:
     try:
         return parse_create_table(ddl)
-    except TypeSyntaxError as e:  # a type replicad.storage.types does not know (yet)
-        pytest.skip(f"type not supported by replicad.storage.types: {e}")
+    except TypeSyntaxError as e:  # a type replicad.datatypes does not know (yet)
+        pytest.skip(f"type not supported by replicad.datatypes: {e}")
 
 
 @pytest.mark.parametrize("case", FIXTURE["cases"], ids=lambda c: c["name"])
@@ -109,7 +109,7 @@ def test_decimal_partition_id_is_the_18_16_one() -> None:
     try:
         t = parse_type("Decimal(9, 2)")
     except TypeSyntaxError:
-        pytest.skip("Decimal not supported by replicad.storage.types yet")
+        pytest.skip("Decimal not supported by replicad.datatypes yet")
     import decimal
 
     # 18.16 hashes value + scale; 26.9 would give 4383c5774efc5f70094cb87fa534e74c
@@ -197,7 +197,7 @@ def test_nullable_keys_are_refused() -> None:
     try:
         parse_type("Nullable(UInt8)")
     except TypeSyntaxError:
-        pytest.skip("Nullable not supported by replicad.storage.types yet")
+        pytest.skip("Nullable not supported by replicad.datatypes yet")
     with pytest.raises(SyntaxError_, match="nullable"):
         parse_create_table(
             "CREATE TABLE t (a Nullable(UInt8)) ENGINE = MergeTree PARTITION BY a ORDER BY tuple()"

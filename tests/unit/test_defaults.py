@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import parse_type
+from replicad.datatypes.composite import filter_rows, take_rows, values_under_nulls
 from replicad.errors import BadInputError
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
 from replicad.server.insert_input import insert_columns as _insert_columns
@@ -22,8 +24,6 @@ from replicad.sql.ddl import parse_create_table
 from replicad.storage.block import ColumnDefaults, prepare_block, zero_under_nulls
 from replicad.storage.layout import TableDataLayout
 from replicad.storage.reader import PartReader
-from replicad.storage.types import parse_type
-from replicad.storage.types_composite import filter_rows, take_rows, values_under_nulls
 from replicad.storage.writer import WriterSettings
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

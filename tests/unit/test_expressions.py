@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import parse_type
 from replicad.errors import BadInputError, SyntaxError_
 from replicad.sql.expressions import compile_expression, compile_key
 from replicad.sql.expressions_ast import (
@@ -26,7 +27,6 @@ from replicad.sql.expressions_ast import (
     parse_expression,
 )
 from replicad.sql.expressions_lexer import escape, quote_string, tokenize, unescape, unquote
-from replicad.storage.types import parse_type
 
 FIXTURE = json.loads((Path(__file__).parent.parent / "fixtures" / "ch18_metadata.json").read_text())
 
@@ -390,7 +390,7 @@ def test_enum_uuid_decimal_low_cardinality_and_nullable() -> None:
 def test_nulls_propagate_and_where_mask_drops_them() -> None:
     types = {"n": parse_type("Nullable(Int32)")} if _has_nullable() else None
     if types is None:
-        pytest.skip("Nullable not supported by replicad.storage.types yet")
+        pytest.skip("Nullable not supported by replicad.datatypes yet")
     t = pa.table({"n": pa.array([1, None, 3], pa.int32())})
     e = compile_expression("n > 1")
     arr, dtype = e.evaluate(t, types)

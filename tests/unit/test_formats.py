@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import DataType, parse_type
 from replicad.errors import BadInputError, BodyTooLargeError, ReplicadError
 from replicad.server.formats import InputSpec, parse_body
 from replicad.server.output_formats import column_text, render
 from replicad.server.text_values import parse_array_text, tsv_unescape
 from replicad.service import QueryResult
-from replicad.storage.types import DataType, parse_type
 
 T = parse_type
 EVENTS = [("d", T("Date")), ("ts", T("DateTime")), ("user_id", T("UInt64")), ("kind", T("String"))]

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 
 from replicad import settings
+from replicad.datatypes import parse_type
 from replicad.storage.layout import TMP_INSERT, TableDataLayout
 from replicad.storage.part import PartDirectory, fsync_part_files
-from replicad.storage.types import parse_type
 from replicad.storage.writer import PartWriter, WriterSettings
 
 

@@ -19,9 +19,9 @@ import pytest_asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replicad.model.checksums import Checksums
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend, read_request
 from replicad.storage import part_transfer
+from replicad.storage.checksums import Checksums
 from replicad.storage.part_transfer import iter_part_body_sync, receive_part
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ch18_part_basic"

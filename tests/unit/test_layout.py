@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from replicad.datatypes import parse_type
 from replicad.errors import InsecurePathError
 from replicad.storage.layout import (
     TMP_FETCH,
@@ -16,7 +17,6 @@ from replicad.storage.layout import (
     TableDataLayout,
 )
 from replicad.storage.part import PartDirectory
-from replicad.storage.types import parse_type
 from replicad.storage.writer import PartWriter, WriterSettings
 
 

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import DataType, parse_type
 from replicad.errors import CorruptedDataError
 from replicad.storage.merge import PartSchema, TableKeys, ahead, merge_parts
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader
-from replicad.storage.types import DataType, parse_type
 from replicad.storage.writer import WriterSettings, sort_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,7 +209,7 @@ _CHILD = textwrap.dedent("""
     from pathlib import Path
     import pyarrow as pa
     from replicad.storage.merge import PartSchema, merge_parts
-    from replicad.storage.types import DataType, parse_type
+    from replicad.datatypes import DataType, parse_type
     from replicad.storage.writer import WriterSettings
 
     def status(field):

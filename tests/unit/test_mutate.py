@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import parse_type
 from replicad.errors import BadInputError
 from replicad.storage.merge import PartSchema, TableKeys
 from replicad.storage.mutate import MutationCommand, iter_mutated, mutate_part
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader
-from replicad.storage.types import parse_type
 from replicad.storage.writer import WriterSettings
 
 U32 = parse_type("UInt32")

@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicad.config import Config
+from replicad.datatypes import parse_type
 from replicad.errors import BadInputError
 from replicad.server import http_body, native_format, system_queries
 from replicad.server.output_formats import render_text
 from replicad.service import QueryResult
-from replicad.storage.types import parse_type
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "fixtures" / "ch18_native.json").read_text())["cases"]
 

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import parse_type
+from replicad.datatypes.strings import decode_strings, encode_strings
 from replicad.errors import CorruptedDataError
 from replicad.model.varint import encode_varuint
 from replicad.native import _strings
-from replicad.storage.types import parse_type
-from replicad.storage.types_string import decode_strings, encode_strings
 
 
 def reference_decode(buf: bytes, n: int) -> tuple[list[bytes], int] | None:

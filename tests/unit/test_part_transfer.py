@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replicad.errors import CorruptedDataError, InsecurePathError, NotEnoughSpaceError
-from replicad.model.checksums import Checksum, Checksums, plain_checksum
 from replicad.model.cityhash import file_hash
 from replicad.storage import part_transfer
+from replicad.storage.checksums import Checksum, Checksums, plain_checksum
 from replicad.storage.part_transfer import (
     EMPTY_TTL_INFOS,
     SMALL_PART_BYTES,

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 
 from replicad.errors import CorruptedDataError
-from replicad.model.checksums import Checksums, plain_checksum
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
 from replicad.storage import part_sink
+from replicad.storage.checksums import Checksums, plain_checksum
 from replicad.storage.part_transfer import iter_part_body, iter_part_body_sync, receive_part
 
 REPLICA = "/clickhouse/tables/t/replicas/r1"

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import parse_type as T
 from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
 from replicad.model.varint import encode_varuint
 from replicad.storage.compact import parse_columns_substreams
@@ -23,7 +24,6 @@ from replicad.storage.serialization import (
     serialization_of,
     sparse_positions,
 )
-from replicad.storage.types import parse_type as T
 
 
 def sparse_offsets(granules: list[list[bool]]) -> bytes:

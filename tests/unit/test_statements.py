@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from replicad.datatypes import parse_type
 from replicad.errors import SyntaxError_
 from replicad.model.text_io import escape
 from replicad.sql.expressions_lexer import unescape
@@ -28,7 +29,6 @@ from replicad.sql.statements import (
     parse_mutation_commands,
     parse_statement,
 )
-from replicad.storage.types import parse_type
 
 FIXTURE = json.loads((Path(__file__).parent.parent / "fixtures" / "ch18_metadata.json").read_text())
 MUTATIONS = [(c["name"], m) for c in FIXTURE["cases"] for m in c["mutations"]]

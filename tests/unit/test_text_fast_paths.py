@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import numeric as types_numeric
+from replicad.datatypes import parse_type
+from replicad.datatypes.base import BadValue
 from replicad.errors import BadInputError
 from replicad.server.formats import InputSpec, parse_body
 from replicad.server.text_values import zero_dates
-from replicad.storage import types_numeric
-from replicad.storage.types import parse_type
-from replicad.storage.types_base import BadValue
 
 
 def outcome(type_name: str, arr: pa.Array) -> Any:

@@ -14,11 +14,11 @@ import aiohttp
 import pytest
 
 from replicad.config import build_config
-from replicad.model.checksums import Checksums
 from replicad.server.api import ApiServer, ApiState
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
 from replicad.server.metrics import Metrics
 from replicad.server.tls import client_context
+from replicad.storage.checksums import Checksums
 from tests.support.tls import self_signed
 
 PART_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "ch18_part_basic" / "202611_1_1_0"

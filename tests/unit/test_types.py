@@ -15,18 +15,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replicad.errors import BadInputError, CorruptedDataError
-from replicad.model.siphash import SipHash
-from replicad.model.varint import encode_varuint
-from replicad.storage.compression import decompress_all
-from replicad.storage.types import (
+from replicad.datatypes import (
     DataType,
     TypeSyntaxError,
     escape_for_file_name,
     parse_type,
     unescape_for_file_name,
 )
-from replicad.storage.types_string import decode_strings
+from replicad.datatypes.strings import decode_strings
+from replicad.errors import BadInputError, CorruptedDataError
+from replicad.model.siphash import SipHash
+from replicad.model.varint import encode_varuint
+from replicad.storage.compression import decompress_all
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ch18_part_basic" / "202611_1_1_0"
 

@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from replicad.datatypes import DataType, parse_type
 from replicad.model.varint import encode_varuint
-from replicad.storage.types import DataType, parse_type
 
 chdb = pytest.importorskip("chdb")
 

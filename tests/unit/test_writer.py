@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replicad.datatypes import DataType, parse_type
 from replicad.errors import BadInputError, CorruptedDataError, UnsupportedPartFormatError
-from replicad.model.checksums import Checksums
 from replicad.model.cityhash import file_hash
+from replicad.storage.checksums import Checksums
 from replicad.storage.compression import compress_block, iter_blocks
 from replicad.storage.part import PartDirectory, back_quote, columns_text, parse_columns_text
 from replicad.storage.reader import PartReader, fixed_width, incompatibilities_with_18_16
-from replicad.storage.types import DataType, parse_type
 from replicad.storage.writer import PartWriter, WriterSettings, prepare_block, sort_indices, sort_table
 from tests.support.part_rows import ALL_TYPES, make_rows
 

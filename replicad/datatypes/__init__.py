@@ -22,8 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from replicad.errors import SyntaxError_
-from replicad.storage.types_base import (
+from replicad.datatypes.base import (
     FIELD_ARRAY,
     FIELD_DECIMAL32,
     FIELD_DECIMAL64,
@@ -37,14 +36,15 @@ from replicad.storage.types_base import (
     FIELD_UINT128,
     DataType,
 )
-from replicad.storage.types_composite import ArrayType, NullableType
-from replicad.storage.types_datetime import DateTimeType, DateType
-from replicad.storage.types_decimal import DecimalType
-from replicad.storage.types_enum import EnumType
-from replicad.storage.types_lowcard import LowCardinalityType
-from replicad.storage.types_numeric import FLOAT_TYPES, INT_TYPES, FloatType, IntType
-from replicad.storage.types_string import FixedStringType, StringType
-from replicad.storage.types_uuid import UUIDType
+from replicad.datatypes.composite import ArrayType, NullableType
+from replicad.datatypes.dates import DateTimeType, DateType
+from replicad.datatypes.decimals import DecimalType
+from replicad.datatypes.enums import EnumType
+from replicad.datatypes.lowcard import LowCardinalityType
+from replicad.datatypes.numeric import FLOAT_TYPES, INT_TYPES, FloatType, IntType
+from replicad.datatypes.strings import FixedStringType, StringType
+from replicad.datatypes.uuids import UUIDType
+from replicad.errors import SyntaxError_
 
 __all__ = [
     "FIELD_ARRAY",

@@ -26,10 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replicad.datatypes.base import FIELD_STRING, DataType, as_array
+from replicad.datatypes.composite import with_nulls
+from replicad.datatypes.strings import StringType, decode_strings, encode_strings
 from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
-from replicad.storage.types_base import FIELD_STRING, DataType, as_array
-from replicad.storage.types_composite import with_nulls
-from replicad.storage.types_string import StringType, decode_strings, encode_strings
 
 NEED_GLOBAL_DICTIONARY = 1 << 8
 HAS_ADDITIONAL_KEYS = 1 << 9

@@ -16,7 +16,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicad.storage.types_base import (
+from replicad.datatypes.base import (
     FIELD_UINT64,
     BadValue,
     DataType,
@@ -24,7 +24,7 @@ from replicad.storage.types_base import (
     first_true,
     is_stringlike,
 )
-from replicad.storage.types_numeric import FixedWidthType, convert_integers, strip_text
+from replicad.datatypes.numeric import FixedWidthType, convert_integers, strip_text
 
 I64 = npt.NDArray[np.int64]
 

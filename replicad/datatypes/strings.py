@@ -14,14 +14,14 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicad.errors import CorruptedDataError
-from replicad.native import _strings
-from replicad.storage.types_base import (
+from replicad.datatypes.base import (
     FIELD_STRING,
     DataType,
     first_true,
     is_stringlike,
 )
+from replicad.errors import CorruptedDataError
+from replicad.native import _strings
 
 # ---- String ----------------------------------------------------------------------------------------
 

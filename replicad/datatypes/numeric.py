@@ -10,8 +10,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicad.errors import CorruptedDataError
-from replicad.storage.types_base import (
+from replicad.datatypes.base import (
     FIELD_FLOAT64,
     FIELD_INT64,
     FIELD_UINT64,
@@ -20,6 +19,7 @@ from replicad.storage.types_base import (
     first_true,
     is_stringlike,
 )
+from replicad.errors import CorruptedDataError
 
 
 class FixedWidthType(DataType):

@@ -13,9 +13,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replicad.datatypes.base import FIELD_UINT128, DataType, is_stringlike
+from replicad.datatypes.strings import binary_parts
 from replicad.errors import CorruptedDataError
-from replicad.storage.types_base import FIELD_UINT128, DataType, is_stringlike
-from replicad.storage.types_string import binary_parts
 
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _NIBBLE = np.full(256, 255, dtype=np.uint8)

@@ -17,15 +17,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicad.errors import CorruptedDataError
-from replicad.model.varint import encode_varuint
-from replicad.storage.types_base import (
+from replicad.datatypes.base import (
     FIELD_ARRAY,
     FIELD_NULL,
     BadValue,
     DataType,
     as_array,
 )
+from replicad.errors import CorruptedDataError
+from replicad.model.varint import encode_varuint
 
 
 def _append(out: dict[str, bytes], suffix: str, data: bytes) -> None:

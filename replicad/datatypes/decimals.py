@@ -12,8 +12,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicad.errors import CorruptedDataError
-from replicad.storage.types_base import (
+from replicad.datatypes.base import (
     FIELD_DECIMAL32,
     FIELD_DECIMAL64,
     FIELD_DECIMAL128,
@@ -22,7 +21,8 @@ from replicad.storage.types_base import (
     first_true,
     is_stringlike,
 )
-from replicad.storage.types_numeric import strip_text
+from replicad.datatypes.numeric import strip_text
+from replicad.errors import CorruptedDataError
 
 
 class DecimalType(DataType):

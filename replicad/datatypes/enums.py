@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicad.storage.types_base import FIELD_INT64, first_true, is_stringlike
-from replicad.storage.types_numeric import FixedWidthType, convert_integers
+from replicad.datatypes.base import FIELD_INT64, first_true, is_stringlike
+from replicad.datatypes.numeric import FixedWidthType, convert_integers
 
 
 def quote_enum_name(s: str) -> str:
