@@ -47,7 +47,11 @@ from replicad.replication.leader import LeaderElection
 from replicad.replication.log_puller import LogPuller, QueueUpdatingTask, load_queue
 from replicad.replication.part_check import PartCheckThread, check_parts_at_startup
 from replicad.replication.part_store import PartStore
-from replicad.replication.quorum import check_quorum_precondition, update_quorum_if_we_have_part
+from replicad.replication.quorum import (
+    check_quorum_precondition,
+    remove_failed_quorum_parts,
+    update_quorum_if_we_have_part,
+)
 from replicad.replication.restarting import CONNECTION_ERRORS, RestartingThread
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
 from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
@@ -319,6 +323,7 @@ class TableReplica:
             )
             self._parts_checked = True
         await self._load_queue()
+        await remove_failed_quorum_parts(keeper, paths, self.store)
         await update_quorum_if_we_have_part(
             self.keeper,
             self.paths,
