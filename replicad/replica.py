@@ -48,6 +48,7 @@ from replicad.replication.part_check import check_parts_at_startup
 from replicad.replication.quorum import (
     QuorumPrecondition,
     check_quorum_precondition,
+    remove_failed_quorum_parts,
     update_quorum_if_we_have_part,
 )
 from replicad.replication.restarting import CONNECTION_ERRORS
@@ -222,6 +223,7 @@ class TableReplica:
             )
             self._parts_checked = True
         await self._load_queue()
+        await remove_failed_quorum_parts(keeper, paths, self.store)
         await update_quorum_if_we_have_part(
             self.keeper,
             self.paths,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from replicad.errors import KeeperError, KeeperNoNodeError, KeeperNotEmptyError
+from replicad.errors import KeeperError, KeeperNoNodeError, KeeperNotEmptyError, ZnodeFormatError
 from replicad.keeper.block_lock import BlockNumberAllocator, valid_partitions
 from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Create, Set
@@ -33,8 +33,10 @@ from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.model.queue_state import QueueState, Selected
+from replicad.model.quorum import QuorumEntry
 from replicad.replication.executor import EntryNotReadyError, remove_parts_from_zookeeper
 from replicad.replication.part_store import PartState, PartStore
+from replicad.replication.quorum import fail_quorum_for_part
 
 log = get_logger(__name__)
 
@@ -155,6 +157,26 @@ class DropRanges:
 
     # ------------------------------------------------------------------------------------------ executing
 
+    async def _fail_quorums_inside(self, drop: PartInfo) -> None:
+        """A quorum insert waiting for a part of the dropped range can never be satisfied (every replica
+        drops its GET_PART): mark it failed, or ``quorum/status`` would refuse every later quorum insert of
+        the table ("Another quorum insert has been already started").  Found by the chaos suite (seed 8)."""
+        try:
+            candidates = []
+            raw = await self.keeper.get_many([self.paths.quorum_status])
+            if raw[0] is not None:
+                candidates.append(QuorumEntry.parse(raw[0][0]).part_name)
+            try:
+                candidates += await self.keeper.get_children(f"{self.paths.quorum}/parallel")
+            except KeeperNoNodeError:
+                pass
+            for name in candidates:
+                info = PartInfo.try_parse(name)
+                if info is not None and inside_range(drop, info):
+                    await fail_quorum_for_part(self.keeper, self.paths, name)
+        except (KeeperError, ZnodeFormatError) as e:  # the drop itself is done either way
+            log.warning("quorum_of_dropped_part_not_failed", range=drop.name, error=str(e))
+
     async def execute(self, selected: Selected) -> None:
         """executeDropRange (registered for DROP_RANGE and DROP_PART)."""
         entry, qe = selected.entry, selected.queue_entry
@@ -185,6 +207,7 @@ class DropRanges:
                 p.remove_time = 0.0  # clear_without_timeout: the cleanup deletes it on its next run
         names = [p.name for p in victims]
         await remove_parts_from_zookeeper(self.keeper, self.paths, names)
+        await self._fail_quorums_inside(drop)
         self.dropped_parts_total += len(names) - len(detached)
         self.detached_parts_total += len(detached)
         log.info(

@@ -26,6 +26,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from replicad.errors import (
     KeeperBadVersionError,
@@ -43,6 +44,9 @@ from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry
 from replicad.model.part_info import PartInfo
 from replicad.model.quorum import QuorumEntry, QuorumLastPart
+
+if TYPE_CHECKING:
+    from replicad.replication.part_store import PartStore
 
 log = get_logger(__name__)
 
@@ -259,3 +263,29 @@ async def try_mark_quorum_failed(
     if await find_active_holder(entry.new_part_name):
         return False  # it came alive meanwhile: fetch it
     return await _fail_quorum(keeper, paths, entry.new_part_name, entry.block_id, guard)
+
+
+async def remove_failed_quorum_parts(keeper: Keeper, paths: TablePaths, store: PartStore) -> list[str]:
+    """At every (re)start: a local part whose quorum was marked failed (``quorum/failed_parts``: nobody else
+    will ever fetch it, and its insert was answered with an error, so it may have been retried) is not data:
+    its ``parts/`` node is removed and it moves to ``detached/noquorum_<name>``, as modern ClickHouse's
+    removeFailedQuorumParts.  Kept, the replica that wrote it (typically paused past its session while the
+    others gave up on the quorum) would serve rows nobody else has.  Returns the parts moved."""
+    try:
+        failed = await keeper.get_children(paths.quorum_failed_parts)
+    except KeeperNoNodeError:
+        return []
+    moved = []
+    for name in sorted(failed):
+        part = store.get(name)
+        if part is None:
+            continue
+        for path in (paths.me.part_checksums(name), paths.me.part_columns(name), paths.me.part(name)):
+            try:
+                await keeper.delete(path)
+            except KeeperNoNodeError:
+                pass
+        await store.detach(name, "noquorum")
+        log.warning("failed_quorum_part_detached", part=name)
+        moved.append(name)
+    return moved

@@ -133,6 +133,9 @@ class DiskFull(Nemesis):
     def inject(self, rig: Rig, rng: random.Random) -> str:
         victim = rng.choice([n for n in rig.replicad_names if rig.running(n)])
         filler = rig.base / victim / "data" / "chaos-filler.bin"
+        self.filler = filler
+        if filler.parent not in rig.mounts:  # never fill a real disk
+            return f"{victim}'s data is not on a tmpfs: disk_full skipped"
         written = 0
         with open(filler, "wb") as f:
             chunk = b"\0" * (1 << 20)
@@ -143,7 +146,6 @@ class DiskFull(Nemesis):
                     written += len(chunk)
             except OSError:
                 pass
-        self.filler = filler
         return f"filled {victim}'s data disk ({written >> 20} MiB)"
 
     def heal(self, rig: Rig) -> None:

@@ -150,14 +150,10 @@ class Rig:
 
     def start(self, names: Sequence[str] | None = None, timeout: float = 90.0) -> None:
         todo = [n for n in (names or self.names) if not self.daemons[n].running]
-
-        def one(name: str) -> None:
-            d = self.daemons[name]
-            d.start()
-            d.wait_ready(DB_TABLE, timeout=timeout)
-
+        for name in todo:  # spawned from this (main) thread: the kernel kills them if the suite dies
+            self.daemons[name].start()
         with ThreadPoolExecutor(max(1, len(todo))) as pool:
-            list(pool.map(one, todo))
+            list(pool.map(lambda n: self.daemons[n].wait_ready(DB_TABLE, timeout=timeout), todo))
 
     def kill(self, name: str) -> None:
         self.resume(name)

@@ -15,7 +15,7 @@ from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.quorum import QuorumEntry, QuorumLastPart
 from replicad.replica import TableReplica
-from replicad.replication.quorum import parallel_status_path, update_quorum
+from replicad.replication.quorum import fail_quorum_for_part, parallel_status_path, update_quorum
 from replicad.service import InsertSettings
 from tests.support.table_cluster import ZK_PATH, Cluster, rows, wait_for
 
@@ -139,3 +139,45 @@ async def test_parallel_quorum_nodes_are_updated(keeper: Keeper) -> None:
     assert (await keeper.get(PATHS.quorum_last_part))[0] == b""  # parallel quorums leave last_part alone
     # a part nobody tracks: nothing to do
     assert await update_quorum(keeper, r3, "all_2_2_0") is False
+
+
+async def test_dropping_the_partition_of_a_pending_quorum_part_fails_that_quorum(
+    cluster: Cluster, keeper: Keeper
+) -> None:
+    """Found by the chaos suite (seed 8): a quorum insert still waiting when its partition was dropped
+    kept ``quorum/status`` forever (every replica drops the GET_PART), so every later quorum insert of the
+    table was refused.  The drop must mark that quorum failed."""
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    freeze(r2)
+    with pytest.raises(UnknownInsertStatusError, match="Timeout while waiting for quorum"):
+        await r1.insert_table(rows([1, 2]), InsertSettings(insert_quorum=2, insert_quorum_timeout_ms=1000))
+    assert await keeper.exists(STATUS) is not None
+    await cluster.execute("r1", "ALTER TABLE db.events DROP PARTITION 202611")
+    await wait_for(lambda: _gone(keeper, STATUS), timeout=15, what="the dropped part's quorum to be settled")
+    assert await keeper.exists(f"{PATHS.quorum_failed_parts}/202611_0_0_0") is not None
+    freeze(r2, False)
+    summary = await r1.insert_table(rows([3]), InsertSettings(insert_quorum=2))
+    assert summary.written_parts == 1
+
+
+async def test_a_part_whose_quorum_failed_is_detached_when_its_replica_restarts(
+    cluster: Cluster, keeper: Keeper
+) -> None:
+    """Found by the chaos suite (seed 19): the inserting replica was paused past its session, the others
+    found no active holder and marked the quorum failed, the client retried elsewhere; the paused replica came
+    back still serving the failed part (duplicate rows, replicas diverged).  Like modern ClickHouse it moves
+    such a part to detached/noquorum_<part> when it (re)starts."""
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    freeze(r2)
+    with pytest.raises(UnknownInsertStatusError, match="Timeout while waiting for quorum"):
+        await r1.insert_table(rows([1, 2]), InsertSettings(insert_quorum=2, insert_quorum_timeout_ms=1000))
+    await cluster.stop("r1")
+    assert await fail_quorum_for_part(keeper, PATHS, "202611_0_0_0")  # what r2 does finding no active holder
+    freeze(r2, False)
+    r1 = await cluster.start("r1")
+    assert r1.store.get("202611_0_0_0") is None
+    assert [p.name for p in r1.layout.detached_path.iterdir()] == ["noquorum_202611_0_0_0"]
+    assert await keeper.exists(PATHS.replica("r1").part("202611_0_0_0")) is None
+    assert await r1.count(None) == 0

@@ -41,7 +41,8 @@ def test_the_tasks_are_one_table_in_start_order(tmp_path: Path) -> None:
     replica = make_replica(tmp_path)
     assert list(replica.tasks) == [
         "queue_updating", "queue_executing", "cleanup", "part_check", "restarting",
-        "leader_election", "merge_selecting", "mutations_updating", "mutations_finalizing", "staging", "alter",
+        "leader_election", "merge_selecting", "mutations_updating", "mutations_finalizing", "staging",
+        "alter",
     ]
     assert replica.tasks["queue_executing"] is replica.executor
     assert all(task.name.startswith("db.t:") for task in replica.tasks.values())
