@@ -155,6 +155,72 @@ class ApiConfig(_Section):
         return v
 
 
+class DiskConfig(_Section):
+    """One disk of ``storage.disks`` (ClickHouse's storage_configuration); only ``type: s3`` for now."""
+
+    type: Literal["s3"]
+    endpoint: str
+    access_key_id: str = Field(min_length=1)
+    secret_access_key: str = Field(min_length=1)
+    region: str = "us-east-1"
+    max_attempts: int = Field(default=5, ge=1, le=100)  # retries of each S3 request (botocore standard mode)
+    multipart_threshold: int = Field(default=32 * 1024 * 1024, ge=5 * 1024 * 1024)
+    multipart_chunksize: int = Field(default=16 * 1024 * 1024, ge=5 * 1024 * 1024)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _check_endpoint(cls, v: str) -> str:
+        from replicad.s3.endpoint import S3Endpoint  # the endpoint grammar, without importing boto3
+
+        S3Endpoint.parse(v)
+        return v
+
+
+class VolumeConfig(_Section):
+    disk: str = Field(min_length=1)
+
+
+class PolicyConfig(_Section):
+    volumes: dict[str, VolumeConfig]
+
+    @field_validator("volumes")
+    @classmethod
+    def _one_volume(cls, v: dict[str, VolumeConfig]) -> dict[str, VolumeConfig]:
+        if len(v) != 1:
+            raise ValueError("exactly one volume per policy is supported (moves between volumes are not)")
+        return v
+
+    @property
+    def disk(self) -> str:
+        return next(iter(self.volumes.values())).disk
+
+
+class StorageConfig(_Section):
+    disks: dict[str, DiskConfig] = Field(default_factory=dict)
+    policies: dict[str, PolicyConfig] = Field(default_factory=dict)
+
+    @field_validator("policies")
+    @classmethod
+    def _no_default(cls, v: dict[str, PolicyConfig]) -> dict[str, PolicyConfig]:
+        if "default" in v:
+            raise ValueError("policy 'default' is the local data_path and cannot be redefined")
+        return v
+
+    def problems(self) -> list[str]:
+        """Cross-references: every policy's disk is defined."""
+        out: list[str] = []
+        for name, policy in sorted(self.policies.items()):
+            for vol, volume in sorted(policy.volumes.items()):
+                if volume.disk not in self.disks:
+                    out.append(f"storage.policies.{name}.volumes.{vol}.disk: no disk {volume.disk!r} in "
+                               "storage.disks")
+        return out
+
+    def policy_disks(self) -> dict[str, str]:
+        """policy name -> disk name."""
+        return {name: p.disk for name, p in self.policies.items()}
+
+
 class Config(_Section):
     replica: str = Field(min_length=1)
     data_path: Path = Path("/var/lib/replicad")
@@ -164,6 +230,7 @@ class Config(_Section):
     zookeeper: ZooKeeperConfig = Field(default_factory=ZooKeeperConfig)
     interserver: InterserverConfig = Field(default_factory=InterserverConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     settings: dict[str, int | float | str] = Field(default_factory=dict)
     tables: list[str] = Field(default_factory=list)
 
@@ -301,6 +368,8 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str], source: str = 
     data_path = data.get("data_path") or Config.model_fields["data_path"].default
     if isinstance(data_path, (str, Path)):
         problems.extend(_check_data_path(Path(data_path)))
+    if cfg is not None:
+        problems.extend(cfg.storage.problems())
     if problems:
         raise ConfigError(problems, source)
     assert cfg is not None

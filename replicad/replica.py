@@ -52,6 +52,7 @@ from replicad.replication.restarting import CONNECTION_ERRORS, RestartingThread
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
 from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
 from replicad.replication.table_ops import TableOperations
+from replicad.replication.zero_copy import remote_parts_for
 from replicad.server.interserver import Endpoint, PartToSend
 from replicad.service import (
     ExecuteResult,
@@ -110,6 +111,10 @@ class TableReplica:
         fsync_fetched = int(s.get("min_compressed_bytes_to_fsync_after_fetch", 0)) if env.fsync else 0
         self.layout = TableDataLayout(env.data_path, spec.name.database, spec.name.table, fsync_dirs)
         self.store = PartStore(self.layout, float(s.get("old_parts_lifetime", 480)))
+        self.store.remote = remote_parts_for(
+            s, database=spec.name.database, table=spec.name.table, table_zk_path=spec.zk_path,
+            replica=spec.replica_name, disks=env.disks, policies=env.storage_policies, keeper=keeper,
+        )
         self.schema = TableSchema(spec.columns, spec.partition_by, spec.order_by, spec.primary_key, env.tz,
                                   defaults=column_defaults(spec.columns_text))
         #: SELECT / count / full reads of the active parts

@@ -566,6 +566,7 @@ class PartFetcher:
                     continue
                 probes += [Create(path, b""), Delete(path)]
             ops = probes + part_commit_ops(self.paths, part_name, columns_text, checksums, columns_version)
+            ops += self.store.commit_ops(part_name)  # the zero-copy lock, in the same multi
             try:
                 await self.keeper.multi(ops)
                 return
