@@ -1,0 +1,135 @@
+"""S3 disks and zero-copy replication on a real ZooKeeper and a real S3-compatible server (moto, loopback).
+
+What is asserted is what exists: objects in the bucket, ClickHouse-format metadata files on disk, lock
+leaves in ZooKeeper, rows read back."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replicad.keeper.client import Keeper
+from replicad.model.remote_metadata import RemoteMetadata
+from replicad.replica import TableReplica
+from replicad.replication.zero_copy import RemoteParts
+from tests.support.s3_server import S3Server
+from tests.support.table_cluster import ZK_PATH, Cluster, rows, sorted_rows, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+ZERO_COPY: dict[str, Any] = {"storage_policy": "s3", "allow_remote_fs_zero_copy_replication": 1}
+PREFIX = "data/"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server.start(tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket(s3: S3Server, request: pytest.FixtureRequest) -> str:
+    name = "b" + request.node.name.lower().replace("_", "-")[-40:].strip("-")
+    s3.client(name, PREFIX)
+    return name
+
+
+async def start(cluster: Cluster, s3: S3Server, bucket: str, name: str,
+                settings: dict[str, Any] | None = None) -> TableReplica:
+    disk = s3.disk(cluster.tmp_path / name, bucket, PREFIX)
+    return await cluster.start(name, {**ZERO_COPY, **(settings or {})}, disks={"s3main": disk},
+                               storage_policies={"s3": "s3main"})
+
+
+def remote(replica: TableReplica) -> RemoteParts:
+    assert replica.store.remote is not None
+    return replica.store.remote
+
+
+def bucket_keys(s3: S3Server, bucket: str) -> set[str]:
+    return {o.key for o in s3.client(bucket, PREFIX).list_sync(PREFIX)}
+
+
+def referenced_keys(replica: TableReplica) -> set[str]:
+    rp = remote(replica)
+    out: set[str] = set()
+    for name in rp.instances:
+        out |= {rp.disk.full_key(k) for k in rp.disk.read_metadata_sync(rp.metadata_dir(name)).keys()}
+    return out
+
+
+async def lock_leaves(keeper: Keeper, replica: TableReplica) -> set[str]:
+    locks = remote(replica).locks
+    assert locks is not None
+    return {leaf.relative_path() for leaf in await locks.leaves()}
+
+
+async def test_insert_writes_objects_metadata_and_lock(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    r1 = await start(cluster, s3, bucket, "r1")
+    await r1.insert_table(rows(range(100)))
+    [part] = r1.store.active_names()
+    rp = remote(r1)
+    meta_dir = rp.metadata_dir(part)
+    local = sorted(p.name for p in r1.layout.part_path(part).iterdir())
+    assert sorted(p.name for p in meta_dir.iterdir()) == local  # one metadata file per file of the part
+    keys = set()
+    for name in local:
+        text = (meta_dir / name).read_bytes()
+        assert text.startswith(b"3\n1\t")  # ClickHouse's current version, one object
+        meta = RemoteMetadata.parse(text, PREFIX)
+        assert meta.objects[0].size == (r1.layout.part_path(part) / name).stat().st_size
+        keys.add(PREFIX + meta.objects[0].key)
+    assert bucket_keys(s3, bucket) == keys
+    # the object bytes are the file bytes
+    uid = rp.instances[part].unique_id
+    assert s3.client(bucket, PREFIX).get_bytes_sync(uid) == (r1.layout.part_path(part) / "checksums.txt").read_bytes()
+    shared_id = (await keeper.get(f"{ZK_PATH}/table_shared_id"))[0].decode()
+    leaf = f"/clickhouse/zero_copy/zero_copy_s3/{shared_id}/{part}/{uid.replace('/', '_')}/r1"
+    assert await keeper.exists(leaf) is not None
+    assert await keeper.exists(f"{ZK_PATH}/zero_copy_s3/shared") is not None
+
+
+async def test_part_is_read_back_from_the_bucket(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    r1 = await start(cluster, s3, bucket, "r1")
+    await r1.insert_table(rows(range(50)))
+    await r1.insert_table(rows(range(50, 80)))
+    expected = await sorted_rows(r1)
+    names = r1.store.active_names()
+    await cluster.stop("r1")
+    for name in names:  # the local copies are gone: only the metadata and the bucket remain
+        shutil.rmtree(cluster.tmp_path / "r1" / "data" / "db" / "events" / name)
+    r1 = await start(cluster, s3, bucket, "r1")
+    assert r1.store.active_names() == names
+    assert await sorted_rows(r1) == expected
+    assert len(expected) == 80
+
+
+async def test_removal_unlocks_and_the_last_holder_deletes(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    fast = {"old_parts_lifetime": 0, "cleanup_delay_period": 1, "cleanup_delay_period_random_add": 0}
+    r1 = await start(cluster, s3, bucket, "r1", fast)
+    await r1.insert_table(rows([1, 2]))
+    await r1.insert_table(rows([3]))
+    await wait_for(lambda: r1.puller.log_pointer == 2 and not len(r1.queue_state), what="the log pulled")
+    before = bucket_keys(s3, bucket)
+    await cluster.execute("r1", "OPTIMIZE TABLE db.events FINAL")
+    await wait_for(lambda: r1.store.active_names() == ["202611_0_1_1"], what="the merge")
+    await wait_for(lambda: sorted(remote(r1).instances) == ["202611_0_1_1"], timeout=30,
+                   what="the sources released")
+    after = bucket_keys(s3, bucket)
+    assert not (before & after), "objects of removed parts stay in the bucket"
+    assert after == referenced_keys(r1)
+    assert {leaf.split("/")[0] for leaf in await lock_leaves(keeper, r1)} == {"202611_0_1_1"}
+    assert sorted(r["id"] for r in await sorted_rows(r1)) == [1, 2, 3]
