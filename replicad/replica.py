@@ -277,7 +277,9 @@ class TableReplica:
             log.warning("replica_started_readonly", table=str(self.spec.name), error=str(e))
         self.env.interserver.register(
             self.paths.me.root,
-            Endpoint(lookup=self._part_for_send, on_broken_part=self.enqueue_part_check),
+            Endpoint(lookup=self._part_for_send, on_broken_part=self.enqueue_part_check,
+                     zero_copy=self.store.remote.serialized_metadata
+                     if self.store.remote is not None and self.store.remote.zero_copy else None),
         )
         self.executor.on_parts_changed = self._on_parts_changed
         self.ops.install()

@@ -50,6 +50,7 @@ from replicad.model.checksums import Checksums, MinimalisticChecksums, PartHeade
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.model.siphash import SipHash
+from replicad.replication import zero_copy_fetch
 from replicad.replication.commit import part_commit_ops
 from replicad.replication.fetch_sources import MAX_PRECHECKS, FetchSource, SourceFinder, consume_error
 from replicad.replication.part_store import LocalPart, PartStore
@@ -174,6 +175,7 @@ class PartFetcher:
         #: whether early downloads may start (the replica wires it to "the queue executor is not paused")
         self.early_allowed: Callable[[], bool] = lambda: True
         self.fetches_total = 0
+        self.zero_copy_fetches = 0  # fetches that moved metadata only (S3 zero-copy)
         self.early_fetches_taken = 0
 
     async def close(self) -> None:
@@ -446,6 +448,8 @@ class PartFetcher:
         part_name: str,
         tmp_dir: Path,
         expected: MinimalisticChecksums | None,
+        *,
+        full: bool = False,
     ) -> ReceivedPart:
         params = {
             "endpoint": f"DataPartsExchange:{source_replica_path}",
@@ -453,8 +457,13 @@ class PartFetcher:
             "client_protocol_version": str(RECEIVE_MAX_PROTOCOL_VERSION),
             "compress": "false",
         }
+        remote = self.store.remote
+        zero_copy = remote is not None and remote.zero_copy and not full
+        if zero_copy:  # replicas sharing the bucket exchange metadata only
+            params[zero_copy_fetch.COOKIE] = remote.disk.disk_type if remote is not None else ""
         url = f"{address.base_url}/"
-        sink = PartSink(tmp_dir, self.fsync)  # the directory is made while the request travels
+        # the directory is made while the request travels (a zero-copy answer fills it from the bucket)
+        sink = None if zero_copy else PartSink(tmp_dir, self.fsync)
         try:
             async with self._http().post(url, params=params, headers=self.credentials.headers(),
                                          ssl=self.credentials.ssl) as resp:
@@ -468,10 +477,23 @@ class PartFetcher:
                     raise FetchError(f"Fetching part {part_name} failed: HTTP {resp.status}: {text.strip()}")
                 cookie = resp.cookies.get("server_protocol_version")
                 version = int(cookie.value) if cookie is not None and cookie.value.isdigit() else 0
-                received = await receive_part(resp.content, tmp_dir, version, expected, sink=sink,
-                                              max_part_bytes=self.max_part_bytes)
+                if remote is not None and zero_copy and resp.cookies.get(zero_copy_fetch.COOKIE) is not None:
+                    body = await resp.content.read(zero_copy_fetch.MAX_BODY + 1)
+                    if len(body) > zero_copy_fetch.MAX_BODY or not resp.content.at_eof():
+                        raise zero_copy_fetch.ZeroCopyFallback(f"zero-copy answer for {part_name} too large")
+                    received = await zero_copy_fetch.receive(remote, part_name, body, version, tmp_dir)
+                    self.zero_copy_fetches += 1
+                else:
+                    sink = sink or PartSink(tmp_dir, self.fsync)
+                    received = await receive_part(resp.content, tmp_dir, version, expected, sink=sink,
+                                                  max_part_bytes=self.max_part_bytes)
         except BaseException as e:
-            await asyncio.shield(sink.discard())
+            if sink is not None:
+                await asyncio.shield(sink.discard())
+            if isinstance(e, zero_copy_fetch.ZeroCopyFallback):
+                log.warning("zero_copy_fetch_failed_fetching_data", part=part_name, error=str(e))
+                return await self._download(address, source_replica_path, part_name, tmp_dir, expected,
+                                            full=True)
             if isinstance(e, aiohttp.ClientError):
                 raise FetchError(
                     f"Fetching part {part_name} from {address.host}:{address.replication_port}: {e}"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,7 +90,8 @@ async def test_insert_writes_objects_metadata_and_lock(
     assert bucket_keys(s3, bucket) == keys
     # the object bytes are the file bytes
     uid = rp.instances[part].unique_id
-    assert s3.client(bucket, PREFIX).get_bytes_sync(uid) == (r1.layout.part_path(part) / "checksums.txt").read_bytes()
+    local_checksums = (r1.layout.part_path(part) / "checksums.txt").read_bytes()
+    assert s3.client(bucket, PREFIX).get_bytes_sync(uid) == local_checksums
     shared_id = (await keeper.get(f"{ZK_PATH}/table_shared_id"))[0].decode()
     leaf = f"/clickhouse/zero_copy/zero_copy_s3/{shared_id}/{part}/{uid.replace('/', '_')}/r1"
     assert await keeper.exists(leaf) is not None
@@ -133,3 +133,43 @@ async def test_removal_unlocks_and_the_last_holder_deletes(
     assert after == referenced_keys(r1)
     assert {leaf.split("/")[0] for leaf in await lock_leaves(keeper, r1)} == {"202611_0_1_1"}
     assert sorted(r["id"] for r in await sorted_rows(r1)) == [1, 2, 3]
+
+
+async def test_fetch_between_replicas_sharing_the_bucket_moves_metadata_only(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    r1 = await start(cluster, s3, bucket, "r1")
+    r2 = await start(cluster, s3, bucket, "r2")
+    await r1.insert_table(rows(range(1000)))
+    [part] = r1.store.active_names()
+    await wait_for(lambda: r2.store.active_names() == [part], what="r2 fetched the part")
+    assert r2.fetcher.zero_copy_fetches == 1
+    assert cluster.servers["r1"].zero_copy_sends == 1
+    uid = remote(r1).instances[part].unique_id
+    assert remote(r2).instances[part].unique_id == uid  # the same instance: no second copy
+    assert bucket_keys(s3, bucket) == referenced_keys(r1) == referenced_keys(r2)
+    id_node = uid.replace("/", "_")
+    assert await lock_leaves(keeper, r1) == {f"{part}/{id_node}/r1", f"{part}/{id_node}/r2"}
+    # r2's leaf is persistent now (the fetch's ephemeral one was swapped in the commit multi)
+    stat = await keeper.exists(remote(r2).locks.leaf_path(part, uid))  # type: ignore[union-attr]
+    assert stat is not None and stat.ephemeral_owner == 0
+    assert await sorted_rows(r2) == await sorted_rows(r1)
+    # r2's metadata files are the same texts (ClickHouse's format, ref count 0)
+    for f in remote(r1).metadata_dir(part).iterdir():
+        assert (remote(r2).metadata_dir(part) / f.name).read_bytes() == f.read_bytes()
+
+
+async def test_without_zero_copy_each_replica_keeps_its_own_objects(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    own = {"allow_remote_fs_zero_copy_replication": 0}
+    r1 = await start(cluster, s3, bucket, "r1", own)
+    r2 = await start(cluster, s3, bucket, "r2", own)
+    await r1.insert_table(rows(range(10)))
+    [part] = r1.store.active_names()
+    await wait_for(lambda: r2.store.active_names() == [part], what="r2 fetched the part")
+    assert r2.fetcher.zero_copy_fetches == 0
+    k1, k2 = referenced_keys(r1), referenced_keys(r2)
+    assert k1 and k2 and not (k1 & k2)
+    assert bucket_keys(s3, bucket) == k1 | k2
+    assert await keeper.exists("/clickhouse/zero_copy") is None
