@@ -5,6 +5,7 @@ leaves in ZooKeeper, rows read back."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Iterator
 from typing import Any
@@ -126,10 +127,11 @@ async def test_removal_unlocks_and_the_last_holder_deletes(
     before = bucket_keys(s3, bucket)
     await cluster.execute("r1", "OPTIMIZE TABLE db.events FINAL")
     await wait_for(lambda: r1.store.active_names() == ["202611_0_1_1"], what="the merge")
-    await wait_for(lambda: sorted(remote(r1).instances) == ["202611_0_1_1"], timeout=30,
-                   what="the sources released")
+    # (the instance is forgotten first, its objects deleted after its lock is gone: wait for both)
+    await wait_for(lambda: sorted(remote(r1).instances) == ["202611_0_1_1"]
+                   and not (before & bucket_keys(s3, bucket)), timeout=30,
+                   what="the sources released and their objects deleted")
     after = bucket_keys(s3, bucket)
-    assert not (before & after), "objects of removed parts stay in the bucket"
     assert after == referenced_keys(r1)
     assert {leaf.split("/")[0] for leaf in await lock_leaves(keeper, r1)} == {"202611_0_1_1"}
     assert sorted(r["id"] for r in await sorted_rows(r1)) == [1, 2, 3]
@@ -173,3 +175,84 @@ async def test_without_zero_copy_each_replica_keeps_its_own_objects(
     assert k1 and k2 and not (k1 & k2)
     assert bucket_keys(s3, bucket) == k1 | k2
     assert await keeper.exists("/clickhouse/zero_copy") is None
+
+
+async def test_race_source_deletes_before_the_receiver_locks(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    """Seed 003's first race: the source sent the metadata, then let the part go (last holder: objects
+    deleted) before the receiver locked.  The receiver's lock needs the id node, which is gone: it falls back
+    to a full fetch and keeps its own instance; nothing it references is missing, nothing is orphaned."""
+    r1 = await start(cluster, s3, bucket, "r1")
+    await r1.insert_table(rows(range(200)))
+    [part] = r1.store.active_names()
+    r2 = await start(cluster, s3, bucket, "r2")
+    r2_locks = remote(r2).locks
+    assert r2_locks is not None
+    real_lock = r2_locks.lock_temporary
+    released: list[bool] = []
+
+    async def source_lets_go_first(part_name: str, unique_id: str) -> bool:
+        released.append(await remote(r1).release(part_name))  # r1's removal of its last lock
+        return await real_lock(part_name, unique_id)
+
+    r2_locks.lock_temporary = source_lets_go_first  # type: ignore[method-assign]
+    await wait_for(lambda: r2.store.active_names() == [part], what="r2 has the part")
+    assert released == [True]  # r1 was the last holder: it deleted the objects
+    assert r2.fetcher.zero_copy_fetches == 0  # the zero-copy attempt was refused, the data was fetched
+    keys = bucket_keys(s3, bucket)
+    assert keys == referenced_keys(r2)  # nothing r2 uses is missing, no orphan of r1's instance
+    uid2 = remote(r2).instances[part].unique_id
+    assert await lock_leaves(keeper, r2) == {f"{part}/{uid2.replace('/', '_')}/r2"}
+    assert len(await sorted_rows(r2)) == 200
+
+
+async def test_race_source_lets_go_after_the_receiver_locked(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    """The other order: the receiver's ephemeral lock is in place when the source lets go, so the source is
+    not the last holder and keeps the objects; the receiver completes the zero-copy fetch."""
+    r1 = await start(cluster, s3, bucket, "r1")
+    await r1.insert_table(rows(range(200)))
+    [part] = r1.store.active_names()
+    keys_before = bucket_keys(s3, bucket)
+    r2 = await start(cluster, s3, bucket, "r2")
+    disk2 = remote(r2).disk
+    real_materialize = disk2.materialize_sync
+    released: list[bool] = []
+
+    def source_lets_go_now(meta_dir: Any, dest: Any) -> int:  # runs in a worker thread
+        released.append(asyncio.run_coroutine_threadsafe(remote(r1).release(part), loop).result(30))
+        return real_materialize(meta_dir, dest)
+
+    loop = asyncio.get_running_loop()
+    disk2.materialize_sync = source_lets_go_now  # type: ignore[method-assign]
+    await wait_for(lambda: r2.store.active_names() == [part], what="r2 has the part")
+    assert released == [False]  # r2's ephemeral leaf held the instance
+    assert r2.fetcher.zero_copy_fetches == 1
+    assert bucket_keys(s3, bucket) == keys_before == referenced_keys(r2)
+    uid = remote(r2).instances[part].unique_id
+    assert await lock_leaves(keeper, r2) == {f"{part}/{uid.replace('/', '_')}/r2"}
+    assert len(await sorted_rows(r2)) == 200
+
+
+async def test_race_replica_removed_while_holding_locks(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    """A replica that goes away for good leaves lock leaves behind; releasing them (ZeroCopyLocks.
+    release_replica, the lost-replica path) must not delete objects another replica holds, and once the last
+    live holder lets go, the objects go too: nothing lost, nothing orphaned."""
+    r1 = await start(cluster, s3, bucket, "r1")
+    r2 = await start(cluster, s3, bucket, "r2")
+    await r1.insert_table(rows(range(30)))
+    [part] = r1.store.active_names()
+    await wait_for(lambda: r2.store.active_names() == [part], what="r2 fetched the part")
+    await cluster.kill("r2")
+    locks = remote(r1).locks
+    assert locks is not None
+    released = await locks.release_replica("r2")
+    assert [(p, last) for p, _i, last in released] == [(part, False)]  # r1 still holds it: objects stay
+    assert bucket_keys(s3, bucket) == referenced_keys(r1)
+    assert await remote(r1).release(part)  # r1 is now the last holder: it deletes
+    assert bucket_keys(s3, bucket) == set()
+    assert await locks.leaves() == []
