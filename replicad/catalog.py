@@ -28,6 +28,7 @@ from replicad.server.interserver import InterserverServer
 from replicad.server.tls import client_context
 from replicad.service import Statement, TableName, TableService
 from replicad.sql.ddl import TableDef, parse_create_table
+from replicad.storage.disk_s3 import build_disks
 from replicad.storage.types import escape_for_file_name, unescape_for_file_name
 from replicad.tasks import Supervisor
 
@@ -312,6 +313,8 @@ class ReplicationEngine:
             credentials=FetchCredentials(ic.user, ic.password, peer_ssl),
             activation_timeout_s=zk.session_timeout_s + 5.0,
             max_fetch_part_bytes=ic.max_fetch_part_bytes,
+            disks=build_disks(config.storage, config.data_path),
+            storage_policies=config.storage.policy_disks(),
         )
         self._catalog = ReplicaCatalog(
             config.data_path,

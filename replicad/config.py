@@ -438,6 +438,9 @@ def _check_tables(data: Mapping[str, Any]) -> list[str]:
     macros = data.get("macros") or {}
     defined = set(macros) if isinstance(macros, Mapping) else set()
     problems = []
+    storage = data.get("storage") or {}
+    raw_policies = storage.get("policies") if isinstance(storage, Mapping) else None
+    policies = set(raw_policies) if isinstance(raw_policies, Mapping) else set()
     parse = _ddl_parser()
     for i, ddl in enumerate(tables):
         if not isinstance(ddl, str):
@@ -456,6 +459,9 @@ def _check_tables(data: Mapping[str, Any]) -> list[str]:
             if getattr(table, "zk_path", "") is None:
                 problems.append(f"tables[{i}]: engine {getattr(table, 'engine', '?')} is not replicated: "
                                 "replicad serves ReplicatedMergeTree tables only")
+            policy = str((getattr(table, "settings", None) or {}).get("storage_policy", "default")).strip("'")
+            if policy != "default" and policy not in policies:
+                problems.append(f"tables[{i}]: storage_policy {policy!r} is not in storage.policies")
     return problems
 
 
@@ -575,7 +581,7 @@ def _check_data_path(path: Path) -> list[str]:
     return []
 
 
-RESTART_REQUIRED = ("replica", "data_path", "timezone", "macros", "zookeeper", "interserver")
+RESTART_REQUIRED = ("replica", "data_path", "timezone", "macros", "zookeeper", "interserver", "storage")
 
 
 def restart_required(old: Config, new: Config) -> list[str]:

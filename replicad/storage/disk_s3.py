@@ -20,11 +20,15 @@ import shutil
 import string
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from replicad.errors import CorruptedDataError
 from replicad.model.remote_metadata import RemoteMetadata, StoredObject
 from replicad.s3 import S3Client
 from replicad.storage.part import CHECKSUMS_FILE, fsync_dir, write_file
+
+if TYPE_CHECKING:
+    from replicad.config import StorageConfig
 
 DISK_TYPE = "s3"
 STEM_LEN = 29  # "abc/" + 25 letters
@@ -181,3 +185,22 @@ class S3Disk:
         """Delete the objects a part's metadata lists (the caller decided it may); returns the count."""
         keys = [self.full_key(k) for k in self.read_metadata_sync(metadata_dir).keys()]
         return self.client.delete_sync(keys) if keys else 0
+
+
+def build_disks(storage: StorageConfig, data_path: Path) -> dict[str, S3Disk]:
+    """The config's ``storage.disks`` as disks (clients are created, nothing is contacted yet)."""
+    from replicad.s3 import S3Endpoint
+
+    out: dict[str, S3Disk] = {}
+    for name, d in sorted(storage.disks.items()):
+        client = S3Client(
+            S3Endpoint.parse(d.endpoint),
+            d.access_key_id,
+            d.secret_access_key,
+            region=d.region,
+            max_attempts=d.max_attempts,
+            multipart_threshold=d.multipart_threshold,
+            multipart_chunksize=d.multipart_chunksize,
+        )
+        out[name] = S3Disk(name, client, data_path / "disks" / name)
+    return out
