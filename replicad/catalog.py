@@ -162,6 +162,8 @@ class ReplicaCatalog:
                     return
                 raise UnknownTableError(f"Table {statement.table} doesn't exist.")
             await table.stop()
+            if table.store.remote is not None:  # before the table's ZooKeeper nodes (table_shared_id) go
+                await table.store.remote.release_all()
             await self._drop_zookeeper(table.paths)
             del self._tables[statement.table]
             await asyncio.to_thread(self._remove_local, statement.table, table)

@@ -213,6 +213,8 @@ class PartStore:
         if part is None:
             return None
         self.version += 1
+        if self.remote is not None:  # detached/ keeps the local copy: the shared instance is let go
+            await self.remote.release(name)
         return await asyncio.to_thread(self.layout.detach, name, prefix)
 
     def make_outdated(self, name: str) -> None:

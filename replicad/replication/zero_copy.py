@@ -161,6 +161,40 @@ class RemoteParts:
         await asyncio.to_thread(shutil.rmtree, meta, True)
         return may_delete
 
+    async def release_all(self) -> int:
+        """DROP TABLE: let go of every part (the last holder of an instance deletes it); returns the number
+        of objects deleted."""
+        before = self.objects_deleted
+        for name in sorted(self.instances):
+            await self.release(name)
+        if self.locks is not None:
+            await self.locks.remove_base_if_empty()
+        await asyncio.to_thread(shutil.rmtree, self.metadata_root, True)
+        return self.objects_deleted - before
+
+    async def release_replica(self, replica: str) -> int:
+        """SYSTEM DROP REPLICA: remove the dropped replica's lock leaves; an instance it held alone (this call
+        removed its id node) is deleted by the instance stem its keys share.  Returns the objects deleted."""
+        if self.locks is None:
+            return 0
+        deleted = 0
+        for part, id_node, last in await self.locks.release_replica(replica):
+            if not last:
+                continue
+            unique_id = next((i.unique_id for i in self.instances.values()
+                              if i.unique_id.replace("/", "_") == id_node), None)
+            if unique_id is not None:
+                continue  # impossible while we hold a leaf on it; never delete what we use
+            stem = self.disk.stem_of_id_node(id_node)
+            if stem is None:
+                log.warning("zero_copy_orphan_left", part=part, id=id_node, reason="unknown key shape")
+                continue
+            keys = [o.key for o in await self.disk.client.list(self.disk.full_key(stem))]
+            deleted += await self.disk.client.delete(keys)
+            log.info("zero_copy_released_dropped_replica", replica=replica, part=part, objects=len(keys))
+        self.objects_deleted += deleted
+        return deleted
+
     # ------------------------------------------------------------------------------------------ fetch
 
     def fetched_metadata(self, part: str, unique_id: str, temporary_held: bool) -> None:

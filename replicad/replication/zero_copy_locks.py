@@ -221,6 +221,15 @@ class ZeroCopyLocks:
         except (KeeperNotEmptyError, KeeperNoNodeError):
             pass
 
+    async def remove_base_if_empty(self) -> None:
+        """The table's lock tree goes with its last replica (other replicas' leaves keep it)."""
+        if not self.table_shared_id:
+            return
+        try:
+            await self.keeper.delete(self.base)
+        except (KeeperNotEmptyError, KeeperNoNodeError):
+            pass
+
     # ------------------------------------------------------------------------------------------ scanning
 
     async def leaves(self) -> list[LockLeaf]:

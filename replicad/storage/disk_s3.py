@@ -88,6 +88,16 @@ class S3Disk:
     def relative_key(self, full: str) -> str | None:
         return full[len(self.prefix):] if full.startswith(self.prefix) else None
 
+    def stem_of_id_node(self, id_node: str) -> str | None:
+        """The instance stem of a zero-copy lock id node ('/' -> '_' of a full key) written by this disk."""
+        mangled = self.prefix.replace("/", "_")
+        if not id_node.startswith(mangled):
+            return None
+        rest = id_node[len(mangled):]
+        if len(rest) != STEM_LEN + INDEX_LEN or rest[3] != "_":
+            return None
+        return stem_of(rest[:3] + "/" + rest[4:])
+
     def table_metadata_path(self, database: str, table: str) -> Path:
         return self.metadata_path / "store" / database / table
 

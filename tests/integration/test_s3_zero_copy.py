@@ -16,8 +16,10 @@ from replicad.keeper.client import Keeper
 from replicad.model.remote_metadata import RemoteMetadata
 from replicad.replica import TableReplica
 from replicad.replication.zero_copy import RemoteParts
+from replicad.service import Statement, StatementKind
+from replicad.sql.statements import parse_statement
 from tests.support.s3_server import S3Server
-from tests.support.table_cluster import ZK_PATH, Cluster, rows, sorted_rows, wait_for
+from tests.support.table_cluster import TABLE, ZK_PATH, Cluster, rows, sorted_rows, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -256,3 +258,55 @@ async def test_race_replica_removed_while_holding_locks(
     assert await remote(r1).release(part)  # r1 is now the last holder: it deletes
     assert bucket_keys(s3, bucket) == set()
     assert await locks.leaves() == []
+
+
+def drop_replica_statement(name: str) -> Statement:
+    sql = f"SYSTEM DROP REPLICA '{name}' FROM TABLE db.events"
+    return Statement(StatementKind.DROP_REPLICA, TABLE, sql, parsed=parse_statement(sql))
+
+
+async def test_drop_replica_releases_its_locks_and_the_last_holder_deletes(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    """SYSTEM DROP REPLICA of a dead replica that shared a part: its leaves go, the objects stay for r1; when
+    r1 lets go of the table (DROP TABLE's release), the bucket and the lock tree are empty."""
+    r1 = await start(cluster, s3, bucket, "r1")
+    r2 = await start(cluster, s3, bucket, "r2")
+    await r1.insert_table(rows(range(30)))
+    [part] = r1.store.active_names()
+    await wait_for(lambda: r2.store.active_names() == [part], what="r2 fetched the part")
+    await cluster.kill("r2")
+    await wait_for(lambda: _is_none(keeper.exists(f"{ZK_PATH}/replicas/r2/is_active")), what="r2 inactive")
+    await r1.execute(drop_replica_statement("r2"))
+    uid = remote(r1).instances[part].unique_id
+    assert await lock_leaves(keeper, r1) == {f"{part}/{uid.replace('/', '_')}/r1"}
+    assert bucket_keys(s3, bucket) == referenced_keys(r1)
+    assert len(await sorted_rows(r1)) == 30
+    locks = remote(r1).locks
+    assert locks is not None
+    await cluster.stop("r1")
+    locks.keeper = keeper  # as DROP TABLE does it: table stopped, the daemon's session still open
+    assert await remote(r1).release_all() > 0
+    assert bucket_keys(s3, bucket) == set()
+    assert await keeper.exists(locks.base) is None
+
+
+async def test_drop_replica_that_held_an_instance_alone_deletes_it(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    """Seed 003's last race: a replica removed while holding locks.  r2 alone held its part's instance; once
+    it is dropped nobody can lock that instance again, so its objects go (no orphan)."""
+    r2 = await start(cluster, s3, bucket, "r2")
+    await r2.insert_table(rows(range(30)))
+    assert bucket_keys(s3, bucket)
+    await cluster.kill("r2")
+    r1 = await start(cluster, s3, bucket, "r1")
+    await wait_for(lambda: _is_none(keeper.exists(f"{ZK_PATH}/replicas/r2/is_active")), what="r2 inactive")
+    await r1.execute(drop_replica_statement("r2"))
+    assert await lock_leaves(keeper, r1) == set()
+    assert bucket_keys(s3, bucket) == set()
+    assert remote(r1).objects_deleted > 0
+
+
+async def _is_none(aw: Any) -> bool:
+    return (await aw) is None
