@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from replicad.keeper.client import Keeper
 from replicad.model.remote_metadata import RemoteMetadata
 from replicad.replica import TableReplica
+from replicad.replication import merge_executor
 from replicad.replication.zero_copy import RemoteParts
 from replicad.service import Statement, StatementKind
 from replicad.sql.statements import parse_statement
@@ -310,3 +313,63 @@ async def test_drop_replica_that_held_an_instance_alone_deletes_it(
 
 async def _is_none(aw: Any) -> bool:
     return (await aw) is None
+
+
+async def test_race_merging_node_dies_mid_merge(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 003's second race.  r1 takes the merge's exclusive lock and dies mid-merge: r2 waits while the
+    lock is held (it does not merge a second copy), then makes the part itself once the lock is gone; r1,
+    back, fetches the result (metadata only).  After cleanup the bucket holds exactly the merged instance."""
+    fast = {"old_parts_lifetime": 0, "cleanup_delay_period": 1, "cleanup_delay_period_random_add": 0}
+    r1 = await start(cluster, s3, bucket, "r1", fast)
+    r2 = await start(cluster, s3, bucket, "r2", fast)
+    await r1.insert_table(rows([1, 2]))
+    await r1.insert_table(rows([3]))
+    await wait_for(lambda: len(r2.store.active_names()) == 2, what="r2 has both parts")
+    merged = "202611_0_1_1"
+    gate = threading.Event()
+    real_merge = merge_executor.merge_parts
+
+    def merge_blocking_on_r1(sources: Any, tmp_dir: Path, *a: Any) -> Any:
+        if "/r1/" in str(tmp_dir):
+            gate.wait(30)  # r1 "dies" while this merge runs
+        return real_merge(sources, tmp_dir, *a)
+
+    monkeypatch.setattr(merge_executor, "merge_parts", merge_blocking_on_r1)
+    locks = remote(r1).locks
+    assert locks is not None
+    exclusive = f"{locks.part_path(merged)}/part_exclusive_lock"
+    r2_locks = remote(r2).locks
+    assert r2_locks is not None
+    real_try = r2_locks.try_exclusive
+
+    async def r1_goes_first(part: str) -> str | None:
+        r2_locks.try_exclusive = real_try  # type: ignore[method-assign]
+        await wait_for(lambda: keeper.exists(exclusive), what="r1 holds the exclusive lock")
+        return await real_try(part)
+
+    r2_locks.try_exclusive = r1_goes_first  # type: ignore[method-assign]
+    await wait_for(lambda: r1.puller.log_pointer == 2 and not len(r1.queue_state), what="r1 idle")
+    optimize = asyncio.create_task(cluster.execute("r1", "OPTIMIZE TABLE db.events FINAL"))  # it waits
+    await wait_for(lambda: keeper.exists(exclusive), what="r1 holds the exclusive lock")
+    assert (await keeper.get(exclusive))[0] == b"r1"
+    await wait_for(lambda: cluster.ops["r2"].producer.zero_copy_postponed_total > 0, what="r2 waits")
+    assert merged not in r2.store.active_names()
+    fetches_before = r2.fetcher.fetches_total
+    kill = asyncio.create_task(cluster.kill("r1"))
+    await asyncio.sleep(0.5)
+    gate.set()
+    await kill
+    await asyncio.gather(optimize, return_exceptions=True)
+    await wait_for(lambda: r2.store.active_names() == [merged], timeout=90, what="r2 made the part")
+    assert r2.fetcher.fetches_total == fetches_before  # made on r2, not fetched
+    r1 = await start(cluster, s3, bucket, "r1", fast)
+    await wait_for(lambda: r1.store.active_names() == [merged], what="r1 fetched the part")
+    assert r1.fetcher.zero_copy_fetches == 1
+    await wait_for(lambda: bucket_keys(s3, bucket) == referenced_keys(r1) == referenced_keys(r2), timeout=60,
+                   what="the sources' objects deleted")
+    uid = remote(r2).instances[merged].unique_id
+    assert remote(r1).instances[merged].unique_id == uid
+    assert await lock_leaves(keeper, r1) == {f"{merged}/{uid.replace('/', '_')}/{r}" for r in ("r1", "r2")}
+    assert sorted(r["id"] for r in await sorted_rows(r1)) == [1, 2, 3]
