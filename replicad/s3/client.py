@@ -36,6 +36,7 @@ class NoSuchKeyError(S3Error):
 class ObjectInfo:
     key: str
     size: int
+    mtime: float = 0.0  # LastModified, seconds since the epoch
 
 
 def _translate(e: Exception, what: str) -> S3Error:
@@ -150,7 +151,8 @@ class S3Client:
         try:
             pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
             for page in pages:
-                out += [ObjectInfo(o["Key"], int(o["Size"])) for o in page.get("Contents", ())]
+                out += [ObjectInfo(o["Key"], int(o["Size"]), o["LastModified"].timestamp())
+                        for o in page.get("Contents", ())]
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
             raise _translate(e, f"list of {prefix!r}") from e
         return out

@@ -19,6 +19,7 @@ from replicad.model.remote_metadata import RemoteMetadata
 from replicad.replica import TableReplica
 from replicad.replication import merge_executor
 from replicad.replication.zero_copy import RemoteParts
+from replicad.replication.zero_copy_scan import OrphanScan
 from replicad.service import Statement, StatementKind
 from replicad.sql.statements import parse_statement
 from tests.support.s3_server import S3Server
@@ -373,3 +374,33 @@ async def test_race_merging_node_dies_mid_merge(
     assert remote(r1).instances[merged].unique_id == uid
     assert await lock_leaves(keeper, r1) == {f"{merged}/{uid.replace('/', '_')}/{r}" for r in ("r1", "r2")}
     assert sorted(r["id"] for r in await sorted_rows(r1)) == [1, 2, 3]
+
+
+async def test_orphan_scan_deletes_only_unlocked_unreferenced_objects(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    """An upload whose commit never happened (crash between the two) leaves objects no lock and no metadata
+    references: the scan deletes exactly those, once older than the grace period; a shared part's objects
+    and keys of another shape stay."""
+    r1 = await start(cluster, s3, bucket, "r1")
+    r2 = await start(cluster, s3, bucket, "r2")
+    await r1.insert_table(rows(range(100)))
+    [part] = r1.store.active_names()
+    await wait_for(lambda: r2.store.active_names() == [part], what="r2 fetched the part")
+    disk = remote(r1).disk
+    crashed_meta = tmp_path / "crashed" / part
+    crashed_meta.parent.mkdir()
+    await asyncio.to_thread(disk.offload_sync, r1.layout.part_path(part), crashed_meta)
+    orphans = {disk.full_key(k) for k in disk.read_metadata_sync(crashed_meta).keys()}
+    disk.client.put_bytes_sync("data/foreign-object", b"x")  # not replicad's key shape: never touched
+    live = referenced_keys(r1)
+    assert bucket_keys(s3, bucket) == live | orphans | {"data/foreign-object"}
+    patient = OrphanScan(remote(r2), 60)  # default grace: the fresh orphans are too young to judge
+    assert (await patient.scan()).orphans == []
+    scan = OrphanScan(remote(r2), 60, grace_s=0)
+    outcome = await scan.run_once()
+    assert outcome.name == "orphans_deleted"
+    assert scan.last is not None and set(scan.last.orphans) == orphans and scan.last.foreign == 1
+    assert bucket_keys(s3, bucket) == live | {"data/foreign-object"}
+    assert await sorted_rows(r2) == await sorted_rows(r1)
+    assert (await scan.run_once()).name == "scanned"  # nothing left to delete
