@@ -53,6 +53,7 @@ from replicad.replication.sink import InsertContext, TableSchema, column_default
 from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
 from replicad.replication.table_ops import TableOperations
 from replicad.replication.zero_copy import remote_parts_for
+from replicad.replication.zero_copy_moves import PartMover
 from replicad.replication.zero_copy_scan import OrphanScan
 from replicad.server.interserver import Endpoint, PartToSend
 from replicad.service import (
@@ -244,6 +245,9 @@ class TableReplica:
         scan_period = float(s.get("remote_fs_orphan_scan_period_s", 0))
         if self.store.remote is not None and self.store.remote.zero_copy and scan_period > 0:
             self._tasks.append(OrphanScan(self.store.remote, scan_period))
+        if self.store.remote is not None:  # local parts of a table whose policy became an S3 one
+            self.mover = PartMover(self.store, self.store.remote, self.fetcher, self.paths)
+            self._tasks.append(self.mover)
 
     # ------------------------------------------------------------------------------------------- protocol
 

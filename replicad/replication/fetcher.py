@@ -441,6 +441,13 @@ class PartFetcher:
         await self._commit_to_zookeeper(part.name, columns_text, checksums, absent, seen.columns_version)
         log.warning("registered_local_part", part=part.name)
 
+    async def download_from_address(
+        self, address: ReplicaAddress, source_replica_path: str, part_name: str, tmp_dir: Path
+    ) -> ReceivedPart:
+        """Download a part into ``tmp_dir`` without committing it (the zero-copy mover adopts instances
+        this way); zero-copy when the table and the source allow it."""
+        return await self._download(address, source_replica_path, part_name, tmp_dir, None)
+
     async def _download(
         self,
         address: ReplicaAddress,

@@ -404,3 +404,31 @@ async def test_orphan_scan_deletes_only_unlocked_unreferenced_objects(
     assert bucket_keys(s3, bucket) == live | {"data/foreign-object"}
     assert await sorted_rows(r2) == await sorted_rows(r1)
     assert (await scan.run_once()).name == "scanned"  # nothing left to delete
+
+
+async def test_race_two_movers_at_once(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    """Seed 003's third race.  Two replicas hold the same local part and both restart with the S3 policy at
+    once: the part's exclusive lock lets one upload it; the other postpones, then adopts that instance (its
+    metadata, through a zero-copy request).  One instance in the bucket, locked by both."""
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    await r1.insert_table(rows(range(500)))
+    [part] = r1.store.active_names()
+    await wait_for(lambda: r2.store.active_names() == [part], what="r2 fetched the part")
+    expected = await sorted_rows(r1)
+    await cluster.stop("r1")
+    await cluster.stop("r2")
+    assert bucket_keys(s3, bucket) == set()
+    r1, r2 = await asyncio.gather(start(cluster, s3, bucket, "r1"), start(cluster, s3, bucket, "r2"))
+    await wait_for(lambda: part in remote(r1).instances and part in remote(r2).instances
+                   and remote(r1).instances[part].committed and remote(r2).instances[part].committed,
+                   what="both moved the part")
+    movers = [r1.mover, r2.mover]
+    assert sorted((m.moved_total, m.adopted_total) for m in movers) == [(0, 1), (1, 0)]
+    uid = remote(r1).instances[part].unique_id
+    assert remote(r2).instances[part].unique_id == uid
+    assert bucket_keys(s3, bucket) == referenced_keys(r1) == referenced_keys(r2)
+    assert await lock_leaves(keeper, r1) == {f"{part}/{uid.replace('/', '_')}/{r}" for r in ("r1", "r2")}
+    assert await sorted_rows(r1) == await sorted_rows(r2) == expected
