@@ -22,6 +22,7 @@ from replicad.replication.zero_copy import RemoteParts
 from replicad.replication.zero_copy_scan import OrphanScan
 from replicad.service import Statement, StatementKind
 from replicad.sql.statements import parse_statement
+from replicad.storage.disk_s3 import S3Disk
 from tests.support.s3_server import S3Server
 from tests.support.table_cluster import TABLE, ZK_PATH, Cluster, rows, sorted_rows, wait_for
 
@@ -407,7 +408,7 @@ async def test_orphan_scan_deletes_only_unlocked_unreferenced_objects(
 
 
 async def test_race_two_movers_at_once(
-    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Seed 003's third race.  Two replicas hold the same local part and both restart with the S3 policy at
     once: the part's exclusive lock lets one upload it; the other postpones, then adopts that instance (its
@@ -421,11 +422,25 @@ async def test_race_two_movers_at_once(
     await cluster.stop("r1")
     await cluster.stop("r2")
     assert bucket_keys(s3, bucket) == set()
+    other_postponed = threading.Event()
+    uploads: list[str] = []
+    real_offload = S3Disk.offload_sync
+
+    def slow_first_upload(disk: S3Disk, part_dir: Path, metadata_dir: Path) -> str:
+        uploads.append(str(part_dir))
+        if len(uploads) == 1:  # the first mover is still uploading when the second one comes
+            other_postponed.wait(30)
+        return real_offload(disk, part_dir, metadata_dir)
+
+    monkeypatch.setattr(S3Disk, "offload_sync", slow_first_upload)
     r1, r2 = await asyncio.gather(start(cluster, s3, bucket, "r1"), start(cluster, s3, bucket, "r2"))
+    await wait_for(lambda: r1.mover.postponed_total + r2.mover.postponed_total > 0, what="a mover waits")
+    other_postponed.set()
     await wait_for(lambda: part in remote(r1).instances and part in remote(r2).instances
                    and remote(r1).instances[part].committed and remote(r2).instances[part].committed,
                    what="both moved the part")
     movers = [r1.mover, r2.mover]
+    assert len(uploads) == 1  # one upload in all
     assert sorted((m.moved_total, m.adopted_total) for m in movers) == [(0, 1), (1, 0)]
     uid = remote(r1).instances[part].unique_id
     assert remote(r2).instances[part].unique_id == uid
