@@ -176,6 +176,7 @@ class PartFetcher:
         self.early_allowed: Callable[[], bool] = lambda: True
         self.fetches_total = 0
         self.zero_copy_fetches = 0  # fetches that moved metadata only (S3 zero-copy)
+        self.bytes_received = 0  # DataPartsExchange body bytes of finished downloads
         self.early_fetches_taken = 0
 
     async def close(self) -> None:
@@ -510,6 +511,7 @@ class PartFetcher:
             raise
         if received.body_size == 0:  # pragma: no cover - receive_part refuses empty bodies already
             raise CorruptedDataError(f"Empty answer for part {part_name}")
+        self.bytes_received += received.body_size
         threshold = self.min_bytes_to_fsync
         if not self.fsync and threshold and received.checksums.total_size >= threshold:
             await asyncio.to_thread(fsync_part_files, tmp_dir)
