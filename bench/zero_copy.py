@@ -98,3 +98,32 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def run(ctx: Any) -> list[Any]:
+    """``python -m bench`` figures (replicad only: the ClickHouse column stays empty)."""
+    from bench.report import Figure
+
+    rows = int(ctx.sizes.fetch_rows * 1.25)  # random letters compress to ~60%: ≥ 500 MB on disk in full
+    work = ctx.work_dir / "zero_copy"
+    result = asyncio.run(measure(rows, ctx.sizes.runs, work))
+    zc, full = result["zero_copy"], result["full"]
+    mb = zc[0]["part_bytes"] / 1e6
+    ctx.say(f"zero-copy fetch of {mb:.0f} MB: {[round(r['seconds'], 2) for r in zc]} s; full fetch "
+            f"{[round(r['seconds'], 2) for r in full]} s")
+    note = ("replicad only (no ClickHouse column): in-process replicas, ZooKeeper + moto on loopback, "
+            "table on an S3 policy — bench/zero_copy.py")
+    return [
+        Figure("zero_copy_fetch_s", f"S3 zero-copy fetch of a {mb:.0f} MB part (acknowledged → active on B)",
+               "s", [r["seconds"] for r in zc], [], higher_is_better=False, decimals=2, note=note),
+        Figure("full_fetch_s3_s", f"Full fetch of the same {mb:.0f} MB part (S3 policy, no zero-copy)", "s",
+               [r["seconds"] for r in full], [], higher_is_better=False, decimals=2),
+        Figure("zero_copy_interserver_bytes", "Zero-copy fetch: bytes over the interserver port", "bytes",
+               [r["interserver_bytes"] for r in zc], [], higher_is_better=False),
+        Figure("full_interserver_bytes", "Full fetch: bytes over the interserver port", "bytes",
+               [r["interserver_bytes"] for r in full], [], higher_is_better=False),
+        Figure("zero_copy_bucket_mb", "Bucket size after the zero-copy fetch (one copy)", "MB",
+               [r["bucket_bytes"] / 1e6 for r in zc], [], higher_is_better=False, decimals=1),
+        Figure("full_bucket_mb", "Bucket size after the full fetch (each replica's copy)", "MB",
+               [r["bucket_bytes"] / 1e6 for r in full], [], higher_is_better=False, decimals=1),
+    ]
