@@ -104,7 +104,13 @@ class PartStore:
         for name in await remote.load(local):
             tmp = self.layout.tmp_path("tmp_restore_", name)
             await asyncio.to_thread(shutil.rmtree, tmp, True)
-            size = await remote.restore_local_copy(name, tmp)
+            try:
+                size = await remote.restore_local_copy(name, tmp)
+            except ReplicadError as e:  # objects gone (it was let go before a crash): the replicas have it
+                log.error("cannot_restore_part_from_s3", part=name, error=str(e))
+                await asyncio.to_thread(shutil.rmtree, tmp, True)
+                await remote.forget(name)
+                continue
             await asyncio.to_thread(self.layout.commit, tmp, name)
             log.info("restored_part_from_s3", part=name, bytes=size)
 

@@ -80,6 +80,12 @@ class RemoteParts:
             self.instances[name] = RemoteInstance(uid, fresh=False, committed=True)
         return sorted(set(found) - set(part_names))
 
+    async def forget(self, part: str) -> None:
+        """Drop a part's metadata without touching its lock or objects (it cannot be used: a leak at most,
+        which the orphan scan finds once the lock is gone)."""
+        self.instances.pop(part, None)
+        await asyncio.to_thread(shutil.rmtree, self.metadata_dir(part), True)
+
     async def restore_local_copy(self, part: str, dest: Path) -> int:
         """Rebuild a part's local files from the bucket (the part reader then reads them)."""
         return await asyncio.to_thread(self.disk.materialize_sync, self.metadata_dir(part), dest)
@@ -145,10 +151,11 @@ class RemoteParts:
     async def release(self, part: str) -> bool:
         """Let go of a part (outdated, dropped): unlock, delete its objects if this replica was the last
         holder, then remove its metadata.  True when objects were deleted."""
-        instance = self.instances.pop(part, None)
+        instance = self.instances.get(part)
         meta = self.metadata_dir(part)
-        if instance is None:
-            return False
+        if instance is None or not instance.committed:
+            return False  # nothing, or a fetch of the same name in flight (rollback() is its way out)
+        del self.instances[part]
         if self.locks is None:
             may_delete = True
         elif not instance.unique_id:
