@@ -274,11 +274,12 @@ class PartFetcher:
             return received, await state
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.to_thread(shutil.rmtree, received.path, True))
+            await asyncio.shield(self._abandon_zero_copy(part_name))
             raise
         except Exception:  # read again by the commit
             return received, None
 
-    async def _drop_early(self, early: _Early) -> None:
+    async def _drop_early(self, early: _Early, abandon: bool = True) -> None:
         """Wait for an early download to end and remove what it left (a part nobody took)."""
         try:
             result = await early.task
@@ -286,6 +287,8 @@ class PartFetcher:
             return
         if result is not None:
             await asyncio.to_thread(shutil.rmtree, result[0].path, True)
+            if abandon:  # its zero-copy lock and metadata (not while a fetch of the part runs)
+                await self._abandon_zero_copy(result[0].path.name.removeprefix(TMP_FETCH))
 
     def _expire_early(self) -> None:
         now = time.monotonic()
@@ -293,7 +296,7 @@ class PartFetcher:
             if now - early.started >= EARLY_TTL_S:
                 del self._early[name]
                 early.task.cancel()
-                drop = asyncio.ensure_future(self._drop_early(early))
+                drop = asyncio.ensure_future(self._drop_early(early, abandon=name not in self._fetching))
                 drop.add_done_callback(consume_error)
 
     async def _take_early(
@@ -422,6 +425,7 @@ class PartFetcher:
             absent = self._compare(seen, part_name, columns_text, checksums)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, tmp_dir, True)
+            await asyncio.shield(self._abandon_zero_copy(part_name))
             raise
         part = await self.store.precommit(tmp_dir, info)
         try:
@@ -432,6 +436,10 @@ class PartFetcher:
             await self.store.rollback(part_name)
             raise
         return part, self.store.activate(part_name)
+
+    async def _abandon_zero_copy(self, part_name: str) -> None:
+        if self.store.remote is not None:
+            await self.store.remote.abandon_fetch(part_name)
 
     async def register_local_part(self, part: LocalPart) -> None:
         """Register an active local part missing from ``replicas/<me>/parts`` (checked like a fetched one)."""

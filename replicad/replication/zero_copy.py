@@ -146,6 +146,17 @@ class RemoteParts:
         await asyncio.to_thread(shutil.rmtree, meta, True)
         await asyncio.to_thread(shutil.rmtree, self.fetch_metadata_dir(part), True)
 
+    async def abandon_fetch(self, part: str) -> None:
+        """A zero-copy download that will not be committed (dropped early download, failed check): release
+        its ephemeral lock and remove its metadata; the objects stay (they are shared)."""
+        instance = self.instances.get(part)
+        if instance is None or instance.committed or instance.fresh:
+            return
+        del self.instances[part]
+        if instance.temporary_held and self.locks is not None:
+            await self.locks.release_temporary(part, instance.unique_id)
+        await asyncio.to_thread(shutil.rmtree, self.fetch_metadata_dir(part), True)
+
     # ------------------------------------------------------------------------------------------ removal
 
     async def release(self, part: str) -> bool:

@@ -17,6 +17,7 @@ whose conditional removal of the ``<unique id>`` node succeeded (:meth:`ZeroCopy
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 import uuid
 from dataclasses import dataclass
@@ -147,7 +148,7 @@ class ZeroCopyLocks:
             return [Delete(leaf), Create(leaf, b"")]
         return [Check(leaf, -1)]  # a persistent leaf of ours exists already (re-fetched instance)
 
-    async def lock_temporary(self, part: str, unique_id: str) -> bool:
+    async def lock_temporary(self, part: str, unique_id: str, attempts: int = 20) -> bool:
         """The fetch-time ephemeral leaf, created under an existing id node only.  True when the ephemeral
         leaf was created; False when our persistent leaf exists already.  ZeroCopyLockLostError when the
         id node is gone."""
@@ -161,11 +162,13 @@ class ZeroCopyLocks:
             ) from None
         except KeeperNodeExistsError:
             stat = await self.keeper.exists(leaf)
-            if stat is None:
-                return await self.lock_temporary(part, unique_id)
-            if stat.ephemeral_owner:
+            if stat is not None and not stat.ephemeral_owner:
+                return False
+            if attempts <= 1:
                 raise ZeroCopyLockLostError(f"part {part}: an ephemeral lock {leaf} exists already") from None
-            return False
+            # another fetch of ours is ending (its lock goes with it) or it just went: try again
+            await asyncio.sleep(0.2)
+            return await self.lock_temporary(part, unique_id, attempts - 1)
         return True
 
     async def release_temporary(self, part: str, unique_id: str) -> None:

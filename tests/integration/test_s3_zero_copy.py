@@ -447,3 +447,25 @@ async def test_race_two_movers_at_once(
     assert bucket_keys(s3, bucket) == referenced_keys(r1) == referenced_keys(r2)
     assert await lock_leaves(keeper, r1) == {f"{part}/{uid.replace('/', '_')}/{r}" for r in ("r1", "r2")}
     assert await sorted_rows(r1) == await sorted_rows(r2) == expected
+
+
+async def test_a_part_whose_objects_are_gone_does_not_stop_the_table(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    """Local copies lost and one part's objects gone too: the table starts with the part it can rebuild; the
+    other one's metadata is dropped (the replicas hold it, or it was let go)."""
+    r1 = await start(cluster, s3, bucket, "r1")
+    await r1.insert_table(rows(range(10)))
+    await r1.insert_table(rows(range(10, 15)))
+    kept, lost = r1.store.active_names()
+    rp = remote(r1)
+    lost_keys = [rp.disk.full_key(k) for k in rp.disk.read_metadata_sync(rp.metadata_dir(lost)).keys()]
+    await cluster.stop("r1")
+    for name in (kept, lost):
+        shutil.rmtree(cluster.tmp_path / "r1" / "data" / "db" / "events" / name)
+    s3.client(bucket, PREFIX).delete_sync(lost_keys)
+    r1 = await start(cluster, s3, bucket, "r1")
+    assert r1.store.active_names() == [kept]
+    assert sorted(remote(r1).instances) == [kept]
+    assert not remote(r1).metadata_dir(lost).exists()
+    assert sorted(r["id"] for r in await sorted_rows(r1)) == list(range(10))
