@@ -47,8 +47,8 @@ from replicad.errors import BadPartNameError, CorruptedDataError
 from replicad.logging import get_logger
 from replicad.model.checksums import Checksums
 from replicad.model.part_info import PartInfo
-from replicad.replication import zero_copy_fetch
 from replicad.server.tls import server_context
+from replicad.storage import zero_copy_wire
 from replicad.storage.part_transfer import (
     SEND_MAX_PROTOCOL_VERSION,
     build_part_body,
@@ -525,15 +525,15 @@ class InterserverServer:
     ) -> bool:
         """Answer with the part's S3 metadata instead of its bytes when the client asked for it and the part
         is a committed zero-copy part here; False: send the data as usual."""
-        version = zero_copy_fetch.send_version(request.query)
+        version = zero_copy_wire.send_version(request.query)
         if version is None or endpoint.zero_copy is None:
             return False
         shared = await endpoint.zero_copy(part_name)
         if shared is None:  # not committed yet (its lock may not exist) or not on a zero-copy disk
             return False
-        body = zero_copy_fetch.build_body(part.checksums, version, shared[0], shared[1])
+        body = zero_copy_wire.build_body(part.checksums, version, shared[0], shared[1])
         head = _ok_head(request, version, keep, f"Content-Length: {len(body)}")
-        head = head[:-2] + f"Set-Cookie: {zero_copy_fetch.COOKIE}=s3; Path=/\r\n\r\n".encode("latin-1")
+        head = head[:-2] + f"Set-Cookie: {zero_copy_wire.COOKIE}=s3; Path=/\r\n\r\n".encode("latin-1")
         try:
             writer.write(head + body)
             await self._drain(writer)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from replicad.model.checksums import Checksums
-from replicad.replication.zero_copy_fetch import ZeroCopyFallback, build_body, parse_body, send_version
+from replicad.storage.zero_copy_wire import ZeroCopyFallback, build_body, parse_body, send_version
 
 CHECKSUMS = Checksums({})  # no files: the header carries only their total size
 
