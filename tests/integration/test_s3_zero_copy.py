@@ -469,3 +469,25 @@ async def test_a_part_whose_objects_are_gone_does_not_stop_the_table(
     assert sorted(remote(r1).instances) == [kept]
     assert not remote(r1).metadata_dir(lost).exists()
     assert sorted(r["id"] for r in await sorted_rows(r1)) == list(range(10))
+
+
+async def test_mutation_is_made_once_and_shared(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    """ALTER DELETE on a zero-copy table: one replica mutates the part under the exclusive lock, the other
+    fetches the result's metadata; one instance of the new part, the old one's objects deleted."""
+    fast = {"old_parts_lifetime": 0, "cleanup_delay_period": 1, "cleanup_delay_period_random_add": 0}
+    r1 = await start(cluster, s3, bucket, "r1", fast)
+    r2 = await start(cluster, s3, bucket, "r2", fast)
+    await r1.insert_table(rows(range(20)))
+    [part] = r1.store.active_names()
+    await wait_for(lambda: r2.store.active_names() == [part], what="r2 fetched the part")
+    await cluster.execute("r1", "ALTER TABLE db.events DELETE WHERE id < 5")
+    mutated = "202611_0_0_0_1"
+    for r in (r1, r2):
+        await wait_for(lambda r=r: r.store.active_names() == [mutated], what="the mutated part")  # type: ignore[misc]
+    assert remote(r1).instances[mutated].unique_id == remote(r2).instances[mutated].unique_id
+    assert r1.fetcher.zero_copy_fetches + r2.fetcher.zero_copy_fetches == 2  # the first part + the result
+    await wait_for(lambda: bucket_keys(s3, bucket) == referenced_keys(r1) == referenced_keys(r2), timeout=60,
+                   what="the old part's objects deleted")
+    assert sorted(r["id"] for r in await sorted_rows(r2)) == list(range(5, 20))
