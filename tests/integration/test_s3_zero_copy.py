@@ -6,6 +6,7 @@ leaves in ZooKeeper, rows read back."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import threading
 from collections.abc import Iterator
@@ -491,3 +492,22 @@ async def test_mutation_is_made_once_and_shared(
     await wait_for(lambda: bucket_keys(s3, bucket) == referenced_keys(r1) == referenced_keys(r2), timeout=60,
                    what="the old part's objects deleted")
     assert sorted(r["id"] for r in await sorted_rows(r2)) == list(range(5, 20))
+
+
+def test_big_files_are_uploaded_in_parts(s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    """A file above multipart_threshold goes up as a multipart upload (ETag '<md5>-<parts>') and reads back
+    byte for byte; a missing key is NoSuchKeyError (a HEAD answers None)."""
+    from replicad.s3 import NoSuchKeyError, S3Client, S3Endpoint
+
+    client = S3Client(S3Endpoint.parse(s3.endpoint(bucket, PREFIX)), "testing", "testing",
+                      multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+    data = os.urandom(12 << 20)
+    path = tmp_path / "big.bin"
+    path.write_bytes(data)
+    assert client.put_file_sync("data/big", path) == len(data)
+    etag = client._s3.head_object(Bucket=bucket, Key="data/big")["ETag"]
+    assert etag.strip('"').endswith("-3")
+    assert client.get_bytes_sync("data/big") == data
+    assert client.head_sync("data/nothing") is None
+    with pytest.raises(NoSuchKeyError):
+        client.get_bytes_sync("data/nothing")
