@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint deps apt venv clean unit integration lock
+.PHONY: run test bench lint deps apt venv clean unit integration lock chaos
 
 deps: apt venv
 
@@ -23,7 +23,7 @@ apt:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements.lock setup.py replicad/native/cityhash102.c replicad/native/strings.c replicad/native/siphash.c
+$(STAMP): pyproject.toml requirements.lock setup.py replicad/native/cityhash102.c replicad/native/strings.c replicad/native/siphash.c replicad/native/bitcodecs.c
 	@[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c requirements.lock -e '.[test,bench]' --config-settings editable_mode=compat
@@ -36,8 +36,9 @@ lock:
 	$(BIN)/python scripts/lock.py
 
 lint: venv
-	$(BIN)/ruff check replicad tests bench
+	$(BIN)/ruff check replicad tests bench scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: deps lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
@@ -47,6 +48,13 @@ unit: venv
 
 integration: deps
 	$(BIN)/python -m pytest -q tests/integration
+
+# the fault suite (tests/chaos): planted-bug proofs, then RUNS random schedules from SEED; writes RELIABILITY.md
+SEED ?= 1
+RUNS ?= 3
+MIXED ?= 0
+chaos: deps
+	$(BIN)/python -m tests.chaos --seed $(SEED) --runs $(RUNS) --mixed $(MIXED)
 
 run: deps
 	$(BIN)/python -m scripts.run_cluster

@@ -13,6 +13,11 @@ setup(
             extra_compile_args=["-O3"],
         ),
         Extension(
+            "replicad.native._bitcodecs",
+            sources=["replicad/native/bitcodecs.c"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
             "replicad.native._siphash",
             sources=["replicad/native/siphash.c"],
             extra_compile_args=["-O3"],

@@ -4,9 +4,10 @@
     python -m bench --quick          # small sizes, 1 run: a smoke check (writes nothing unless --output)
     python -m bench --only insert,lag --runs 5 --output /tmp/b.md
 
-Benchmarks (in this order): insert, lag (with ZooKeeper requests per insert), fetch — on one cluster of
-ZooKeeper + 2 replicad daemons + 2 ClickHouse servers (bench/cluster.py) — then part_writer and merge
-(bench/part_writer.py, bench/merge.py: the storage engine alone, in child processes).  Scratch data
+Benchmarks (in this order): insert, schemas (insert across table shapes), lag (with ZooKeeper requests
+per insert), fetch — on one cluster of ZooKeeper + 2 replicad daemons + 2 ClickHouse servers
+(bench/cluster.py) — then part_writer and merge (bench/part_writer.py, bench/merge.py: the storage engine
+alone, in child processes).  Scratch data
 lives in ./bench-data (removed at the end unless --keep).  Where replicad misses a target, an extra
 uncounted run is profiled with py-spy and the top functions go into the report (--no-profile: skip).
 """
@@ -28,18 +29,19 @@ from bench import Context, Sizes
 from bench.report import Figure, Report
 
 REPO = Path(__file__).resolve().parent.parent
-CLUSTER_BENCHES = ("insert", "lag", "fetch", "spark")
+CLUSTER_BENCHES = ("insert", "schemas", "lag", "fetch", "spark")
 STORAGE_BENCHES = ("part_writer", "merge", "zero_copy")
 ALL = CLUSTER_BENCHES + STORAGE_BENCHES
 MERGE_TARGET = 0.5
 
 
 def run_cluster_benches(names: Sequence[str], ctx: Context) -> list[Figure]:
-    from bench import fetch, insert, lag, spark_write
+    from bench import fetch, insert, lag, schemas, spark_write
     from bench.cluster import BenchCluster
 
-    modules: dict[str, Callable[..., list[Figure]]] = {"insert": insert.run, "lag": lag.run,
-                                                      "fetch": fetch.run, "spark": spark_write.run}
+    modules: dict[str, Callable[..., list[Figure]]] = {"insert": insert.run, "schemas": schemas.run,
+                                                      "lag": lag.run, "fetch": fetch.run,
+                                                      "spark": spark_write.run}
     figures: list[Figure] = []
     ctx.say("starting ZooKeeper, 2 replicad daemons, 2 ClickHouse 18.16 servers")
     with BenchCluster(ctx.work_dir / "cluster") as cluster:
@@ -156,7 +158,7 @@ class LoadSampler:
 def profile_merge(ctx: Context, args: argparse.Namespace) -> None:
     """bench/merge.py once more, under py-spy (its merge child process included)."""
     from bench import merge
-    from bench.cluster import PySpy
+    from bench.profiling import PySpy
 
     argv = [sys.executable, merge.__file__, "--parts", str(args.parts), "--rows", str(args.rows)]
     spy = PySpy.record_command(argv, ctx.work_dir / "profiles" / "merge.txt", only_process="--child")
@@ -193,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = args.output
     if output is None and not args.quick and set(names) == set(ALL):
         output = REPO / "BENCHMARKS.md"
-    from tests.support import clickhouse, zookeeper
+    from replicad.devtools import clickhouse, zookeeper
 
     if not (clickhouse.available() and zookeeper.available()):
         print("ClickHouse 18.16 and ZooKeeper must be installed (make deps)", file=sys.stderr)

@@ -18,13 +18,13 @@ from bench.cluster import (
     CPU_TICK,
     BenchCluster,
     PeakRss,
-    PySpy,
     ReplicaPair,
     cpu_seconds,
     make_events,
     to_tsv_fast,
     with_month,
 )
+from bench.profiling import PySpy
 from bench.report import Figure
 
 TABLE = "bench.big"

@@ -22,7 +22,6 @@ from bench.cluster import (
     BenchCluster,
     BenchHttpError,
     PeakRss,
-    PySpy,
     ReplicaPair,
     cpu_seconds,
     make_events,
@@ -30,6 +29,7 @@ from bench.cluster import (
     to_tsv_fast,
     with_month,
 )
+from bench.profiling import PySpy
 from bench.report import Figure
 
 TABLE = "bench.events"

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from bench import Context
-from bench.cluster import BenchCluster, PySpy, ReplicaPair, make_events, to_tsv_fast
+from bench.cluster import BenchCluster, ReplicaPair, make_events, to_tsv_fast
+from bench.profiling import PySpy
 from bench.report import Figure
 from bench.zk_requests import ZkMeter, ZkResult
 from bench.zk_requests import figures as zk_figures

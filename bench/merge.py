@@ -101,7 +101,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """One run of both sides; returns ``mb`` (input, uncompressed), ``replicad`` (the child's JSON),
     ``clickhouse_seconds``, ``clickhouse_cpu_seconds``, ``clickhouse_peak_rss_kb``,
     ``clickhouse_rss0_kb``, ``identical`` and ``differ`` (used by ``python -m bench``)."""
-    from tests.support.clickhouse import ClickHouseServer
+    from replicad.devtools.clickhouse import ClickHouseServer
 
     work = Path(tempfile.mkdtemp(prefix="bench-merge-"))
     try:

@@ -197,7 +197,7 @@ def main() -> None:
 
 
 def start_clickhouse(root: Path, method: str) -> Any:
-    from tests.support.clickhouse import ClickHouseServer
+    from replicad.devtools.clickhouse import ClickHouseServer
 
     extra = ""
     if method == "zstd":

@@ -85,7 +85,7 @@ def _ts(e: dict[str, Any]) -> float:
 
 
 def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
-    from tests.support.spark_job import session
+    from replicad.devtools.spark_job import session
 
     s = ctx.sizes
     a = cluster.replicad.a

@@ -25,6 +25,7 @@ from replicad.logging import get_logger
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.replication.fetcher import FetchCredentials
 from replicad.server.interserver import InterserverServer
+from replicad.server.parts_exchange import InterserverExchange
 from replicad.server.tls import client_context
 from replicad.service import Statement, TableName, TableService
 from replicad.sql.ddl import TableDef, parse_create_table
@@ -34,6 +35,7 @@ from replicad.tasks import Supervisor
 
 if TYPE_CHECKING:
     from replicad.config import Config
+    from replicad.service import Engine
 
 log = get_logger(__name__)
 
@@ -309,7 +311,7 @@ class ReplicationEngine:
         peer_ssl = client_context(ic.tls_ca_file) if ic.tls_ca_file is not None else True
         env = ReplicaEnv(
             data_path=config.data_path,
-            interserver=self.interserver,
+            interserver=InterserverExchange(self.interserver),
             interserver_host=ic.host,
             tz=config.timezone,
             credentials=FetchCredentials(ic.user, ic.password, peer_ssl),
@@ -391,3 +393,8 @@ def check_names(name: TableName, zk_path: str, replica: str) -> None:
 def _min_limit(*limits: int) -> int:
     """The lowest of limits where 0 means none (0 when all are 0)."""
     return min((n for n in limits if n > 0), default=0)
+
+
+def create_engine(config: Config, supervisor: Supervisor, metrics: object) -> Engine:
+    """The daemon's engine factory (``replicad.daemon.DEFAULT_ENGINE``)."""
+    return ReplicationEngine(config, supervisor, metrics)

@@ -50,7 +50,7 @@ from replicad.tasks import Supervisor
 
 log = rlog.get_logger(__name__)
 
-DEFAULT_ENGINE = "replicad.replica:create_engine"
+DEFAULT_ENGINE = "replicad.catalog:create_engine"
 SHUTDOWN_ORDER = ("stop_inserts", "stop_fetches", "stop_tasks", "deactivate", "stop_interserver", "stop_api",
                   "close_keeper")
 STEP_TIMEOUT_S = 30.0

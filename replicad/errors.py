@@ -173,6 +173,6 @@ class ZnodeFormatError(ReplicadError):
 
 
 class UnsupportedPartFormatError(CorruptedDataError):
-    """A part layout replicad does not read (Compact parts, compressed marks, sparse columns ...)."""
+    """A part layout or codec replicad does not read (a codec such as FPC or GCD, Sparse Nullable ...)."""
 
     code = 48  # NOT_IMPLEMENTED

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from replicad import replica_status
+from replicad import fault_plant, replica_status
 from replicad.errors import (
     BadInputError,
     KeeperError,
@@ -34,28 +34,21 @@ from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
 from replicad.model.log_entry import LogEntry
 from replicad.model.part_info import PartInfo
-from replicad.model.queue_state import BackoffSettings, QueueState
 from replicad.model.staged_job import StagedTask
+from replicad.replica_wiring import build_collaborators
 from replicad.replication import init as zk_init
-from replicad.replication.admin import ActionBlockers, TableAdmin
-from replicad.replication.cleanup import CleanupSettings, CleanupThread
+from replicad.replication.admin import TableAdmin
 from replicad.replication.clone import clone_replica_if_needed
-from replicad.replication.commit import PartCommitter
-from replicad.replication.executor import QueueExecutor
-from replicad.replication.fetcher import PartFetcher
-from replicad.replication.leader import LeaderElection
-from replicad.replication.log_puller import LogPuller, QueueUpdatingTask, load_queue
-from replicad.replication.part_check import PartCheckThread, check_parts_at_startup
-from replicad.replication.part_store import PartStore
+from replicad.replication.exchange import ServedPart
+from replicad.replication.log_puller import load_queue
+from replicad.replication.part_check import check_parts_at_startup
 from replicad.replication.quorum import check_quorum_precondition, update_quorum_if_we_have_part
-from replicad.replication.restarting import CONNECTION_ERRORS, RestartingThread
-from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
+from replicad.replication.restarting import CONNECTION_ERRORS
+from replicad.replication.sink import InsertContext, write_block
 from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
 from replicad.replication.table_ops import TableOperations
-from replicad.replication.zero_copy import remote_parts_for
 from replicad.replication.zero_copy_moves import PartMover
 from replicad.replication.zero_copy_scan import OrphanScan
-from replicad.server.interserver import Endpoint, PartToSend
 from replicad.service import (
     ExecuteResult,
     InsertSettings,
@@ -66,19 +59,14 @@ from replicad.service import (
     StatementKind,
     TableName,
 )
-from replicad.storage.layout import TableDataLayout
-from replicad.storage.part import columns_text as part_columns_text
 from replicad.storage.staging_area import StagingArea
 from replicad.storage.types import DataType
-from replicad.storage.writer import WriterSettings
-from replicad.table_reader import TableReader
 from replicad.table_spec import ReplicaEnv as ReplicaEnv
 from replicad.table_spec import TableSpec as TableSpec
 from replicad.tasks import BackgroundTask, Supervisor
 
 if TYPE_CHECKING:
-    from replicad.config import Config
-    from replicad.service import Engine
+    pass
 
 log = get_logger(__name__)
 
@@ -101,153 +89,52 @@ class TableReplica:
     def __init__(
         self, spec: TableSpec, keeper: Keeper, env: ReplicaEnv, supervisor: Supervisor | None = None
     ) -> None:
-        self.spec = spec
-        self.keeper = keeper
-        self.env = env
-        self.supervisor = supervisor
+        self.spec, self.keeper, self.env, self.supervisor = spec, keeper, env, supervisor
         self.paths = TablePaths.create(spec.zk_path, spec.replica_name)
-        s = spec.settings
-        # ClickHouse's durability settings, all off by default (env.fsync=False: never fsync)
-        fsync_files = env.fsync and bool(int(s.get("fsync_after_insert", 0)))
-        fsync_dirs = env.fsync and bool(int(s.get("fsync_part_directory", 0)))
-        fsync_fetched = int(s.get("min_compressed_bytes_to_fsync_after_fetch", 0)) if env.fsync else 0
-        self.layout = TableDataLayout(env.data_path, spec.name.database, spec.name.table, fsync_dirs)
-        self.store = PartStore(self.layout, float(s.get("old_parts_lifetime", 480)))
-        self.store.remote = remote_parts_for(
-            s, database=spec.name.database, table=spec.name.table, table_zk_path=spec.zk_path,
-            replica=spec.replica_name, disks=env.disks, policies=env.storage_policies, keeper=keeper,
-        )
-        self.schema = TableSchema(spec.columns, spec.partition_by, spec.order_by, spec.primary_key, env.tz,
-                                  defaults=column_defaults(spec.columns_text))
-        #: SELECT / count / full reads of the active parts
-        self.reader = TableReader(spec.columns, [n for n, _t in self.schema.insertable_columns], self.store,
-                                  env.tz, on_broken_part=self.enqueue_part_check)
-        base = env.writer or WriterSettings()
-        self.writer_settings = WriterSettings(
-            index_granularity=int(s.get("index_granularity", base.index_granularity)),
-            min_compress_block_size=base.min_compress_block_size,
-            max_compress_block_size=base.max_compress_block_size,
-            method=base.method,
-            level=base.level,
-            fsync=fsync_files,
-            threads=base.threads,
-        )
-        self.parts_to_throw_insert = int(s.get("parts_to_throw_insert", 300))
-        # 18.16 retries a failed entry after a few seconds; fetches are cheap to retry, so start short
-        self.queue_state = QueueState(
-            backoff=BackoffSettings(initial_s=0.5, max_fetch_s=10.0, max_merge_s=10.0)
-        )
-        self.structure: zk_init.TableStructure | None = None
+        self.structure: zk_init.TableStructure | None = None  # the table's columns version, once started
         self.identifier = zk_init.active_node_identifier()
-        self.committer = PartCommitter(
-            keeper,
-            self.paths,
-            self.store,
-            columns_version=lambda: self.structure.columns_version if self.structure else 0,
-            tz=env.tz,
-            enqueue_part_check=self.enqueue_part_check,
-            on_committed=self._on_local_commit,
-        )
-        self.fetcher = PartFetcher(
-            keeper,
-            self.paths,
-            self.store,
-            table_columns_text=spec.columns_text,
-            credentials=env.credentials,
-            min_bytes_to_fsync=fsync_fetched,
-            max_part_bytes=env.max_fetch_part_bytes,
-        )
-        self.fetcher.part_columns_text = part_columns_text(spec.columns)
-        self.puller = LogPuller(
-            keeper,
-            self.paths,
-            self._on_pulled,
-            tz=env.tz,
-            min_unprocessed_insert_time=lambda: self.queue_state.min_unprocessed_insert_time,
-        )
-        self.puller.on_read = self.fetcher.precheck_sources
-        self.fetcher.early_allowed = lambda: not self.executor.is_paused() and not self.blockers.fetches
-        self.queue_updating = QueueUpdatingTask(f"{spec.name}:queue_updating", self.puller)
-        self.executor = QueueExecutor(
-            f"{spec.name}:queue_executing",
-            keeper,
-            self.paths,
-            self.queue_state,
-            self.store,
-            self.fetcher,
-            max_parallel_fetches=env.max_parallel_fetches,
-        )
-        self.leader = LeaderElection(keeper, self.paths)
-        # self-healing (replicad.replication.cleanup / part_check / restarting / clone)
-        self.cleanup = CleanupThread(
-            f"{spec.name}:cleanup",
-            keeper,
-            self.paths,
-            self.store,
-            CleanupSettings.from_settings(s),
-            is_leader=lambda: self.leader.is_leader,
-            is_readonly=lambda: self.is_readonly,
-            before_iteration=self._refresh_zk_summary,
-        )
-        self.part_check = PartCheckThread(
-            f"{spec.name}:part_check",
-            keeper,
-            self.paths,
-            self.store,
-            self.queue_state,
-            tz=env.tz,
-            is_readonly=lambda: self.is_readonly,
-            on_queue_changed=self.executor.wakeup,
-        )
-        self.restarting = RestartingThread(
-            f"{spec.name}:restarting",
-            keeper,
-            self.paths,
-            identifier=self.identifier,
-            startup=self._startup_zookeeper,
-            queue_state=self.queue_state,
-            on_restarted=self._on_restarted,
-        )
-        self.executor.is_paused = lambda: self.is_readonly
-        self.blockers = ActionBlockers()
-        self.executor.blocked = self.blockers.reason
-        self.executor.on_part_missing = lambda name: self.part_check.enqueue(name, delay_s=5.0)
-        self._tasks: list[BackgroundTask] = [
-            self.queue_updating,
-            self.executor,
-            self.cleanup,
-            self.part_check,
-            self.restarting,
-        ]
         self._own_runners: list[asyncio.Task[None]] = []
         self._parts_checked = False  # the start-up part check runs once, when the table is loaded
         self._stopping = False
         self._inserts_in_flight = 0
         self._task_group = f"table:{spec.name}:{id(self):x}"
-        #: statements other modules implement (OPTIMIZE, ALTER … DELETE/UPDATE, DROP PARTITION …)
-        self.statement_handlers: dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]] = {}
-        #: total_replicas / active_replicas / log_max_index, refreshed by the cleanup task
-        self._zk_summary: dict[str, int] = {}
-
+        self._zk_summary: dict[str, int] = {}  # total/active replicas, log_max_index: refreshed by cleanup
+        c = build_collaborators(spec, keeper, env, self.paths, self.identifier, hooks=self)
+        self.layout, self.store, self.schema, self.reader = c.layout, c.store, c.schema, c.reader
+        self.writer_settings, self.parts_to_throw_insert = c.writer_settings, c.parts_to_throw_insert
+        self.queue_state, self.committer, self.fetcher = c.queue_state, c.committer, c.fetcher
+        self.puller, self.queue_updating, self.executor = c.puller, c.queue_updating, c.executor
+        self.leader, self.blockers = c.leader, c.blockers
+        self.cleanup, self.part_check, self.restarting = c.cleanup, c.part_check, c.restarting
         #: merges, mutations, partition drops and the leader's duties (replicad.replication.table_ops)
         self.ops = TableOperations(self)
-        self._tasks += self.ops.tasks
         #: ATTACH / DROP DETACHED, SYSTEM DROP|RESTART REPLICA, STOP|START FETCHES|MERGES
         self.admin = TableAdmin(self)
-        self.statement_handlers.update(self.admin.handlers())
         #: two-phase writes: staged inserts and their publishing (replicad.replication.staging)
         self.staging = TableStaging(f"{spec.name}:staging", StagingContext(
             keeper, self.paths.zk_path, spec.replica_name,
             StagingArea(env.data_path, spec.name.database, spec.name.table), self.layout, self.schema,
-            self.writer_settings, self.committer, StagingSettings.from_settings(s),
+            self.writer_settings, self.committer, StagingSettings.from_settings(spec.settings),
             is_readonly=lambda: self.is_readonly, is_leader=lambda: self.leader.is_leader))
-        self._tasks.append(self.staging.task)
-        scan_period = float(s.get("remote_fs_orphan_scan_period_s", 0))
-        if self.store.remote is not None and self.store.remote.zero_copy and scan_period > 0:
-            self._tasks.append(OrphanScan(self.store.remote, scan_period))
-        if self.store.remote is not None:  # local parts of a table whose policy became an S3 one
+        #: the background tasks, in start order (stopped in reverse): what ClickHouse keeps per table
+        self.tasks: dict[str, BackgroundTask] = {
+            "queue_updating": self.queue_updating,
+            "queue_executing": self.executor,
+            "cleanup": self.cleanup,
+            "part_check": self.part_check,
+            "restarting": self.restarting,
+            **{task.name.removeprefix(f"{spec.name}:"): task for task in self.ops.tasks},
+            "staging": self.staging.task,
+        }
+        if self.store.remote is not None:  # S3 disk: local parts of a table whose policy became an S3 one
             self.mover = PartMover(self.store, self.store.remote, self.fetcher, self.paths)
-            self._tasks.append(self.mover)
+            self.tasks["zero_copy_mover"] = self.mover
+            scan_period = float(spec.settings.get("remote_fs_orphan_scan_period_s", 0))
+            if self.store.remote.zero_copy and scan_period > 0:
+                self.tasks["zero_copy_orphan_scan"] = OrphanScan(self.store.remote, scan_period)
+        #: statements other modules implement (OPTIMIZE, ALTER … DELETE/UPDATE, DROP PARTITION …)
+        self.statement_handlers: dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]] = {
+            **self.admin.handlers()}
 
     # ------------------------------------------------------------------------------------------- protocol
 
@@ -283,15 +170,15 @@ class TableReplica:
         except CONNECTION_ERRORS as e:
             # no ZooKeeper: serve reads; the restarting task completes the start-up once it answers
             log.warning("replica_started_readonly", table=str(self.spec.name), error=str(e))
-        self.env.interserver.register(
-            self.paths.me.root,
-            Endpoint(lookup=self._part_for_send, on_broken_part=self.enqueue_part_check,
-                     zero_copy=self.store.remote.serialized_metadata
-                     if self.store.remote is not None and self.store.remote.zero_copy else None),
-        )
+        remote = self.store.remote
+        if remote is not None and remote.zero_copy:  # peers sharing the bucket get the metadata only
+            self.env.interserver.serve(self.paths.me.root, self._part_for_send, self.enqueue_part_check,
+                                       zero_copy=remote.serialized_metadata)
+        else:
+            self.env.interserver.serve(self.paths.me.root, self._part_for_send, self.enqueue_part_check)
         self.executor.on_parts_changed = self._on_parts_changed
         self.ops.install()
-        for task in self._tasks:
+        for task in self.tasks.values():
             if self.supervisor is not None:
                 taken = {t.name for t in self.supervisor.tasks}
                 base, n = task.name, 1
@@ -371,13 +258,15 @@ class TableReplica:
         self.puller.log_pointer = pointer
 
     async def stop(self) -> None:
-        """Stop background work, withdraw the endpoint and ``is_active`` (the data stays)."""
+        """Undo :meth:`start` in reverse order: the background tasks (last started first) and the queue work
+        in flight, the DataPartsExchange endpoint, then the ZooKeeper start-up's leader candidacy and
+        ``is_active`` (the data stays)."""
         self._stopping = True
         if self.supervisor is not None:
             await self.supervisor.stop_group(self._task_group)
-        for task in self._tasks:
+        for task in reversed(self.tasks.values()):
             task.request_stop()
-        for runner in self._own_runners:
+        for runner in reversed(self._own_runners):
             try:
                 await asyncio.wait_for(runner, timeout=10)
             except (TimeoutError, asyncio.CancelledError):
@@ -386,7 +275,7 @@ class TableReplica:
                 log.warning("task_stopped_with_error", error=str(e))
         self._own_runners.clear()
         await self.executor.cancel_running()
-        self.env.interserver.unregister(self.paths.me.root)
+        self.env.interserver.withdraw(self.paths.me.root)
         await self.fetcher.close()
         if self.keeper.session_state is SessionState.CONNECTED:
             await self.leader.leave()
@@ -444,11 +333,11 @@ class TableReplica:
         self.part_check.wakeup()
         self.cleanup.wakeup()
 
-    def _part_for_send(self, name: str) -> PartToSend | None:
+    def _part_for_send(self, name: str) -> ServedPart | None:
         part = self.store.for_send(name)
         if part is None:
             return None
-        return PartToSend(part.path, part.directory.checksums)
+        return ServedPart(part.path, part.directory.checksums)
 
     # ------------------------------------------------------------------------------------------- insert
 
@@ -483,6 +372,10 @@ class TableReplica:
                 nbytes += table.nbytes
                 temp_parts = await write_block(table, self.schema, self.layout, self.writer_settings, ctx)
                 for tp in temp_parts:
+                    if fault_plant.planted("ack_before_commit"):  # test-only planted bug
+                        fault_plant.later(self.committer.commit(tp, quorum, quorum_timeout_s))
+                        parts, rows = parts + 1, rows + tp.rows
+                        continue
                     result = await self.committer.commit(tp, quorum, quorum_timeout_s)
                     if result.deduplicated:
                         dedup += 1
@@ -568,7 +461,7 @@ class TableReplica:
 
     def status(self) -> dict[str, Any]:
         """The ``system.replicas`` row and replicad's own health fields."""
-        return replica_status.replicas_row(self, self._zk_summary, self._tasks)
+        return replica_status.replicas_row(self, self._zk_summary, list(self.tasks.values()))
 
     async def replicas_summary(self) -> dict[str, int]:
         """``total_replicas`` / ``active_replicas`` / ``log_max_index`` (need ZooKeeper)."""
@@ -607,13 +500,6 @@ class TableReplica:
 
     async def staged_status(self, run: str) -> dict[str, Any]:
         return await self.staging.status(run)
-
-
-def create_engine(config: Config, supervisor: Supervisor, metrics: object) -> Engine:
-    """The daemon's engine factory (``replicad.daemon.DEFAULT_ENGINE``)."""
-    from replicad.catalog import ReplicationEngine
-
-    return ReplicationEngine(config, supervisor, metrics)
 
 
 def _remove_dirs(paths: list[Path]) -> None:

@@ -6,20 +6,30 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from replicad.errors import KeeperNoNodeError
 from replicad.keeper.client import Keeper, SessionState
 from replicad.keeper.paths import TablePaths
+from replicad.replication.init import TableStructure
 from replicad.replication.part_store import PartState, PartStore
+from replicad.replication.table_context import TableContext
+from replicad.replication.table_ops import TableOperations
 from replicad.tasks import BackgroundTask
 
-if TYPE_CHECKING:
-    from replicad.replica import TableReplica
+
+class ReplicaView(TableContext, Protocol):
+    """A table replica as its ``system.replicas`` row sees it."""
+
+    @property
+    def structure(self) -> TableStructure | None: ...
+
+    @property
+    def ops(self) -> TableOperations: ...
 
 
 def replicas_row(
-    r: TableReplica, zk_summary: Mapping[str, int], tasks: Sequence[BackgroundTask]
+    r: ReplicaView, zk_summary: Mapping[str, int], tasks: Sequence[BackgroundTask]
 ) -> dict[str, Any]:
     """``system.replicas`` of ``r``; ``zk_summary`` as :func:`zookeeper_summary` last answered."""
     qs = r.queue_state.status()

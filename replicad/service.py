@@ -33,7 +33,6 @@ from replicad.storage.types import DataType
 
 if TYPE_CHECKING:
     from replicad.config import Config
-    from replicad.server.metrics import Metrics
     from replicad.tasks import Supervisor
 
 
@@ -333,5 +332,11 @@ class Engine(Protocol):
         ...
 
 
+class EngineMetrics(Protocol):
+    """What the engine reports to the daemon's metrics (``replicad.server.metrics.Metrics``)."""
+
+    def observe_zookeeper(self, request: str, seconds: float) -> None: ...
+
+
 class EngineFactory(Protocol):
-    def __call__(self, config: Config, supervisor: Supervisor, metrics: Metrics) -> Engine: ...
+    def __call__(self, config: Config, supervisor: Supervisor, metrics: EngineMetrics) -> Engine: ...

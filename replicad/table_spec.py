@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from replicad.replication.exchange import PartsExchange
 from replicad.replication.fetcher import FetchCredentials
-from replicad.server.interserver import InterserverServer
 from replicad.service import TableName
 from replicad.storage.types import DataType
 from replicad.storage.writer import WriterSettings
@@ -37,7 +37,7 @@ class ReplicaEnv:
     """Process-wide things a replica uses."""
 
     data_path: Path
-    interserver: InterserverServer
+    interserver: PartsExchange  # the DataPartsExchange transport (server.parts_exchange adapts the HTTP one)
     interserver_host: str  # published in replicas/<r>/host
     tz: str = "UTC"
     credentials: FetchCredentials = field(default_factory=FetchCredentials)

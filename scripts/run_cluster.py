@@ -2,7 +2,7 @@
 
     python -m scripts.run_cluster [--rows 1000000] [--keep] [--reuse-data]
 
-1. starts a ZooKeeper (tests/support/zookeeper.py) with its data under ./run-data/zookeeper;
+1. starts a ZooKeeper (replicad/devtools/zookeeper.py) with its data under ./run-data/zookeeper;
 2. starts ``python -m replicad run --config …`` for each of config/cluster/r*.yaml (data under ./run-data/);
    if one of their ports is taken, configs with free ports are generated into ./run-data/config/ instead;
 3. waits for ``/ping`` and for the demo table, then runs examples/spark_events.py against replica 1;
@@ -11,8 +11,8 @@
 5. stops everything — at the end, on Ctrl-C or on SIGTERM.  ``--keep`` keeps the cluster serving until
    Ctrl-C.  ./run-data is wiped at start unless ``--reuse-data``.
 
-The ``Daemon`` helper (start/wait/query/stop one ``replicad run`` process) is also used by the Spark
-integration test.
+The ``Daemon`` helper (start/wait/query/stop one ``replicad run`` process) lives in
+``replicad/devtools/daemon.py``, shared with the benchmarks and the tests.
 """
 
 from __future__ import annotations
@@ -26,168 +26,37 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import yaml
 
-from tests.support import process
-from tests.support.ports import free_port
-from tests.support.zookeeper import ZooKeeperServer
+from replicad.devtools.daemon import (
+    DEMO_DDL,
+    DEMO_TABLE,
+    REPO,
+    Daemon,
+    HttpError,
+    daemon_env,
+    replica_config,
+    wait_in_sync,
+)
+from replicad.devtools.ports import free_port
+from replicad.devtools.zookeeper import ZooKeeperServer
 
-REPO = Path(__file__).resolve().parents[1]
+# Daemon, replica_config … are re-exported for branches that still import them from here
+__all__ = [
+    "DEMO_DDL", "DEMO_TABLE", "Daemon", "HttpError", "daemon_env", "main", "replica_config", "wait_in_sync",
+]
+
 RUN_DATA = Path("run-data")
 CLUSTER_CONFIGS = Path("config/cluster")
-DEMO_TABLE = "db.events"
-DEMO_DDL = (
-    "CREATE TABLE IF NOT EXISTS db.events (d Date, ts DateTime, user_id UInt64, kind String) "
-    "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/events', '{replica}') "
-    "PARTITION BY toYYYYMM(d) ORDER BY (kind, user_id, ts)"
-)
 
 
 def say(text: str) -> None:
     print(f"[run_cluster] {text}", flush=True)
-
-
-# ---- one daemon -------------------------------------------------------------------------------------------
-
-
-class HttpError(RuntimeError):
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(f"HTTP {status}: {text.strip()}")
-        self.status = status
-        self.text = text
-
-
-def daemon_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a daemon: no stray REPLICAD_* overrides from the caller, the repo importable."""
-    skip = ("REPLICAD_", "NOTIFY_SOCKET", "WATCHDOG_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.update(extra or {})
-    return env
-
-
-@dataclass
-class Daemon:
-    """One ``python -m replicad run --config <config_path>`` process (paths relative to ``cwd``)."""
-
-    config_path: Path
-    cwd: Path = REPO
-    log_path: Path | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-
-    def __post_init__(self) -> None:
-        cfg = yaml.safe_load((self.cwd / self.config_path).read_text())
-        self.name: str = str(cfg["replica"])
-        api = cfg.get("api") or {}
-        host = str(api.get("listen_host", "127.0.0.1"))
-        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        self.url = f"http://{host}:{int(api.get('port', 8123))}"
-        self.data_path = self.cwd / str(cfg.get("data_path", "."))
-        if self.log_path is None:
-            self.log_path = self.data_path.parent / "logs" / f"{self.name}.log"
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self) -> None:
-        assert self.log_path is not None
-        argv = [sys.executable, "-m", "replicad", "run", "--config", str(self.config_path)]
-        self.proc = process.spawn(argv, self.log_path, cwd=self.cwd, env=daemon_env(self.env))
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM (the daemon's ordered shutdown), SIGKILL after ``timeout``."""
-        if self.proc is None:
-            return None
-        code = process.terminate(self.proc, signal.SIGTERM, timeout=timeout)
-        self.proc = None
-        return code
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            process.kill(self.proc)
-            self.proc = None
-
-    def log_tail(self, lines: int = 40) -> str:
-        assert self.log_path is not None
-        return process.tail(self.log_path, lines)
-
-    # -- HTTP
-
-    def http(self, path: str, body: bytes | None = None, timeout: float = 30.0) -> str:
-        req = urllib.request.Request(self.url + path, data=body, method="GET" if body is None else "POST")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return bytes(resp.read()).decode("utf-8", "replace")
-        except urllib.error.HTTPError as e:
-            raise HttpError(e.code, e.read().decode("utf-8", "replace")) from None
-
-    def query(self, sql: str, *, post: bool = False, timeout: float = 30.0) -> str:
-        path = "/?" + urllib.parse.urlencode({"query": sql})
-        return self.http(path, b"" if post else None, timeout)
-
-    def count(self, table: str = DEMO_TABLE, timeout: float = 60.0) -> int:
-        return int(self.query(f"SELECT count() FROM {table}", timeout=timeout).strip())
-
-    def wait_ready(self, table: str | None = None, timeout: float = 90.0) -> None:
-        """Until ``/ping`` answers (and ``table`` can be counted); RuntimeError with the log tail if not."""
-        deadline = time.monotonic() + timeout
-        last: object = None
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"replica {self.name} exited with {self.proc.returncode}:\n"
-                                   f"{self.log_tail()}")
-            try:
-                pinged = self.http("/ping", timeout=2).strip() == "Ok."
-                if pinged and (table is None or self.count(table) >= 0):
-                    return
-            except (HttpError, OSError, ValueError) as e:
-                last = e
-            time.sleep(0.2)
-        raise RuntimeError(f"replica {self.name} not ready after {timeout}s ({last}):\n{self.log_tail()}")
-
-    def status_text(self) -> str:
-        r = subprocess.run([sys.executable, "-m", "replicad", "status", "--url", self.url], cwd=self.cwd,
-                           env=daemon_env(), capture_output=True, text=True, timeout=60)
-        return r.stdout + r.stderr
-
-
-def wait_in_sync(daemons: Sequence[Daemon], table: str, expected: int | None = None,
-                 timeout: float = 600.0) -> dict[str, int]:
-    """``SYSTEM SYNC REPLICA`` on every replica, then poll ``count()`` until all agree (and equal
-    ``expected`` if given).  Returns the counts; TimeoutError with them if that never happens."""
-    deadline = time.monotonic() + timeout
-    counts: dict[str, int] = {}
-
-    def sync(d: Daemon) -> None:
-        with contextlib.suppress(HttpError, OSError):
-            d.query(f"SYSTEM SYNC REPLICA {table}", post=True, timeout=max(1.0, deadline - time.monotonic()))
-
-    with ThreadPoolExecutor(len(daemons)) as pool:
-        list(pool.map(sync, daemons))
-    while True:
-        try:
-            counts = {d.name: d.count(table) for d in daemons}
-        except (HttpError, OSError, ValueError):
-            counts = {}
-        values = set(counts.values())
-        if len(counts) == len(daemons) and len(values) == 1 and (expected is None or expected in values):
-            return counts
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"replicas did not agree within {timeout}s: counts {counts}, "
-                               f"expected {expected}")
-        time.sleep(0.5)
 
 
 # ---- configs ----------------------------------------------------------------------------------------------
@@ -206,23 +75,6 @@ def _bindable(port: int) -> bool:
 def _zk_port(hosts: str) -> int:
     first = hosts.split("/", 1)[0].split(",")[0]
     return int(first.rsplit(":", 1)[1]) if ":" in first else 2181
-
-
-def replica_config(name: str, data_path: str, zk_hosts: str, api_port: int, interserver_port: int,
-                   tables: Sequence[str] = (DEMO_DDL,),
-                   settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A loopback-only replica config (as the shipped config/cluster/*.yaml)."""
-    return {
-        "replica": name,
-        "data_path": data_path,
-        "timezone": "UTC",
-        "macros": {"shard": "01"},
-        "zookeeper": {"hosts": zk_hosts, "session_timeout_s": 10},
-        "interserver": {"listen_host": "127.0.0.1", "port": interserver_port, "host": "127.0.0.1"},
-        "api": {"listen_host": "127.0.0.1", "port": api_port},
-        "settings": dict(settings or {}),
-        "tables": list(tables),
-    }
 
 
 def cluster_configs(root: Path) -> tuple[list[Path], int]:

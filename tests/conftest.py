@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.support import clickhouse as ch_support
-from tests.support import zookeeper as zk_support
-from tests.support.clickhouse import ClickHouseServer
-from tests.support.zookeeper import ZooKeeperServer
+from replicad.devtools import clickhouse as ch_support
+from replicad.devtools import zookeeper as zk_support
+from replicad.devtools.clickhouse import ClickHouseServer
+from replicad.devtools.zookeeper import ZooKeeperServer
 
 
 @pytest.hookimpl(hookwrapper=True)

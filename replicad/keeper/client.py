@@ -74,8 +74,8 @@ from replicad.keeper.ops import (
     ZnodeStat,
 )
 from replicad.keeper.poll import poll_select
-from replicad.keeper.session import SessionTracker
-from replicad.keeper.watches import ChildrenWatch, SessionEvents
+from replicad.keeper.session import SessionEvents, SessionTracker
+from replicad.keeper.watches import ChildrenWatch
 
 __all__ = [
     "ChildrenWatch",

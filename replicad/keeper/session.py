@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from replicad.keeper.ops import SessionState, StateCallback
-from replicad.keeper.watches import SessionEvents
 
 log = logging.getLogger(__name__)
 
@@ -127,3 +126,21 @@ class SessionTracker:
             task = self._require_loop().create_task(res)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+
+class SessionEvents:
+    """Async iterator over session state transitions (see ``Keeper.session_events``)."""
+
+    def __init__(self, keeper: SessionTracker) -> None:
+        self._keeper = keeper
+        self._queue: asyncio.Queue[SessionState] = asyncio.Queue()
+        keeper.add_state_listener(self._queue.put_nowait)
+
+    def __aiter__(self) -> SessionEvents:
+        return self
+
+    async def __anext__(self) -> SessionState:
+        return await self._queue.get()
+
+    def close(self) -> None:
+        self._keeper.remove_state_listener(self._queue.put_nowait)

@@ -1,38 +1,35 @@
-"""Long-lived subscriptions on a ``Keeper``: re-arming children watches and session event streams.
+"""Long-lived subscriptions on a ``Keeper``: re-arming children watches.
 
-Both run entirely on the asyncio loop and use only Keeper's public API (no kazoo here).
+They run entirely on the asyncio loop and use only the narrow :class:`WatchedKeeper` (no kazoo here);
+``Keeper`` (``client.py``) satisfies it.  Session event streams live in ``session.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from replicad.errors import KeeperError, KeeperNoNodeError
-from replicad.keeper.ops import SessionState, WatchEvent, WatchEventType
-
-if TYPE_CHECKING:
-    from replicad.keeper.client import Keeper
-    from replicad.keeper.session import SessionTracker
+from replicad.keeper.ops import WatchCallback, WatchEvent, WatchEventType
 
 
-class SessionEvents:
-    """Async iterator over session state transitions (see ``Keeper.session_events``)."""
+class WatchedKeeper(Protocol):
+    """What a :class:`ChildrenWatch` needs of its keeper."""
 
-    def __init__(self, keeper: SessionTracker) -> None:
-        self._keeper = keeper
-        self._queue: asyncio.Queue[SessionState] = asyncio.Queue()
-        keeper.add_state_listener(self._queue.put_nowait)
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
 
-    def __aiter__(self) -> SessionEvents:
-        return self
+    @property
+    def connected(self) -> bool: ...
 
-    async def __anext__(self) -> SessionState:
-        return await self._queue.get()
+    async def get_children(self, path: str, watch: WatchCallback | None = None) -> list[str]: ...
 
-    def close(self) -> None:
-        self._keeper.remove_state_listener(self._queue.put_nowait)
+    async def exists(self, path: str, watch: WatchCallback | None = None) -> object: ...
+
+    def dispatch(self, cb: Callable[[list[str]], object], arg: list[str]) -> None: ...
+
+    def _forget_watch(self, w: ChildrenWatch) -> None: ...
 
 
 class ChildrenWatch:
@@ -41,7 +38,7 @@ class ChildrenWatch:
     after a reconnect (the keeper calls ``rearm()``), and waits with an ``exists`` watch while the
     node is missing (reporting ``[]``)."""
 
-    def __init__(self, keeper: Keeper, path: str, callback: Callable[[list[str]], object]) -> None:
+    def __init__(self, keeper: WatchedKeeper, path: str, callback: Callable[[list[str]], object]) -> None:
         self.keeper = keeper
         self.path = path
         self.callback = callback

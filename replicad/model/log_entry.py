@@ -7,6 +7,10 @@ prints like ClickHouse's ``writeText``: an entry that only uses what 18.16 knows
 byte-identical to 18.16's own output; modern-only fields are printed the way modern servers print them (and
 ``readable_by_18_16`` is then False).
 
+Each entry type owns its body (ClickHouse's per-type ``readText``/``writeText``): ``_BODY_READERS`` maps the
+keyword line to its reader and ``_BODY_WRITERS`` maps the type to its writer; the header and the tail lines
+are common to all.
+
 ``create_time`` is unix seconds; the text holds it as local time of the server time zone, so parse and print
 take the time zone (default UTC).
 """
@@ -14,10 +18,12 @@ take the time zone (default UTC).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from replicad.errors import ZnodeFormatError
+from replicad.model.replace_range import ReplaceRangeEntry
 from replicad.model.text_io import (
     TextReader,
     check_raw,
@@ -26,7 +32,6 @@ from replicad.model.text_io import (
     escape,
     format_datetime,
     quote,
-    quote_list,
 )
 
 #: Levels that mark a "fake" part covering a block range (DROP/DETACH PARTITION, REPLACE PARTITION).
@@ -83,58 +88,6 @@ def part_level(name: str, data_format_version: int = 1) -> int:
 def is_fake_drop_range_name(name: str, data_format_version: int = 1) -> bool:
     """NEW's ``isFakeDropRangePart``: the level is 999999999 or 4294967295."""
     return part_level(name, data_format_version) in FAKE_DROP_LEVELS
-
-
-@dataclass(frozen=True)
-class ReplaceRangeEntry:
-    """Body of a REPLACE_RANGE entry (REPLACE/ATTACH PARTITION FROM, MOVE PARTITION)."""
-
-    drop_range_part_name: str
-    from_database: str
-    from_table: str
-    src_part_names: tuple[str, ...] = ()
-    new_part_names: tuple[str, ...] = ()
-    part_names_checksums: tuple[str, ...] = ()
-    columns_version: int = 0
-    #: One modern release wrote an optional escaped ``commands:`` line; None when absent.
-    commands: str | None = None
-
-    def to_text(self) -> str:
-        out = [
-            f"drop_range_name: {check_raw(self.drop_range_part_name, 'drop range name')}\n",
-            f"from_database: {escape(self.from_database)}\n",
-            f"from_table: {escape(self.from_table)}\n",
-        ]
-        if self.commands is not None:
-            out.append(f"commands: {escape(self.commands)}\n")
-        out.append(f"source_parts: {quote_list(self.src_part_names)}\n")
-        out.append(f"new_parts: {quote_list(self.new_part_names)}\n")
-        out.append(f"part_checksums: {quote_list(self.part_names_checksums)}\n")
-        out.append(f"columns_version: {self.columns_version}")
-        return "".join(out)
-
-    @classmethod
-    def read(cls, r: TextReader) -> ReplaceRangeEntry:
-        r.expect(b"drop_range_name: ")
-        drop_range = r.raw()
-        r.expect(b"\nfrom_database: ")
-        from_database = r.escaped()
-        r.expect(b"\nfrom_table: ")
-        from_table = r.escaped()
-        r.expect(b"\n")
-        commands = None
-        if r.check(b"commands: "):
-            commands = r.escaped()
-            r.expect(b"\n")
-        r.expect(b"source_parts: ")
-        src = r.quoted_list()
-        r.expect(b"\nnew_parts: ")
-        new = r.quoted_list()
-        r.expect(b"\npart_checksums: ")
-        checksums = r.quoted_list()
-        r.expect(b"\ncolumns_version: ")
-        columns_version = r.integer()
-        return cls(drop_range, from_database, from_table, src, new, checksums, columns_version, commands)
 
 
 @dataclass(frozen=True)
@@ -328,64 +281,10 @@ class LogEntry:
         ]
         if version >= 7:
             out.append(f"log_entry_id: {escape(self.log_entry_id)}\n")
-        has_uuid = bool(self.new_part_uuid) and self.new_part_uuid != _NIL_UUID
-        t = self.type
-        if t is LogEntryType.GET_PART:
-            out.append(f"get\n{name}")
-        elif t is LogEntryType.CLONE_PART_FROM_SHARD:
-            out.append(
-                f"clone_part_from_shard\n{name}\nsource_shard: {check_raw(self.source_shard, 'shard')}"
-            )
-        elif t is LogEntryType.ATTACH_PART:
-            out.append(f"attach\n{name}\npart_checksum: {check_raw(self.part_checksum, 'checksum')}")
-        elif t is LogEntryType.MERGE_PARTS:
-            out.append("merge\n")
-            out.extend(f"{check_raw(s, 'part name')}\n" for s in self.source_parts)
-            out.append(f"into\n{name}\ndeduplicate: {int(self.deduplicate)}")
-            if self.merge_type != MERGE_TYPE_REGULAR:
-                out.append(f"\nmerge_type: {self.merge_type}")
-            if has_uuid:
-                out.append(f"\ninto_uuid: {self.new_part_uuid}")
-            if self.deduplicate_by_columns:
-                out.append(
-                    "\ndeduplicate_by_columns: " + ",".join(quote(c) for c in self.deduplicate_by_columns)
-                )
-            if self.cleanup:
-                out.append("\ncleanup: 1")
-            if self.patch_parts:
-                out.append(f"\napply_patches: {len(self.patch_parts)}")
-                out.extend(f"\n{check_raw(p, 'part name')}" for p in self.patch_parts)
-        elif t in (LogEntryType.DROP_RANGE, LogEntryType.DROP_PART):
-            out.append(("detach\n" if self.detach else "drop\n") + name)
-        elif t is LogEntryType.CLEAR_COLUMN:
-            out.append(f"clear_column\n{escape(self.column_name)}\nfrom\n{name}")
-        elif t is LogEntryType.CLEAR_INDEX:
-            out.append(f"clear_index\n{escape(self.index_name)}\nfrom\n{name}")
-        elif t is LogEntryType.REPLACE_RANGE:
-            if self.replace_range is None:
-                raise ZnodeFormatError("REPLACE_RANGE entry without its range description")
-            out.append("REPLACE_RANGE\n" + self.replace_range.to_text())
-        elif t is LogEntryType.MUTATE_PART:
-            if len(self.source_parts) != 1:
-                raise ZnodeFormatError(
-                    f"MUTATE_PART needs exactly one source part, got {self.source_parts!r}"
-                )
-            out.append(f"mutate\n{check_raw(self.source_parts[0], 'part name')}\nto\n{name}")
-            if has_uuid:
-                out.append(f"\nto_uuid\n{self.new_part_uuid}")
-            if self.alter_version != -1:
-                out.append(f"\nalter_version\n{self.alter_version}")
-        elif t is LogEntryType.ALTER_METADATA:
-            columns, metadata = encode(self.columns_str), encode(self.metadata_str)
-            out.append(
-                f"alter\nalter_version\n{self.alter_version}\nhave_mutation\n{int(self.have_mutation)}\n"
-                f"columns_str_size:\n{len(columns)}\n{self.columns_str}\n"
-                f"metadata_str_size:\n{len(metadata)}\n{self.metadata_str}"
-            )
-        elif t is LogEntryType.SYNC_PINNED_PART_UUIDS:
-            out.append("sync_pinned_part_uuids\n")
-        else:  # pragma: no cover - exhaustive
-            raise ZnodeFormatError(f"Unknown log entry type {t!r}")
+        write_body = _BODY_WRITERS.get(self.type)
+        if write_body is None:  # pragma: no cover - every type has a writer
+            raise ZnodeFormatError(f"Unknown log entry type {self.type!r}")
+        out.append(write_body(self, name))
         out.append("\n")
         if self.part_type not in ("Wide", "", "Unknown"):
             out.append(f"part_type: {check_raw(self.part_type, 'part type')}\n")
@@ -435,84 +334,12 @@ class LogEntry:
             r.expect(b"log_entry_id: ")
             f["log_entry_id"] = r.escaped()
             r.expect(b"\n")
-        type_str = r.raw()
+        keyword = r.raw()
         r.expect(b"\n")
-        trailing_newline_found = False
-        if type_str == "get":
-            f["type"] = LogEntryType.GET_PART
-            f["new_part_name"] = r.raw()
-        elif type_str == "attach":
-            f["type"] = LogEntryType.ATTACH_PART
-            f["new_part_name"] = r.raw()
-            r.expect(b"\npart_checksum: ")
-            f["part_checksum"] = r.raw()
-        elif type_str == "merge":
-            f["type"] = LogEntryType.MERGE_PARTS
-            sources: list[str] = []
-            while True:
-                if r.eof():
-                    raise r.error("merge entry without 'into'")
-                s = r.raw()
-                r.expect(b"\n")
-                if s == "into":
-                    break
-                sources.append(s)
-            f["source_parts"] = tuple(sources)
-            f["new_part_name"] = r.raw()
-            if version >= 4:
-                r.expect(b"\ndeduplicate: ")
-                f["deduplicate"] = r.boolean()
-                trailing_newline_found = _read_merge_options(r, f)
-        elif type_str in ("drop", "detach"):
-            name = r.raw()
-            f["new_part_name"] = name
-            f["detach"] = type_str == "detach"
-            fake = is_fake_drop_range_name(name, data_format_version)
-            f["type"] = LogEntryType.DROP_RANGE if fake else LogEntryType.DROP_PART
-        elif type_str in ("clear_column", "clear_index"):
-            f["type"] = LogEntryType.CLEAR_COLUMN if type_str == "clear_column" else LogEntryType.CLEAR_INDEX
-            f["column_name" if type_str == "clear_column" else "index_name"] = r.escaped()
-            r.expect(b"\nfrom\n")
-            f["new_part_name"] = r.raw()
-        elif type_str == "REPLACE_RANGE":
-            f["type"] = LogEntryType.REPLACE_RANGE
-            f["replace_range"] = ReplaceRangeEntry.read(r)
-        elif type_str == "mutate":
-            f["type"] = LogEntryType.MUTATE_PART
-            f["source_parts"] = (r.raw(),)
-            r.expect(b"\nto\n")
-            f["new_part_name"] = r.raw()
-            while not trailing_newline_found:
-                r.expect(b"\n")
-                if r.check(b"alter_version\n"):
-                    f["alter_version"] = r.integer()
-                elif r.check(b"to_uuid\n"):
-                    f["new_part_uuid"] = r.uuid()
-                else:
-                    trailing_newline_found = True
-        elif type_str == "alter":
-            f["type"] = LogEntryType.ALTER_METADATA
-            r.expect(b"alter_version\n")
-            f["alter_version"] = r.integer()
-            r.expect(b"\nhave_mutation\n")
-            f["have_mutation"] = r.boolean()
-            r.expect(b"\ncolumns_str_size:\n")
-            n = r.unsigned()
-            r.expect(b"\n")
-            f["columns_str"] = decode(r.take(n))
-            r.expect(b"\nmetadata_str_size:\n")
-            n = r.unsigned()
-            r.expect(b"\n")
-            f["metadata_str"] = decode(r.take(n))
-        elif type_str == "sync_pinned_part_uuids":
-            f["type"] = LogEntryType.SYNC_PINNED_PART_UUIDS
-        elif type_str == "clone_part_from_shard":
-            f["type"] = LogEntryType.CLONE_PART_FROM_SHARD
-            f["new_part_name"] = r.raw()
-            r.expect(b"\nsource_shard: ")
-            f["source_shard"] = r.raw()
-        else:
-            raise r.error(f"unknown log entry type {type_str!r}")
+        read_body = _BODY_READERS.get(keyword)
+        if read_body is None:
+            raise r.error(f"unknown log entry type {keyword!r}")
+        trailing_newline_found = read_body(r, f, _Body(keyword, version, data_format_version))
         if not trailing_newline_found:
             r.expect(b"\n")
         _read_tail(r, f)
@@ -572,3 +399,201 @@ def _read_tail(r: TextReader, f: dict[str, object]) -> None:
         r.expect(b"\n")
     if extra:
         f["extra_lines"] = tuple(extra)
+
+
+# ---- the body of each entry type: its text after the header, as ClickHouse's writeText / readText ----------
+
+
+def _uuid_set(e: LogEntry) -> bool:
+    return bool(e.new_part_uuid) and e.new_part_uuid != _NIL_UUID
+
+
+def _write_merge(e: LogEntry, name: str) -> str:
+    out = ["merge\n"]
+    out.extend(f"{check_raw(s, 'part name')}\n" for s in e.source_parts)
+    out.append(f"into\n{name}\ndeduplicate: {int(e.deduplicate)}")
+    if e.merge_type != MERGE_TYPE_REGULAR:
+        out.append(f"\nmerge_type: {e.merge_type}")
+    if _uuid_set(e):
+        out.append(f"\ninto_uuid: {e.new_part_uuid}")
+    if e.deduplicate_by_columns:
+        out.append("\ndeduplicate_by_columns: " + ",".join(quote(c) for c in e.deduplicate_by_columns))
+    if e.cleanup:
+        out.append("\ncleanup: 1")
+    if e.patch_parts:
+        out.append(f"\napply_patches: {len(e.patch_parts)}")
+        out.extend(f"\n{check_raw(p, 'part name')}" for p in e.patch_parts)
+    return "".join(out)
+
+
+def _write_replace_range(e: LogEntry, name: str) -> str:
+    if e.replace_range is None:
+        raise ZnodeFormatError("REPLACE_RANGE entry without its range description")
+    return "REPLACE_RANGE\n" + e.replace_range.to_text()
+
+
+def _write_mutate(e: LogEntry, name: str) -> str:
+    if len(e.source_parts) != 1:
+        raise ZnodeFormatError(f"MUTATE_PART needs exactly one source part, got {e.source_parts!r}")
+    out = f"mutate\n{check_raw(e.source_parts[0], 'part name')}\nto\n{name}"
+    if _uuid_set(e):
+        out += f"\nto_uuid\n{e.new_part_uuid}"
+    if e.alter_version != -1:
+        out += f"\nalter_version\n{e.alter_version}"
+    return out
+
+
+def _write_alter(e: LogEntry, name: str) -> str:
+    columns, metadata = encode(e.columns_str), encode(e.metadata_str)
+    return (f"alter\nalter_version\n{e.alter_version}\nhave_mutation\n{int(e.have_mutation)}\n"
+            f"columns_str_size:\n{len(columns)}\n{e.columns_str}\n"
+            f"metadata_str_size:\n{len(metadata)}\n{e.metadata_str}")
+
+
+#: type -> its body text (``name`` is the checked ``new_part_name``), without the body's final LF
+_BODY_WRITERS: dict[LogEntryType, Callable[[LogEntry, str], str]] = {
+    LogEntryType.GET_PART: lambda e, name: f"get\n{name}",
+    LogEntryType.ATTACH_PART: lambda e, name: (
+        f"attach\n{name}\npart_checksum: {check_raw(e.part_checksum, 'checksum')}"),
+    LogEntryType.MERGE_PARTS: _write_merge,
+    LogEntryType.DROP_RANGE: lambda e, name: ("detach\n" if e.detach else "drop\n") + name,
+    LogEntryType.DROP_PART: lambda e, name: ("detach\n" if e.detach else "drop\n") + name,
+    LogEntryType.CLEAR_COLUMN: lambda e, name: f"clear_column\n{escape(e.column_name)}\nfrom\n{name}",
+    LogEntryType.CLEAR_INDEX: lambda e, name: f"clear_index\n{escape(e.index_name)}\nfrom\n{name}",
+    LogEntryType.REPLACE_RANGE: _write_replace_range,
+    LogEntryType.MUTATE_PART: _write_mutate,
+    LogEntryType.ALTER_METADATA: _write_alter,
+    LogEntryType.SYNC_PINNED_PART_UUIDS: lambda e, name: "sync_pinned_part_uuids\n",
+    LogEntryType.CLONE_PART_FROM_SHARD: lambda e, name: (
+        f"clone_part_from_shard\n{name}\nsource_shard: {check_raw(e.source_shard, 'shard')}"),
+}
+
+
+@dataclass(frozen=True)
+class _Body:
+    """What a body reader knows besides the text: its keyword and the header's format version."""
+
+    keyword: str
+    version: int
+    data_format_version: int
+
+
+def _read_get(r: TextReader, f: dict[str, object], b: _Body) -> bool:
+    f["type"] = LogEntryType.GET_PART
+    f["new_part_name"] = r.raw()
+    return False
+
+
+def _read_attach(r: TextReader, f: dict[str, object], b: _Body) -> bool:
+    f["type"] = LogEntryType.ATTACH_PART
+    f["new_part_name"] = r.raw()
+    r.expect(b"\npart_checksum: ")
+    f["part_checksum"] = r.raw()
+    return False
+
+
+def _read_merge(r: TextReader, f: dict[str, object], b: _Body) -> bool:
+    f["type"] = LogEntryType.MERGE_PARTS
+    sources: list[str] = []
+    while True:
+        if r.eof():
+            raise r.error("merge entry without 'into'")
+        s = r.raw()
+        r.expect(b"\n")
+        if s == "into":
+            break
+        sources.append(s)
+    f["source_parts"] = tuple(sources)
+    f["new_part_name"] = r.raw()
+    if b.version < 4:
+        return False
+    r.expect(b"\ndeduplicate: ")
+    f["deduplicate"] = r.boolean()
+    return _read_merge_options(r, f)
+
+
+def _read_drop(r: TextReader, f: dict[str, object], b: _Body) -> bool:
+    name = r.raw()
+    f["new_part_name"] = name
+    f["detach"] = b.keyword == "detach"
+    fake = is_fake_drop_range_name(name, b.data_format_version)
+    f["type"] = LogEntryType.DROP_RANGE if fake else LogEntryType.DROP_PART
+    return False
+
+
+def _read_clear(r: TextReader, f: dict[str, object], b: _Body) -> bool:
+    column = b.keyword == "clear_column"
+    f["type"] = LogEntryType.CLEAR_COLUMN if column else LogEntryType.CLEAR_INDEX
+    f["column_name" if column else "index_name"] = r.escaped()
+    r.expect(b"\nfrom\n")
+    f["new_part_name"] = r.raw()
+    return False
+
+
+def _read_replace_range(r: TextReader, f: dict[str, object], b: _Body) -> bool:
+    f["type"] = LogEntryType.REPLACE_RANGE
+    f["replace_range"] = ReplaceRangeEntry.read(r)
+    return False
+
+
+def _read_mutate(r: TextReader, f: dict[str, object], b: _Body) -> bool:
+    f["type"] = LogEntryType.MUTATE_PART
+    f["source_parts"] = (r.raw(),)
+    r.expect(b"\nto\n")
+    f["new_part_name"] = r.raw()
+    while True:
+        r.expect(b"\n")
+        if r.check(b"alter_version\n"):
+            f["alter_version"] = r.integer()
+        elif r.check(b"to_uuid\n"):
+            f["new_part_uuid"] = r.uuid()
+        else:
+            return True
+
+
+def _read_alter(r: TextReader, f: dict[str, object], b: _Body) -> bool:
+    f["type"] = LogEntryType.ALTER_METADATA
+    r.expect(b"alter_version\n")
+    f["alter_version"] = r.integer()
+    r.expect(b"\nhave_mutation\n")
+    f["have_mutation"] = r.boolean()
+    r.expect(b"\ncolumns_str_size:\n")
+    n = r.unsigned()
+    r.expect(b"\n")
+    f["columns_str"] = decode(r.take(n))
+    r.expect(b"\nmetadata_str_size:\n")
+    n = r.unsigned()
+    r.expect(b"\n")
+    f["metadata_str"] = decode(r.take(n))
+    return False
+
+
+def _read_sync_pinned(r: TextReader, f: dict[str, object], b: _Body) -> bool:
+    f["type"] = LogEntryType.SYNC_PINNED_PART_UUIDS
+    return False
+
+
+def _read_clone(r: TextReader, f: dict[str, object], b: _Body) -> bool:
+    f["type"] = LogEntryType.CLONE_PART_FROM_SHARD
+    f["new_part_name"] = r.raw()
+    r.expect(b"\nsource_shard: ")
+    f["source_shard"] = r.raw()
+    return False
+
+
+#: the body's keyword line -> its reader, which fills the entry's fields and returns True when it consumed
+#: the body's final LF itself (the bodies with optional lines read one line past their end)
+_BODY_READERS: dict[str, Callable[[TextReader, dict[str, object], _Body], bool]] = {
+    "get": _read_get,
+    "attach": _read_attach,
+    "merge": _read_merge,
+    "drop": _read_drop,
+    "detach": _read_drop,
+    "clear_column": _read_clear,
+    "clear_index": _read_clear,
+    "REPLACE_RANGE": _read_replace_range,
+    "mutate": _read_mutate,
+    "alter": _read_alter,
+    "sync_pinned_part_uuids": _read_sync_pinned,
+    "clone_part_from_shard": _read_clone,
+}

@@ -101,14 +101,7 @@ class MutationEntry:
         r.expect(b"\nsource replica: ")
         source_replica = r.raw()
         r.expect(b"\nblock numbers count: ")
-        count = r.unsigned()
-        r.expect(b"\n")
-        numbers: list[tuple[str, int]] = []
-        for _ in range(count):
-            partition_id = r.raw()
-            r.expect(b"\t")
-            numbers.append((partition_id, r.integer()))
-            r.expect(b"\n")
+        numbers = r.counted_pairs(r.raw, r.integer)
         r.expect(b"commands: ")
         commands = r.escaped()
         if not commands.strip():

@@ -137,12 +137,4 @@ class QuorumLastPart:
         if version != 2:
             return cls()  # as ClickHouse: an unknown version reads as "no parts"
         r.expect(b"parts count: ")
-        count = r.unsigned()
-        r.expect(b"\n")
-        parts: list[tuple[str, str]] = []
-        for _ in range(count):
-            pid = r.escaped()
-            r.expect(b"\t")
-            parts.append((pid, r.escaped()))
-            r.expect(b"\n")
-        return cls(tuple(parts))
+        return cls(tuple(r.counted_pairs(r.escaped, r.escaped)))

@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime
 from functools import lru_cache
+from typing import TypeVar
 from zoneinfo import ZoneInfo
 
 from replicad.errors import ZnodeFormatError
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 _ENC = "utf-8"
 _ERRORS = "surrogateescape"
@@ -280,3 +285,15 @@ class TextReader:
         out = self.data[self.pos : end]
         self.pos = end
         return out
+
+    def counted_pairs(self, read_key: Callable[[], K], read_value: Callable[[], V]) -> list[tuple[K, V]]:
+        """``N\n`` then N lines ``<key>\t<value>\n`` (the block numbers of a mutation, a quorum's parts)."""
+        count = self.unsigned()
+        self.expect(b"\n")
+        pairs: list[tuple[K, V]] = []
+        for _ in range(count):
+            key = read_key()
+            self.expect(b"\t")
+            pairs.append((key, read_value()))
+            self.expect(b"\n")
+        return pairs

@@ -4,7 +4,10 @@
   re-hashed against ``checksums.txt``, columns equal to the table's) and committed as an insert commits an
   existing part (18.16's ``writeExistingPart``): a new block number, so a new level-0 name, a GET_PART log
   entry that the other replicas fetch; no block id (an attached part is never deduplicated).  A part that
-  fails the check stays in ``detached/`` under its name, and the statement fails naming it.
+  fails the check stays in ``detached/`` under its name, and the statement fails naming it.  A part written
+  by current ClickHouse in a layout 18.16 cannot load (Compact, String size streams, sparse columns,
+  column codecs, compressed marks ...) is rewritten first as the 18.16 Wide part with the same rows, so
+  every replica of a mixed set can fetch and read it.
 * ``ALTER TABLE t DROP DETACHED PART 'p'`` / ``DROP DETACHED PARTITION p``: removes directories from this
   replica's ``detached/`` (local, not replicated, as in ClickHouse).
 * ``SYSTEM DROP REPLICA 'r' FROM TABLE t``: removes a dead replica's ``replicas/<r>`` subtree (not this
@@ -24,20 +27,35 @@ import re
 import shutil
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from replicad.errors import BadInputError, CorruptedDataError, KeeperNoNodeError, ReadOnlyError, ReplicadError
+from replicad.errors import (
+    BadInputError,
+    CorruptedDataError,
+    KeeperNoNodeError,
+    ReadOnlyError,
+    ReplicadError,
+    UnsupportedPartFormatError,
+)
 from replicad.logging import get_logger
-from replicad.model.log_entry import LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.replication.commit import TempPart
+from replicad.replication.table_context import TableContext
+from replicad.replication.table_ops import TableOperations
 from replicad.service import ExecuteResult, Statement, StatementKind
+from replicad.storage.merge import TableSchemaLike
+from replicad.storage.mutate import rewrite_part
 from replicad.storage.part import PartDirectory, columns_text
+from replicad.storage.reader import SYSTEM_COLUMNS, incompatibilities_with_18_16
+from replicad.storage.writer import WriterSettings
 
-if TYPE_CHECKING:
-    from replicad.replica import TableReplica
+
+class AdminContext(TableContext, Protocol):
+    """The table as the admin statements see it: its context and its merges/partition operations."""
+
+    @property
+    def ops(self) -> TableOperations: ...
 
 log = get_logger(__name__)
 
@@ -46,30 +64,15 @@ NO_SUCH_DATA_PART = 232
 INCOMPATIBLE_COLUMNS = 122
 TABLE_WAS_NOT_DROPPED = 305
 TMP_ATTACH = "tmp_attach_"
-_FETCHES = frozenset((LogEntryType.GET_PART,))
-_MERGES = frozenset((LogEntryType.MERGE_PARTS, LogEntryType.MUTATE_PART))
+TMP_CONVERT = "tmp_convert_"
+PATCH_PREFIX = "patch-"
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
-
-
-@dataclass
-class ActionBlockers:
-    """SYSTEM STOP FETCHES / STOP MERGES of one table (in memory, as in ClickHouse: a restart clears them)."""
-
-    fetches: bool = False
-    merges: bool = False
-
-    def reason(self, entry_type: LogEntryType) -> str | None:
-        if self.fetches and entry_type in _FETCHES:
-            return "Not executing fetch: fetches are stopped (SYSTEM STOP FETCHES)"
-        if self.merges and entry_type in _MERGES:
-            return "Not executing merge or mutation: merges are stopped (SYSTEM STOP MERGES)"
-        return None
 
 
 class TableAdmin:
     """The admin statements of one table (see the module docstring)."""
 
-    def __init__(self, replica: TableReplica) -> None:
+    def __init__(self, replica: AdminContext) -> None:
         self.replica = replica
 
     def handlers(self) -> dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]]:
@@ -104,6 +107,18 @@ class TableAdmin:
         pid = self.replica.ops.partition_id(cmd.partition)
         out = []
         for name in layout.list_detached():
+            if name.startswith(PATCH_PREFIX):  # current ClickHouse's lightweight UPDATE: never applied here
+                _uuid, _sep, base = name[len(PATCH_PREFIX):].partition("-")
+                try:
+                    patched = PartInfo.parse(base).partition_id == pid
+                except ValueError:
+                    patched = False
+                if patched:
+                    raise BadInputError(
+                        f"Detached {name} is a patch part of a lightweight UPDATE, which replicad does not "
+                        "apply: let ClickHouse merge it into its parts first (OPTIMIZE TABLE ... FINAL), or "
+                        "remove it to attach the parts without the update", code=48)
+                continue
             try:
                 info = PartInfo.parse(name)
             except ValueError:
@@ -136,16 +151,27 @@ class TableAdmin:
         info = PartInfo.parse(name)
         src = r.layout.detached_path / name
         tmp = r.layout.tmp_path(TMP_ATTACH, name)
+        converted = r.layout.tmp_path(TMP_CONVERT, name)
         await asyncio.to_thread(os.rename, src, tmp)
+        reasons: list[str] = []
         try:
             directory = await asyncio.to_thread(_check_detached, tmp, name, columns_text(r.spec.columns))
-            temp = TempPart(path=tmp, partition_id=info.partition_id, rows=directory.rows,
+            reasons = await asyncio.to_thread(incompatibilities_with_18_16, directory)
+            if reasons:  # a part of current ClickHouse: attached as the 18.16 Wide part with its rows
+                log.info("attach_converting_part", table=str(r.spec.name), part=name, reasons=reasons)
+                directory = await asyncio.to_thread(
+                    _convert_detached, tmp, converted, name, r.schema, r.writer_settings)
+            temp = TempPart(path=directory.path, partition_id=info.partition_id, rows=directory.rows,
                             checksums=directory.checksums, columns_text=directory.columns_text, block_id="")
             result = await r.committer.commit(temp)
         except BaseException:
+            if converted.exists():
+                await asyncio.to_thread(shutil.rmtree, converted, True)
             if tmp.exists():  # not committed: back where it was, under its name
                 await asyncio.to_thread(os.rename, tmp, src)
             raise
+        if reasons:  # the original of the converted part
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
         return result.part_name
 
     async def drop_detached(self, statement: Statement) -> ExecuteResult:
@@ -215,12 +241,26 @@ def _check_detached(path: Path, name: str, table_columns_text: str) -> PartDirec
     directory = PartDirectory.at(path).preload()
     try:
         directory.verify(check_uncompressed=True)
+    except UnsupportedPartFormatError as e:
+        raise BadInputError(f"Detached part {name} cannot be read: {e}", code=40) from None
     except (CorruptedDataError, OSError) as e:
         raise BadInputError(f"Detached part {name} is broken: {e}", code=40) from None
-    if directory.columns_text != table_columns_text:
+    own = [(n, t) for n, t in directory.column_types if n not in SYSTEM_COLUMNS]  # _row_exists ...
+    if columns_text(own) != table_columns_text:
         raise BadInputError(f"Detached part {name} has other columns than the table: its columns.txt is "
                             f"{directory.columns_text!r}", code=INCOMPATIBLE_COLUMNS)
     return directory
+
+
+def _convert_detached(source: Path, out: Path, name: str, schema: TableSchemaLike,
+                      settings: WriterSettings) -> PartDirectory:
+    """Rewrite a part written by current ClickHouse (Compact, size streams, sparse, codecs ...) as the
+    18.16 Wide part with the same rows; the source is left as it is."""
+    try:
+        rewrite_part(source, out, schema, settings)
+    except (UnsupportedPartFormatError, CorruptedDataError) as e:
+        raise BadInputError(f"Detached part {name} cannot be read: {e}", code=40) from None
+    return PartDirectory.at(out).preload()
 
 
 def _remove_detached(detached: Path, names: list[str]) -> None:

@@ -90,6 +90,8 @@ class QueueExecutor(BackgroundTask):
         self.max_parallel_fetches = max_parallel_fetches
         self.on_parts_changed = on_parts_changed
         self._running: dict[str, asyncio.Task[None]] = {}
+        #: queue nodes of done entries that could not be removed yet (see _delete_leftover_nodes)
+        self._undeleted: set[str] = set()
         self._fetches = 0
         self.executed_total = 0
         self.failed_total = 0
@@ -114,9 +116,23 @@ class QueueExecutor(BackgroundTask):
             return f"Not executing fetch because {self._fetches} fetches are already running"
         return None
 
+    async def _delete_leftover_nodes(self) -> None:
+        """Retry removing the queue nodes of done entries whose removal failed."""
+        for znode in sorted(self._undeleted):
+            try:
+                await self.keeper.delete(self.paths.me.queue_entry(znode))
+            except KeeperNoNodeError:
+                pass
+            except KeeperError:
+                return  # still no ZooKeeper: next time
+            self._undeleted.discard(znode)
+            log.info("queue_node_removed_later", node=znode)
+
     async def run_once(self) -> Outcome:
         if self.is_paused():
             return Outcome("paused", delay_s=1.0, fields={"running": len(self._running)})
+        if self._undeleted:
+            await self._delete_leftover_nodes()
         started = 0
         now = time.time()
         while len(self._running) < self.max_parallel:
@@ -130,6 +146,8 @@ class QueueExecutor(BackgroundTask):
             self._running[znode] = task
             started += 1
         delay = self._next_retry_delay(now)
+        if self._undeleted:
+            delay = min(delay, 1.0) if delay is not None else 1.0
         fields = {"started": started, "running": len(self._running), "queue_size": len(self.state)}
         if started:
             return Outcome("started_entries", did_work=False, delay_s=delay, fields=fields)
@@ -174,8 +192,10 @@ class QueueExecutor(BackgroundTask):
         except KeeperNoNodeError:
             pass
         except KeeperError as e:
-            # The node stays; the entry will be found (and skipped as done) after a reload.
+            # The node stays: deleted again on the next runs (a kazoo session survives a connection loss, so
+            # no reload would ever find it; left alone it stays in ZooKeeper's queue/ until a restart).
             log.error("queue_node_remove_failed", node=znode, error=str(e))
+            self._undeleted.add(znode)
         self.state.finish(znode, success=True, now=time.time())
         self.executed_total += 1
         await self._update_times(before_min, before_max)

@@ -35,7 +35,7 @@ from replicad.keeper.ops import Create, Op, Set
 from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ActiveMarker
-from replicad.model.table_metadata import ColumnsDescription, TableMetadata
+from replicad.sql.table_metadata import ColumnsDescription, TableMetadata
 
 log = get_logger(__name__)
 

@@ -86,6 +86,7 @@ class PartProducer:
         *,
         settings: ExecutorSettings | None = None,
         on_part_made: Callable[[], None] = lambda: None,
+        on_broken_part: Callable[[str], None] = lambda _name: None,
     ) -> None:
         self.keeper = keeper
         self.paths = paths
@@ -97,6 +98,9 @@ class PartProducer:
         self.writer_settings = writer_settings
         self.settings = settings or ExecutorSettings()
         self.on_part_made = on_part_made
+        #: told of the source parts of a merge or mutation that failed reading them (ClickHouse's
+        #: reportBrokenPart): the part check moves a broken one to detached/ and fetches it again
+        self.on_broken_part = on_broken_part
         self.merged_total = 0
         self.mutated_total = 0
         self.fetched_instead_total = 0
@@ -132,6 +136,19 @@ class PartProducer:
             return False
         log.info("prefer_to_fetch", part=entry.new_part_name, replica=source.replica)
         return True
+
+    async def _reading(self, sources: Sequence[LocalPart], fn: Callable[..., WrittenPart],
+                       *args: Any) -> WrittenPart:
+        """``fn(*args)`` in a thread; a source that cannot be read (checksum mismatch, truncated or missing
+        file) is reported to the part check before the error propagates, so the entry does not fail on the
+        same broken part forever (the part check decides which source is broken)."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except (CorruptedDataError, FileNotFoundError) as e:
+            for p in sources:
+                log.warning("merge_source_unreadable_checking", part=p.name, error=str(e))
+                self.on_broken_part(p.name)
+            raise
 
     async def _commit(self, selected: Selected, tmp_dir: Path, written: WrittenPart) -> bool:
         """checkPartChecksumsAndCommit for a part made here; False when another replica registered different
@@ -242,8 +259,8 @@ class PartProducer:
             return False
         started = time.monotonic()
         try:
-            written = await asyncio.to_thread(
-                merge_parts, [p.path for p in sources], tmp_dir, self.schema, self.writer_settings
+            written = await self._reading(
+                sources, merge_parts, [p.path for p in sources], tmp_dir, self.schema, self.writer_settings
             )
             if not await self._commit(selected, tmp_dir, written):
                 return False
@@ -301,8 +318,8 @@ class PartProducer:
             return False
         started = time.monotonic()
         try:
-            written = await asyncio.to_thread(
-                mutate_part, source.path, tmp_dir, self.schema, commands, self.writer_settings
+            written = await self._reading(
+                [source], mutate_part, source.path, tmp_dir, self.schema, commands, self.writer_settings
             )
             if not await self._commit(selected, tmp_dir, written):
                 return False

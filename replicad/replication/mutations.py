@@ -23,7 +23,7 @@ import bisect
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from replicad.errors import (
     KeeperBadVersionError,
@@ -44,10 +44,14 @@ from replicad.model.part_set import ActivePartSet
 from replicad.model.queue_state import QueueState
 from replicad.storage.mutate import MutationCommand
 
-if TYPE_CHECKING:
-    from replicad.replication.merge_predicate import MergePredicate
-
 log = get_logger(__name__)
+
+
+class FinishedMutations(Protocol):
+    """What :meth:`MutationsState.finalize` asks of a fresh merge predicate (``merge_predicate.py``)."""
+
+    def is_mutation_finished(self, entry: MutationEntry) -> bool: ...
+
 
 #: 18.16's MergeTreePartInfo::MAX_BLOCK_NUMBER, used as the mutation of a covering "fake" part
 MAX_BLOCK_NUMBER = 999_999_999
@@ -278,7 +282,7 @@ class MutationsState:
                     count += 1
         return count
 
-    async def finalize(self, load_predicate: Callable[[], Awaitable[MergePredicate]]) -> bool:
+    async def finalize(self, load_predicate: Callable[[], Awaitable[FinishedMutations]]) -> bool:
         """18.16's tryFinalizeMutations; True when some candidate is not finished yet (look again later)."""
         candidates: list[MutationStatus] = []
         for znode, st in self.by_znode.items():

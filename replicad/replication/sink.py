@@ -21,10 +21,10 @@ import pyarrow as pa
 from replicad.errors import BadInputError
 from replicad.model.block_id import block_id_from_checksums, block_id_from_token, block_token
 from replicad.model.checksums import Checksums
-from replicad.model.partition import PartitionKey, split_by_partition
-from replicad.model.table_metadata import ColumnsDescription
 from replicad.replication.commit import TempPart
 from replicad.sql.expressions import Expr, compile_key
+from replicad.sql.partition import PartitionKey, split_by_partition
+from replicad.sql.table_metadata import ColumnsDescription
 from replicad.storage.block import ColumnDefaults
 from replicad.storage.layout import TMP_INSERT, TableDataLayout
 from replicad.storage.types import DataType

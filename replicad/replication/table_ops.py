@@ -1,6 +1,7 @@
 """Merges, mutations and partition drops of one replicated table, wired into its :class:`TableReplica`.
 
-``TableOperations(replica)`` builds the pieces and hooks them into the replica's seams:
+``TableOperations(replica)`` takes the table's :class:`.table_context.TableContext` (the replica itself, seen
+through that narrow protocol), builds the pieces and hooks them into the replica's seams:
 
 * the queue executor's ``handlers`` run MERGE_PARTS / MUTATE_PART (:mod:`.merge_executor`) and
   DROP_RANGE / DROP_PART (:mod:`.drop_range`);
@@ -38,6 +39,7 @@ from replicad.replication.mutations import (
     storage_commands,
     wait_for_mutation,
 )
+from replicad.replication.table_context import TableContext
 from replicad.service import ExecuteResult, Statement, StatementKind
 from replicad.storage.merge import TableKeys
 from replicad.storage.mutate import compile_commands
@@ -45,7 +47,6 @@ from replicad.tasks import BackgroundTask, FunctionTask, Outcome
 
 if TYPE_CHECKING:
     from replicad.keeper.client import Keeper
-    from replicad.replica import TableReplica
     from replicad.sql.statements import PartitionSpec
 
 log = get_logger(__name__)
@@ -95,7 +96,7 @@ async def wait_for_log_entry(
 class TableOperations:
     """The merges / mutations / drops side of one :class:`TableReplica`."""
 
-    def __init__(self, replica: TableReplica, *, assigner_settings: AssignerSettings | None = None) -> None:
+    def __init__(self, replica: TableContext, *, assigner_settings: AssignerSettings | None = None) -> None:
         r = self.replica = replica
         s: dict[str, Any] = dict(r.spec.settings)
         name = str(r.spec.name)
@@ -114,6 +115,7 @@ class TableOperations:
             r.writer_settings,
             settings=ExecutorSettings.from_settings(s),
             on_part_made=self._on_part_made,
+            on_broken_part=r.enqueue_part_check,
         )
         self.drops = DropRanges(
             r.keeper,

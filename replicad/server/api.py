@@ -181,6 +181,10 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
     except BaseException:  # cancelled (client gone): still count the query as finished
         _finish_query(request, metrics, failed=True)
         raise
+    if resp.status >= 400 and request.body_exists and not request.content.at_eof():
+        # the body was not read to its end: the connection closes after this answer, so say so (a client
+        # that reused it would see it reset under its next request)
+        resp.force_close()
     _finish_query(request, metrics, failed=resp.status >= 400)
     kind = request.get(QUERY_KIND, "")
     metrics.http_requests.labels(name, kind, str(resp.status)).inc()

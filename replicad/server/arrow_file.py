@@ -19,10 +19,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as pa_ipc
 
+from replicad.server.input_columns import Converter, select_columns
+
 
 def parse_arrow_file(body: Any, spec: Any) -> Iterator[Any]:
     """The ``formats`` parser of Arrow IPC file input (run in a worker thread)."""
-    from replicad.server.formats import _Converter, _select_columns
 
     fd, path = tempfile.mkstemp(prefix="replicad-insert-", suffix=".arrow", dir=spec.spool_dir)
     try:
@@ -31,9 +32,9 @@ def parse_arrow_file(body: Any, spec: Any) -> Iterator[Any]:
                 f.write(data)
         with pa.memory_map(path) as source:
             reader = pa_ipc.open_file(source)
-            names, positions, types = _select_columns(spec, list(reader.schema.names))
+            names, positions, types = select_columns(spec, list(reader.schema.names))
             yield names
-            conv = _Converter(names, types, spec)
+            conv = Converter(names, types, spec)
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i)
                 yield from conv.feed([batch.column(p) for p in positions])

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from replicad.errors import BadPartNameError, CorruptedDataError
+from replicad.errors import BadPartNameError, CorruptedDataError, UnsupportedPartFormatError
 from replicad.logging import get_logger
 from replicad.model.checksums import Checksums
 from replicad.model.part_info import PartInfo
@@ -548,7 +548,8 @@ class InterserverServer:
         self, writer: asyncio.StreamWriter, endpoint: Endpoint, part_name: str, error: Exception, keep: bool
     ) -> None:
         """Nothing was answered yet: a 500 with the error (a damaged part is reported to its replica)."""
-        if isinstance(error, CorruptedDataError) and endpoint.on_broken_part is not None:
+        broken = isinstance(error, CorruptedDataError) and not isinstance(error, UnsupportedPartFormatError)
+        if broken and endpoint.on_broken_part is not None:
             endpoint.on_broken_part(part_name)
         log.warning("part_send_failed", part=part_name, error=str(error))
         await self._reply(writer, Reply(500, f"Cannot send part {part_name}: {error}\n"), keep)

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from replicad.errors import BadInputError, CorruptedDataError, ReplicadError
 from replicad.model.varint import encode_varuint
+from replicad.server.input_columns import Converter, select_columns
 from replicad.service import QueryResult
 from replicad.storage.types import (
     ArrayType,
@@ -302,7 +303,6 @@ def parse_native(body: Any, spec: Any) -> Iterator[Any]:
     """The ``formats`` parser of Native input (run in a worker thread): yields the insert's column names,
     then storage record batches cut into insert blocks.  A column sent with a type other than the
     table's is converted from the sent type (its user Arrow form), as the other formats' values are."""
-    from replicad.server.formats import _Converter, _select_columns
 
     blocks = iter_blocks(body.read)
     first = next(blocks, None)
@@ -310,9 +310,9 @@ def parse_native(body: Any, spec: Any) -> Iterator[Any]:
         yield [n for n, _ in spec.columns]
         return
     sent_names = first[0]
-    names, positions, types = _select_columns(spec, sent_names)
+    names, positions, types = select_columns(spec, sent_names)
     yield names
-    conv = _Converter(names, types, spec)
+    conv = Converter(names, types, spec)
     block: tuple[list[str], list[DataType], list[pa.Array]] | None = first
     while block is not None:
         got_names, got_types, arrays = block

@@ -189,11 +189,12 @@ _SIZE_FIELDS = ("marks", "data_compressed_bytes", "data_uncompressed_bytes", "ma
 def part_sizes(sums: Checksums) -> dict[str, int]:
     files = sums.files
     bins = [c for n, c in files.items() if n.endswith(".bin")]
-    marks = {n: c for n, c in files.items() if n.endswith((".mrk", ".mrk2"))}
+    marks = {n: c for n, c in files.items() if n.endswith((".mrk", ".mrk2", ".cmrk", ".cmrk2"))}
     n_marks = 0
     if marks:  # every column has one mark per granule: any marks file gives the count
         name, c = min(marks.items())
-        n_marks = c.file_size // (24 if name.endswith(".mrk2") else 16)
+        size = c.uncompressed_size if name.endswith((".cmrk", ".cmrk2")) else c.file_size
+        n_marks = size // (24 if name.endswith("mrk2") else 16)
     primary = files.get("primary.idx")
     return {
         "marks": n_marks,

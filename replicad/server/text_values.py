@@ -22,6 +22,7 @@ _LETTER_ESCAPES = (("\\t", "\t"), ("\\n", "\n"), ("\\r", "\r"), ("\\0", "\0"), (
 _UNESCAPE = {"t": "\t", "n": "\n", "r": "\r", "0": "\0", "b": "\b", "f": "\f", "a": "\a", "v": "\v",
              "e": "\x1b"}
 _PLAIN_ELEMENTS = ("Int", "UInt", "Float", "Decimal", "Date", "DateTime")
+_QUOTED_ELEMENTS = ("String", "FixedString(")
 
 
 def base_type(type_name: str) -> str:
@@ -68,6 +69,10 @@ def tsv_unescape(arr: pa.Array) -> pa.Array:
     if not pc.any(pc.match_substring(arr, "\\")).as_py():
         return arr
     nulls = pc.equal(arr, b"\\N")
+    if pc.any(nulls).as_py():  # a Nullable column whose only backslashes are its NULLs: nothing to unescape
+        without = pc.if_else(nulls, pa.scalar(None, pa.binary()), arr)
+        if not pc.any(pc.match_substring(without, "\\")).as_py():
+            return without
     parts = pc.split_pattern(arr, "\\\\")  # left to right, like the escape parser: `\\` is one backslash
     flat = parts.flatten()
     for esc, ch in _LETTER_ESCAPES:
@@ -121,8 +126,10 @@ def parse_array_text(arr: pa.Array, type_name: str) -> pa.Array:
         raise ValueError(0, f"{type_name} is not an array type")
     if not pa.types.is_binary(arr.type):
         arr = arr.cast(pa.binary())
-    if base_type(element).startswith(_PLAIN_ELEMENTS) and array_element(element) is None:
-        fast = _flat_plain(arr)
+    if array_element(element) is None:
+        element_type = base_type(element)
+        fast = _flat_plain(arr) if element_type.startswith(_PLAIN_ELEMENTS) else \
+            _flat_quoted(arr) if element_type.startswith(_QUOTED_ELEMENTS) else None
         if fast is not None:
             return fast
     values: list[Any] = []
@@ -143,23 +150,75 @@ def parse_array_text(arr: pa.Array, type_name: str) -> pa.Array:
         raise ValueError(0, f"array nesting does not match {type_name}: {e}") from None
 
 
-def _flat_plain(arr: pa.Array) -> pa.Array | None:
-    """Vectorised path for one-level arrays of unquoted (or simply quoted) plain values."""
-    valid = pc.fill_null(pc.match_substring_regex(arr, r"^\s*\[[^\[\]\\]*\]\s*$"), True)
-    if not pc.all(valid).as_py():
+_Lists = tuple[pa.Array, pa.Array, pa.ListArray]  # flattened element texts, rows that are `[]`, split rows
+
+
+def _bare_lists(arr: pa.Array) -> _Lists | None:
+    """For rows that are all ``[a,b,…]`` with no space, bracket or backslash but the outer brackets (nulls
+    allowed): (the elements' texts flattened, which rows are ``[]``, the split rows); else None.  Cheap
+    checks only (no regular expression), so the common case of generated data stays fast."""
+    brackets = pc.and_(pc.equal(pc.count_substring(arr, "["), 1), pc.equal(pc.count_substring(arr, "]"), 1))
+    ok = pc.and_(pc.and_(pc.starts_with(arr, "["), pc.ends_with(arr, "]")), brackets)
+    ok = pc.and_(ok, pc.invert(pc.or_(pc.match_substring(arr, "\\"), pc.match_substring(arr, " "))))
+    if not pc.all(pc.fill_null(ok, True)).as_py():
+        return None
+    return _split(arr, pc.binary_slice(arr, 1, -1), pc.equal(pc.binary_slice(arr, 1, -1), b""))
+
+
+def _regex_lists(arr: pa.Array, row_re: str, element_re: str) -> _Lists | None:
+    """As :func:`_bare_lists` for rows matching ``row_re`` (spaces allowed), each element reduced to the
+    first group of ``element_re``; None when a row does not match."""
+    if not pc.all(pc.fill_null(pc.match_substring_regex(arr, row_re), True)).as_py():
         return None  # something unusual (nested brackets, escapes): let the parser decide
     inner = pc.replace_substring_regex(arr, r"^\s*\[(.*)\]\s*$", r"\1")
-    empty = pc.fill_null(pc.match_substring_regex(inner, r"^\s*$"), False)
+    flat, empty, parts = _split(arr, inner, pc.match_substring_regex(inner, r"^\s*$"))
+    return pc.replace_substring_regex(flat, element_re, r"\1"), empty, parts
+
+
+def _split(arr: pa.Array, inner: pa.Array, empty: pa.Array) -> _Lists:
+    empty = pc.fill_null(empty, False)
     parts = pc.split_pattern(pc.if_else(empty, pa.scalar(None, pa.binary()), inner), ",")
-    flat = pc.replace_substring_regex(parts.flatten(), r"^\s*'?(.*?)'?\s*$", r"\1")
-    flat = pc.if_else(pc.equal(flat, b"NULL"), pa.scalar(None, pa.binary()), flat)
-    offsets = parts.offsets
-    lists = pa.ListArray.from_arrays(offsets, flat)
-    # rows that were `[]` became null lists above: make them empty, keep real nulls null
+    return parts.flatten(), empty, parts
+
+
+def _as_lists(arr: pa.Array, flat: pa.Array, empty: pa.Array, parts: pa.ListArray) -> pa.Array:
+    lists = pa.ListArray.from_arrays(parts.offsets, flat)
+    # rows that were `[]` became null lists: make them empty, keep real nulls null
     out = pc.if_else(empty, pa.scalar([], pa.list_(pa.binary())), lists)
     if arr.null_count:
         out = pc.if_else(arr.is_null(), pa.scalar(None, pa.list_(pa.binary())), out)
     return out
+
+
+def _flat_plain(arr: pa.Array) -> pa.Array | None:
+    """Vectorised path for one-level arrays of unquoted (or simply quoted) plain values."""
+    got = _bare_lists(arr)
+    if got is None or pc.any(pc.match_substring(got[0], "'")).as_py():
+        got = _regex_lists(arr, r"^\s*\[[^\[\]\\]*\]\s*$", r"^\s*'?(.*?)'?\s*$")
+    if got is None:
+        return None
+    flat, empty, parts = got
+    nulls = pc.equal(flat, b"NULL")
+    return _as_lists(arr, pc.if_else(nulls, pa.scalar(None, pa.binary()), flat), empty, parts)
+
+
+#: a one-level array of single-quoted strings without quotes, backslashes or commas inside (what writers of
+#: generated data send): split by commas, the quotes cut off, all vectorised
+_SIMPLE_QUOTED = r"^\s*\[\s*(?:'[^'\\,]*'\s*(?:,\s*'[^'\\,]*'\s*)*)?\]\s*$"
+
+
+def _flat_quoted(arr: pa.Array) -> pa.Array | None:
+    """Vectorised path for ``Array(String)`` rows that are all simple quoted lists (else None)."""
+    got = _bare_lists(arr)
+    if got is not None:
+        flat = got[0]
+        quoted = pc.and_(pc.and_(pc.starts_with(flat, "'"), pc.ends_with(flat, "'")),
+                         pc.and_(pc.equal(pc.count_substring(flat, "'"), 2),
+                                 pc.greater_equal(pc.binary_length(flat), 2)))
+        got = (pc.binary_slice(flat, 1, -1), got[1], got[2]) if pc.all(quoted).as_py() else None
+    if got is None:
+        got = _regex_lists(arr, _SIMPLE_QUOTED, r"^\s*'(.*)'\s*$")
+    return None if got is None else _as_lists(arr, *got)
 
 
 def _skip_ws(s: bytes, i: int) -> int:

@@ -20,13 +20,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from replicad.errors import ReplicadError, SyntaxError_
-from replicad.model.partition import PartitionKey
-from replicad.model.table_metadata import (
-    ColumnDescription,
-    ColumnsDescription,
-    NamesAndTypesList,
-    TableMetadata,
-)
 from replicad.sql.expressions import Expr, empty_table
 from replicad.sql.expressions_ast import (
     Function,
@@ -40,6 +33,13 @@ from replicad.sql.expressions_ast import (
     referenced_columns,
 )
 from replicad.sql.expressions_lexer import T
+from replicad.sql.partition import PartitionKey
+from replicad.sql.table_metadata import (
+    ColumnDescription,
+    ColumnsDescription,
+    NamesAndTypesList,
+    TableMetadata,
+)
 from replicad.storage.types import DataType, parse_type
 
 BAD_ARGUMENTS = 36

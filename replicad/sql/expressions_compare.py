@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replicad.errors import BadInputError
-from replicad.sql.expressions import (
+from replicad.sql.expressions_ast import Function, Literal
+from replicad.sql.expressions_core import (
     Context,
     Val,
     any_nullable,
@@ -22,7 +23,6 @@ from replicad.sql.expressions import (
     type_error,
     validity,
 )
-from replicad.sql.expressions_ast import Function, Literal
 from replicad.sql.expressions_types import (
     NDArray,
     TypeInfo,

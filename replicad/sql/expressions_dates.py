@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicad.sql.expressions import Context, Val, make_val, register, type_error
 from replicad.sql.expressions_ast import Function
+from replicad.sql.expressions_core import Context, Val, make_val, register, type_error
 from replicad.sql.expressions_types import NDArray, dtype
 
 # ---- civil calendar (proleptic Gregorian), vectorised ------------------------------------------------

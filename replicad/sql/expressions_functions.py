@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 
 from replicad.errors import BadInputError
 from replicad.sql import expressions_dates as dates
-from replicad.sql.expressions import (
+from replicad.sql.expressions_ast import Function, Literal
+from replicad.sql.expressions_core import (
     Context,
     Val,
     any_nullable,
@@ -27,7 +28,6 @@ from replicad.sql.expressions import (
     type_error,
     validity,
 )
-from replicad.sql.expressions_ast import Function, Literal
 from replicad.sql.expressions_types import (
     NDArray,
     TypeInfo,

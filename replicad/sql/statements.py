@@ -17,7 +17,6 @@ import pyarrow as pa
 
 from replicad.errors import ReplicadError, SyntaxError_
 from replicad.model.part_info import is_valid_partition_id
-from replicad.model.partition import partition_id_at
 from replicad.sql.ddl import TableDef, parse_create_table_body
 from replicad.sql.expressions import Context, Expr
 from replicad.sql.expressions_ast import (
@@ -32,6 +31,7 @@ from replicad.sql.expressions_ast import (
     format_list,
 )
 from replicad.sql.expressions_lexer import T, back_quote_if_needed, quote_string
+from replicad.sql.partition import partition_id_at
 from replicad.storage.types import DataType
 
 INVALID_PARTITION_VALUE = 248

@@ -51,17 +51,35 @@ def sort_table(table: pa.Table, key_arrays: Sequence[pa.Array | pa.ChunkedArray]
 
 
 def sort_indices(key_arrays: Sequence[pa.Array | pa.ChunkedArray]) -> npt.NDArray[np.int64]:
-    """Stable ORDER BY permutation of the rows described by ``key_arrays``."""
+    """Stable ORDER BY permutation of the rows described by ``key_arrays``.
+
+    Every key becomes a numpy sort key (numbers as they are; strings and binary strings as their dense rank,
+    from the sorted dictionary of their distinct values, byte-wise unsigned as ClickHouse compares them), and
+    the keys are sorted least significant first with a stable sort each (LSD): the same permutation as one
+    multi-key stable sort, without comparing strings row by row.  Keys of other kinds (nulls, decimals …) go
+    to pyarrow's multi-key sort."""
     numeric = [_numpy_key(a) for a in key_arrays]
-    if all(k is not None for k in numeric):
-        keys = [k for k in numeric if k is not None]
-        if len(keys) == 1:
-            return _stable_argsort(keys[0])
-        return np.lexsort(keys[::-1]).astype(np.int64, copy=False)
-    table = pa.table({f"k{i}": a for i, a in enumerate(key_arrays)})
-    sort_keys = [(f"k{i}", "ascending", "at_end") for i in range(len(key_arrays))]
-    result: npt.NDArray[np.int64] = pc.sort_indices(table, sort_keys=sort_keys).to_numpy().astype(np.int64)
-    return result
+    if any(k is None for k in numeric):
+        table = pa.table({f"k{i}": a for i, a in enumerate(key_arrays)})
+        sort_keys = [(f"k{i}", "ascending", "at_end") for i in range(len(key_arrays))]
+        return np.asarray(pc.sort_indices(table, sort_keys=sort_keys).to_numpy(), dtype=np.int64)
+    keys = [k for k in numeric if k is not None]
+    perm = _stable_argsort(keys[-1])
+    for key in reversed(keys[:-1]):
+        perm = perm[_stable_argsort(key[perm])]
+    return perm
+
+
+def _string_rank(arr: pa.Array) -> npt.NDArray[Any]:
+    """Dense ranks (from 1) of the values of a binary/string array without nulls, byte-wise unsigned."""
+    if pa.types.is_dictionary(arr.type):
+        ranks = pc.rank(arr.dictionary, sort_keys="ascending", tiebreaker="dense").to_numpy()
+        return np.asarray(ranks[arr.indices.to_numpy(zero_copy_only=False)])
+    # through the dictionary: the distinct values are sorted once (as fast as ranking all rows when every
+    # value is distinct, several times faster when values repeat, as sort keys' leading columns do)
+    encoded = pc.dictionary_encode(arr)
+    ranks = pc.rank(encoded.dictionary, sort_keys="ascending", tiebreaker="dense").to_numpy()
+    return np.asarray(ranks[encoded.indices.to_numpy(zero_copy_only=False)])
 
 
 def _stable_argsort(key: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
@@ -82,8 +100,14 @@ def _stable_argsort(key: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
     return np.argsort(key, kind="stable").astype(np.int64, copy=False)
 
 
+_STRING_KINDS = (pa.types.is_binary, pa.types.is_string, pa.types.is_large_binary, pa.types.is_large_string)
+
+
 def _numpy_key(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[Any] | None:
     t = arr.type
+    value_type = t.value_type if pa.types.is_dictionary(t) else t
+    if any(is_kind(value_type) for is_kind in _STRING_KINDS):
+        return None if arr.null_count else _string_rank(_combine(arr))
     numeric = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_date32(t) or \
         pa.types.is_timestamp(t)
     if not numeric or arr.null_count:

@@ -3,7 +3,9 @@
 A block is ``16-byte CityHash128 v1.0.2 of the rest | UInt8 method | UInt32 compressed size (the 9 header
 bytes included) | UInt32 decompressed size | payload``.  Methods: 0x02 none, 0x82 LZ4 (raw block, no size
 prefix; LZ4HC writes the same method byte), 0x90 ZSTD (one frame).  With lz4/zstandard at level 1 the blocks
-are byte-identical to what ClickHouse 18.16 writes.
+are byte-identical to what ClickHouse 18.16 writes.  Reading also decodes the column codecs of current
+ClickHouse (Multiple, Delta, DoubleDelta, Gorilla, T64, GCD: :mod:`replicad.storage.codecs`); other
+codecs raise :class:`UnsupportedPartFormatError` naming them.
 
 Reading verifies every checksum and size and raises :class:`CorruptedDataError` naming the file and the
 block's offset.  :class:`CompressedStreamWriter` produces a .bin file incrementally, cutting 1 MiB blocks
@@ -21,8 +23,9 @@ from typing import BinaryIO, Literal
 import lz4.block
 import zstandard
 
-from replicad.errors import CorruptedDataError
+from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
 from replicad.model.cityhash import BytesLike, FileHasher, cityhash128
+from replicad.storage.codecs import DECODERS, METHOD_MULTIPLE, decode_multiple
 
 METHOD_NONE = 0x02
 METHOD_LZ4 = 0x82
@@ -180,8 +183,17 @@ def _decode_payload(code: int, payload: memoryview, size: int, file_name: str, o
             out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=max(size, 1))
         elif code == METHOD_NONE:
             out = bytes(payload)
+        elif code == METHOD_MULTIPLE:
+            def stage(method: int, data: bytes, dsize: int) -> bytes:
+                return _decode_payload(method, memoryview(data), dsize, file_name, offset)
+
+            out = decode_multiple(bytes(payload), size, stage)
+        elif code in DECODERS:
+            out = DECODERS[code](bytes(payload), size)
         elif code in _MODERN_METHODS:
-            raise _corrupt(file_name, offset, f"unsupported compression codec {_MODERN_METHODS[code]}")
+            where = f" in {file_name}" if file_name else ""
+            raise UnsupportedPartFormatError(
+                f"unsupported compression codec {_MODERN_METHODS[code]}{where} at offset {offset}")
         else:
             raise _corrupt(file_name, offset, f"unknown compression method byte 0x{code:02x}")
     except CorruptedDataError:

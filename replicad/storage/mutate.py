@@ -13,6 +13,10 @@ live 18.16 server (tests/integration/test_merge_clickhouse18.py):
   If every row goes, 18.16 keeps an *empty* part (0 rows, empty ``.bin``/``.mrk``/``primary.idx``,
   ``partition.dat`` and ``count.txt`` = ``0``, no ``minmax_*.idx``); so do we.
 
+A source part in a layout 18.16 cannot load (current ClickHouse's Compact parts, String size streams,
+sparse columns, compressed marks ...) is always rewritten whole as an 18.16 Wide part, even when no row
+is touched.
+
 Commands apply in order, each to the result of the previous ones; the assignments of one UPDATE are
 simultaneous (all read the values before the command).  An UPDATE that assigns a column some
 MATERIALIZED expression reads then recomputes *every* MATERIALIZED column for *every* row (18.16 adds a
@@ -54,7 +58,7 @@ from replicad.storage.part import (
     fsync_dir,
     write_file,
 )
-from replicad.storage.reader import PartReader
+from replicad.storage.reader import PartReader, incompatibilities_with_18_16
 from replicad.storage.types import escape_for_file_name
 from replicad.storage.types_composite import filter_rows
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
@@ -395,12 +399,32 @@ def mutate_part(
     source = PartDirectory(Path(source_dir))
     out = Path(tmp_dir)
     with PartReader(source, keys.types, index_granularity=settings.index_granularity) as reader:
-        if not _touched(reader, compiled, keys, granules_per_batch):
+        # A part in a layout 18.16 cannot load (Compact, size streams, sparse ...: written by current
+        # ClickHouse) is never cloned or patched: the result is rewritten as an 18.16 Wide part.
+        legacy = not incompatibilities_with_18_16(source)
+        if legacy and not _touched(reader, compiled, keys, granules_per_batch):
             return clone_part(source, out, reader.granules, settings.fsync)
         only_updates = all(c.kind == "UPDATE" for c in compiled)
-        if only_updates and not reader.layout.adaptive:
+        if only_updates and legacy and not reader.layout.adaptive:
             return _rewrite_columns(source, reader, out, keys, compiled, settings, granules_per_batch)
         return _rewrite_part(source, reader, out, keys, compiled, settings, granules_per_batch)
+
+
+def rewrite_part(
+    source_dir: str | os.PathLike[str],
+    tmp_dir: str | os.PathLike[str],
+    schema: TableSchemaLike,
+    settings: WriterSettings | None = None,
+    *,
+    granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
+) -> WrittenPart:
+    """The part in ``source_dir`` (any layout the reader reads: a Compact part of current ClickHouse ...)
+    rewritten as an 18.16 Wide part with the same rows.  Blocking: run it in a worker thread."""
+    settings = settings or WriterSettings()
+    keys = TableKeys(schema)
+    source = PartDirectory(Path(source_dir))
+    with PartReader(source, keys.types, index_granularity=settings.index_granularity) as reader:
+        return _rewrite_part(source, reader, Path(tmp_dir), keys, [], settings, granules_per_batch)
 
 
 def iter_mutated(
@@ -427,4 +451,5 @@ __all__ = [
     "compile_commands",
     "iter_mutated",
     "mutate_part",
+    "rewrite_part",
 ]

@@ -1,12 +1,20 @@
-"""Read the columns of a Wide part into storage Arrow, granule range by granule range.
+"""Read the columns of a part into storage Arrow, granule range by granule range.
 
-Reads what ClickHouse 18.16 writes (``.mrk`` marks: two UInt64 per granule, granules of
-``index_granularity`` rows) and what current ClickHouse writes with the Wide layout: adaptive granularity
-(``.mrk2``: three UInt64 per granule — offsets and row count — plus a final mark) and compressed marks
-(``.cmrk``/``.cmrk2``: the same bytes in compressed blocks); the primary index is not needed to read.
-Layouts it cannot read are refused with :class:`UnsupportedPartFormatError` naming what was found:
-Compact parts (``data.bin``), sparse columns and strings with a separate size stream
-(``serialization.json``).  :func:`incompatibilities_with_18_16` lists why 18.16 could not load a part.
+Reads what ClickHouse 18.16 writes (Wide, ``.mrk`` marks: two UInt64 per granule, granules of
+``index_granularity`` rows) and what current ClickHouse writes:
+
+* Wide parts with adaptive granularity (``.mrk2``: three UInt64 per granule — offsets and row count — plus
+  a final mark) and compressed marks (``.cmrk``/``.cmrk2``: the same bytes in compressed blocks); stream
+  files named by a hash when the name is long (:func:`file_stem`);
+* Compact parts (``data.bin`` with ``data.mrk3``/``.cmrk3``/``.mrk4``/``.cmrk4``:
+  :mod:`replicad.storage.compact`);
+* the serialization variants of ``serialization.json`` — String size streams, Sparse columns
+  (:mod:`replicad.storage.serialization`) — and the column codecs (:mod:`replicad.storage.codecs`).
+
+The primary index (``primary.idx`` or ``primary.cidx``) is not needed to read; projections (``*.proj/``)
+are not read; rows a lightweight DELETE marked in ``_row_exists`` are left out.  What cannot be read is
+refused with :class:`UnsupportedPartFormatError` naming it.  :func:`incompatibilities_with_18_16` lists
+why 18.16 could not load a part.
 
 Memory is bounded by the batch: :meth:`PartReader.iter_batches` decompresses only the blocks that
 hold the requested granules (found through the marks) from a memory-mapped ``.bin``.
@@ -14,23 +22,32 @@ hold the requested granules (found through the marks) from a memory-mapped ``.bi
 
 from __future__ import annotations
 
-import json
-import mmap
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from replicad.errors import CorruptedDataError, MetadataMismatchError, UnsupportedPartFormatError
-from replicad.storage.compression import BLOCK_OVERHEAD, CHECKSUM_SIZE, decompress_all, read_block
+from replicad.model.siphash import siphash128
+from replicad.storage.compact import CompactData, CompactMarks, find_marks
+from replicad.storage.compressed_file import CompressedFile
+from replicad.storage.compression import decompress_all
 from replicad.storage.part import DATA_EXT, PartDirectory, stream_stem
+from replicad.storage.serialization import (
+    SPARSE_SUFFIX,
+    SerializationInfo,
+    SparseType,
+    deserialize_sequential,
+    serialization_of,
+    sparse_granule_rows,
+)
 from replicad.storage.types import DataType, parse_type
+from replicad.storage.types_composite import filter_rows
 
 _FIXED_WIDTHS = {
     "Int8": 1, "UInt8": 1, "Int16": 2, "UInt16": 2, "Int32": 4, "UInt32": 4, "Int64": 8, "UInt64": 8,
@@ -38,6 +55,9 @@ _FIXED_WIDTHS = {
     "Decimal128": 16, "Enum8": 1, "Enum16": 2,
 }
 _READ_GRANULES = 16  # granules decoded at once by PartReader.read
+ROW_EXISTS = "_row_exists"  # the mask column of current ClickHouse's lightweight DELETE
+#: columns current ClickHouse may store in a part besides the table's (never read as data)
+SYSTEM_COLUMNS = frozenset({ROW_EXISTS, "_block_number", "_block_offset"})
 _NAME_HEAD = re.compile(r"^([A-Za-z0-9]+)(?:\((.*)\))?$", re.S)
 
 
@@ -70,16 +90,17 @@ def substream_width(type_name: str, suffix: str) -> int | None:
 
 @dataclass(frozen=True)
 class _Layout:
-    marks_ext: str  # ".mrk", ".mrk2", ".cmrk" or ".cmrk2"
+    marks_ext: str  # ".mrk", ".mrk2", ".cmrk" or ".cmrk2"; Compact: "data.mrk3" ... "data.cmrk4"
     mark_width: int  # UInt64s per mark: 2 (offsets) or 3 (offsets + rows, adaptive granularity)
+    compact: CompactMarks | None = None
 
     @property
     def adaptive(self) -> bool:
-        return self.mark_width == 3
+        return self.mark_width == 3 or self.compact is not None
 
     @property
     def compressed(self) -> bool:
-        return self.marks_ext.startswith(".c")
+        return self.marks_ext.startswith((".c", "data.c"))
 
 
 _MARK_LAYOUTS = {".mrk": _Layout(".mrk", 2), ".mrk2": _Layout(".mrk2", 3),
@@ -87,86 +108,80 @@ _MARK_LAYOUTS = {".mrk": _Layout(".mrk", 2), ".mrk2": _Layout(".mrk2", 3),
 
 
 def detect_layout(part: PartDirectory, columns: Mapping[str, DataType]) -> _Layout:
-    """The marks layout of a Wide part, checked for the ``columns`` to be read.
+    """The marks layout of a part (Wide: checked for the ``columns`` to be read; or Compact).
 
-    UnsupportedPartFormatError for what we do not read: Compact parts, sparse columns, strings with
-    a separate size stream.  (``primary.cidx`` does not matter for reading column data.)
+    ``primary.cidx`` does not matter for reading column data.
     """
     files = set(part.files())
     name = part.name
-    if "data.bin" in files or any(f.startswith(("data.mrk", "data.cmrk")) for f in files):
-        raise UnsupportedPartFormatError(
-            f"part {name}: Compact parts (data.bin) are not supported; only Wide parts can be read "
-            "(min_bytes_for_wide_part=0, min_rows_for_wide_part=0)"
-        )
-    if "serialization.json" in files:
-        _check_serialization_json(part, columns)
+    compact = find_marks(files)
+    if compact is not None:
+        return _Layout(compact.file, 3, compact)
+    info = serialization_info(part)
     first = next(iter(columns.items()), None)
     if first is None:
         return _MARK_LAYOUTS[".mrk"]
-    stem = stream_stem(first[0], first[1].substreams()[0])
+    stem = file_stem(files, stream_stem(first[0], serialization_of(first[0], first[1], info).substreams()[0]))
     for ext, layout in _MARK_LAYOUTS.items():
         if stem + ext in files:
             return layout
-    if stem + ".mrk3" in files or stem + ".cmrk3" in files:
-        raise UnsupportedPartFormatError(f"part {name}: .mrk3 marks (Compact layout) are not supported")
     raise CorruptedDataError(f"part {name}: no marks file for stream {stem}")
 
 
-def _check_serialization_json(part: PartDirectory, columns: Mapping[str, DataType]) -> None:
-    try:
-        info = json.loads(part.read_bytes("serialization.json"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptedDataError(f"part {part.name}: bad serialization.json: {e}") from None
-    versions = info.get("types_serialization_versions") or {}
-    string_version = versions.get("string", 0)
-    if string_version not in (0, "0", "single_stream") and any("String" in t.name for t in columns.values()):
-        raise UnsupportedPartFormatError(
-            f"part {part.name}: strings with a separate size stream (serialization version "
-            f"{string_version}) are not supported (string_serialization_version='single_stream')"
-        )
-    for col in info.get("columns") or []:
-        kind = col.get("kind", "Default")
-        if kind != "Default" and col.get("name") in columns:
-            raise UnsupportedPartFormatError(
-                f"part {part.name}: column {col.get('name')!r} uses {kind} serialization "
-                "(ratio_of_defaults_for_sparse_serialization=1)"
-            )
+def file_stem(files: set[str], stem: str) -> str:
+    """The file stem of a stream: its escaped name, or, when current ClickHouse shortened a long name
+    (``replace_long_file_name_to_hash``, names over ``max_file_name_length``), the hex SipHash-128 of it."""
+    if stem + DATA_EXT in files:
+        return stem
+    hashed = siphash128(stem.encode("utf-8"))[::-1].hex()
+    return hashed if hashed + DATA_EXT in files else stem
+
+
+def serialization_info(part: PartDirectory) -> SerializationInfo:
+    """The part's ``serialization.json`` (18.16 defaults without one)."""
+    return SerializationInfo.parse(part.read_bytes("serialization.json") if part.has("serialization.json")
+                                   else None, part.name)
 
 
 def incompatibilities_with_18_16(part: PartDirectory) -> list[str]:
     """Why ClickHouse 18.16 could not load this part (empty if it could)."""
     files = part.files()
     out: list[str] = []
-    if "data.bin" in files:
+    if find_marks(set(files)) is not None:
         out.append("Compact part (data.bin)")
     if "primary.cidx" in files:
         out.append("compressed primary index (primary.cidx)")
-    odd_marks = sorted({f[f.rindex("."):] for f in files if re.search(r"\.(c?mrk[23]?|cmrk)$", f)} - {".mrk"})
+    marks = {f[f.rindex("."):] for f in files if re.search(r"\.(c?mrk[234]?|cmrk)$", f)}
+    odd_marks = sorted(marks - {".mrk"})
     if odd_marks:
         out.append(f"marks files {', '.join(odd_marks)}")
     if "serialization.json" in files:
         try:
-            _check_serialization_json(part, {n: _ANY_STRING for n, _ in part.column_types})
+            info = serialization_info(part)
         except UnsupportedPartFormatError as e:
             out.append(str(e).split(": ", 1)[-1])
+        else:
+            if info.string_size_stream and any("String" in t for _n, t in part.column_types):
+                out.append("strings with a separate size stream (serialization.json)")
+            sparse = sorted(n for n, k in info.kinds.items() if k != "Default")
+            if sparse:
+                out.append(f"sparse serialization of {', '.join(sparse)}")
+    system = sorted(n for n, _t in part.column_types if n in SYSTEM_COLUMNS)
+    if system:
+        out.append(f"system columns {', '.join(system)}"
+                   + (" (rows deleted by a lightweight DELETE)" if ROW_EXISTS in system else ""))
+    if any(f.endswith(".proj") for f in os.listdir(part.path)):
+        out.append("projections (*.proj)")
     return out
-
-
-class _AnyString:
-    name = "String"
-
-
-_ANY_STRING: Any = _AnyString()
 
 
 class _StreamReader:
     """One substream's ``.bin`` (memory-mapped) and marks."""
 
-    def __init__(self, part: PartDirectory, stem: str, layout: _Layout) -> None:
+    def __init__(self, part: PartDirectory, stem: str, layout: _Layout, file: str) -> None:
         self.stem = stem
-        self.path = part.path / (stem + DATA_EXT)
-        marks_path = part.path / (stem + layout.marks_ext)
+        self.file = CompressedFile(part.path / (file + DATA_EXT), part.name)
+        marks_path = part.path / (file + layout.marks_ext)
         try:
             raw = marks_path.read_bytes()
         except FileNotFoundError:
@@ -179,85 +194,25 @@ class _StreamReader:
                 f"part {part.name}: {marks_path.name} size {len(raw)} is not a multiple of {width}"
             )
         self.marks: npt.NDArray[np.uint64] = np.frombuffer(raw, dtype="<u8").reshape(-1, layout.mark_width)
-        try:
-            self.size = os.path.getsize(self.path)
-        except FileNotFoundError:
-            raise CorruptedDataError(f"part {part.name}: no data file {self.path.name}") from None
-        self._mm: mmap.mmap | None = None
-        self._cache: tuple[int, bytes, int] | None = None  # (offset, payload, next offset)
-
-    def _data(self) -> mmap.mmap:
-        if self._mm is None:
-            with open(self.path, "rb") as f:
-                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return self._mm
-
-    def _block(self, offset: int) -> tuple[bytes, int]:
-        c = self._cache
-        if c is not None and c[0] == offset:
-            return c[1], c[2]
-        payload, nxt = read_block(memoryview(self._data()), offset, self.path.name)
-        self._cache = (offset, payload, nxt)
-        return payload, nxt
 
     def position(self, mark: int) -> tuple[int, int]:
         """(block offset in file, offset in decompressed block) of a mark; the end for ``mark == count``."""
         if mark < len(self.marks):
             row = self.marks[mark]
             return int(row[0]), int(row[1])
-        return self.size, 0
+        return self.file.end
 
     def read_range(self, a: int, b: int) -> bytes:
         """Decompressed bytes of granules ``[a, b)``."""
         if a >= b:
             return b""
-        sb, so = self.position(a)
-        eb, eo = self.position(b)
-        if eb < sb or (eb == sb and eo < so) or eb > self.size:
-            raise CorruptedDataError(f"{self.path.name}: bad marks {a} ({sb},{so}) .. {b} ({eb},{eo})")
-        if self.size == 0:
-            return b""
-        chunks: list[bytes] = []
-        before_end = 0  # decompressed bytes before the block that holds the end mark
-        off = sb
-        while off < eb or (off == eb and eo > 0):
-            payload, nxt = self._block(off)
-            if off < eb:
-                before_end += len(payload)
-            chunks.append(payload)
-            off = nxt
-        if off < eb:
-            raise CorruptedDataError(f"{self.path.name}: mark offset {eb} is not at a block boundary")
-        end = before_end + eo if eb < self.size else sum(len(c) for c in chunks)
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        if end > len(data) or so > end:
-            raise CorruptedDataError(f"{self.path.name}: marks point past the end of a block")
-        return data[so:end] if (so or end != len(data)) else data
+        return self.file.read_between(self.position(a), self.position(b))
 
     def decompressed_position(self, mark: int) -> int:
-        """Offset of a mark in the whole decompressed stream (walks block headers only)."""
-        sb, so = self.position(mark)
-        data = self._data()
-        off, total = 0, 0
-        while off < sb:
-            if off + BLOCK_OVERHEAD > self.size:
-                raise CorruptedDataError(f"{self.path.name}: truncated block header at {off}")
-            csize = int.from_bytes(data[off + CHECKSUM_SIZE + 1:off + CHECKSUM_SIZE + 5], "little")
-            dsize = int.from_bytes(data[off + CHECKSUM_SIZE + 5:off + CHECKSUM_SIZE + 9], "little")
-            total += dsize
-            off += CHECKSUM_SIZE + csize
-        if off != sb:
-            raise CorruptedDataError(f"{self.path.name}: mark offset {sb} is not at a block boundary")
-        return total + so
+        return self.file.decompressed_position(self.position(mark))
 
     def close(self) -> None:
-        self._cache = None
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:
-                pass  # a view is still referenced (e.g. by a traceback); the GC unmaps it later
-            self._mm = None
+        self.file.close()
 
 
 class PartReader:
@@ -283,7 +238,8 @@ class PartReader:
             self.part.verify()
         part_types = dict(self.part.column_types)
         if columns is None:
-            self.columns: dict[str, DataType] = dict(self.part.columns)
+            self.columns: dict[str, DataType] = {
+                n: t for n, t in self.part.columns if n not in SYSTEM_COLUMNS}
         else:
             self.columns = dict(columns)
             for name, dtype in self.columns.items():
@@ -296,19 +252,40 @@ class PartReader:
         self.part_columns = {n: t for n, t in self.columns.items() if n in part_types}
         # Streams opened: the selected columns', or the part's first column's for the geometry alone.
         opened = dict(self.part_columns)
+        #: a lightweight DELETE of current ClickHouse left ``_row_exists`` (0 = deleted): such rows are
+        #: left out of what is read (``rows`` and the granules still count them)
+        self.row_exists = ROW_EXISTS in part_types and ROW_EXISTS not in self.columns
+        if self.row_exists:
+            opened[ROW_EXISTS] = parse_type(part_types[ROW_EXISTS])
         if not opened and part_types:
             name0, type0 = next(iter(part_types.items()))
             opened[name0] = parse_type(type0)
         self._opened = opened
         self.layout = detect_layout(self.part, opened)
+        info = serialization_info(self.part)
+        #: per column read, the stand-in type that follows the part's serialization (serialization.json)
+        self._serial = {n: serialization_of(n, t, info) for n, t in opened.items()}
         self._streams: dict[str, _StreamReader] = {}
+        self._compact: CompactData | None = None
+        if self.layout.compact is not None:
+            names = [n for n, _t in self.part.column_types]
+            self._compact = CompactData(self.part, self.layout.compact, names)
+            rows = self._compact.granule_rows
+            if self.part.has("count.txt") and int(rows.sum()) != self.part.rows:
+                raise CorruptedDataError(
+                    f"part {self.part.name}: marks hold {int(rows.sum())} rows, count.txt {self.part.rows}"
+                )
+            self._granule_rows = rows
+            self.row_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+            return
         marks_count = None
-        for name, dtype in opened.items():
+        files = set(self.part.files())
+        for name, dtype in self._serial.items():
             for suffix in dtype.substreams():
                 stem = stream_stem(name, suffix)
                 if stem in self._streams:
                     continue  # Nested columns share their .size0 stream
-                s = _StreamReader(self.part, stem, self.layout)
+                s = _StreamReader(self.part, stem, self.layout, file_stem(files, stem))
                 self._streams[stem] = s
                 if marks_count is None:
                     marks_count = len(s.marks)
@@ -361,7 +338,9 @@ class PartReader:
         return out
 
     def _fixed_stream(self) -> tuple[_StreamReader, int] | None:
-        for name, dtype in self._opened.items():
+        for name, dtype in self._serial.items():
+            if isinstance(dtype, SparseType):
+                continue  # its value streams hold only the non-default rows
             for suffix in dtype.substreams():
                 w = substream_width(dtype.name, suffix)
                 if w:
@@ -373,6 +352,10 @@ class PartReader:
             return None
         found = self._fixed_stream()
         if found is None:
+            for name, dtype in self._serial.items():
+                if isinstance(dtype, SparseType):  # its offsets of the first granule count the rows
+                    first = self._streams[stream_stem(name, SPARSE_SUFFIX)].read_range(0, 1)
+                    return sparse_granule_rows(first, f"part {self.part.name}, column {name}")
             return None
         stream, width = found
         pos = stream.decompressed_position(1)
@@ -413,20 +396,33 @@ class PartReader:
                 arrays.append(dtype.defaults(n) if hasattr(dtype, "defaults") else
                               pa.repeat(pa.scalar(dtype.default_value, dtype.arrow_type), n))
                 continue
-            bufs: dict[str, bytes] = {}
-            for suffix in dtype.substreams():
-                stream = self._streams[stream_stem(name, suffix)]
-                # A LowCardinality dictionary stream is read from the granule's mark to its end: every
-                # mark points at the shared dictionary, which 18.16 writes once, after the last granule.
-                stop = len(stream.marks) if suffix.endswith(".dict") else end
-                bufs[suffix] = stream.read_range(start, stop)
             try:
-                arrays.append(dtype.deserialize(bufs, n))
+                arrays.append(self._read_column(name, self._serial[name], start, end, n))
             except CorruptedDataError as e:
-                raise CorruptedDataError(
-                    f"part {self.part.name}, column {name}, granules {start}..{end}: {e}"
-                ) from e
-        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+                raise type(e)(f"part {self.part.name}, column {name}, granules {start}..{end}: {e}") from e
+        table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+        if self.row_exists:
+            exists = self._read_column(ROW_EXISTS, self._serial[ROW_EXISTS], start, end, n)
+            keep = np.asarray(exists.to_numpy(zero_copy_only=False)) != 0
+            if not keep.all():
+                table = filter_rows(table, keep)
+        return table
+
+    def _read_column(self, name: str, dtype: DataType, start: int, end: int, n: int) -> pa.Array:
+        if self._compact is not None:
+            pieces = [deserialize_sequential(dtype, self._compact.column_bytes(name, g), self.granule_rows(g))
+                      for g in range(start, end)]
+            if not pieces:
+                return dtype.defaults(0)
+            return pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)
+        bufs: dict[str, bytes] = {}
+        for suffix in dtype.substreams():
+            stream = self._streams[stream_stem(name, suffix)]
+            # A LowCardinality dictionary stream is read from the granule's mark to its end: every
+            # mark points at the shared dictionary, which 18.16 writes once, after the last granule.
+            stop = len(stream.marks) if suffix.endswith(".dict") else end
+            bufs[suffix] = stream.read_range(start, stop)
+        return dtype.deserialize(bufs, n)
 
     def read(self, columns: Sequence[str] | None = None) -> pa.Table:
         """The whole part (for small parts; use :meth:`iter_batches` for big ones)."""
@@ -448,6 +444,8 @@ class PartReader:
     def close(self) -> None:
         for s in self._streams.values():
             s.close()
+        if self._compact is not None:
+            self._compact.close()
 
     def __enter__(self) -> PartReader:
         return self

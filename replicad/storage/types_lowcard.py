@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicad.errors import CorruptedDataError
+from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
 from replicad.storage.types_base import FIELD_STRING, DataType, as_array
 from replicad.storage.types_composite import with_nulls
 from replicad.storage.types_string import StringType, decode_strings, encode_strings
@@ -94,6 +94,7 @@ class LowCardinalityType(DataType):
             raise CorruptedDataError(f"{self.name}: missing stream {e}") from None
         ipos, dpos = pos.get("", 0), pos.get(".dict", 0)
         dictionary: pa.Array | None = None
+        read_dictionary = False
         pieces: list[pa.Array] = []
         remaining = n
         view = memoryview(index_buf)
@@ -107,7 +108,11 @@ class LowCardinalityType(DataType):
             if width > 3:
                 raise CorruptedDataError(f"{self.name}: bad index serialization type {flags:#x}")
             if flags & NEED_GLOBAL_DICTIONARY and (dictionary is None or flags & NEED_UPDATE_DICTIONARY):
+                if index_buf is dict_buf:  # one buffer for every stream (a Compact granule): no shared one
+                    raise UnsupportedPartFormatError(
+                        f"{self.name}: a shared dictionary inside a Compact part is not supported")
                 dictionary, dpos = self._read_keys(dview, dpos, "dictionary")
+                read_dictionary = True
             keys = dictionary if flags & NEED_GLOBAL_DICTIONARY else None
             if flags & HAS_ADDITIONAL_KEYS:
                 extra, ipos = self._read_keys(view, ipos, "additional keys")
@@ -134,7 +139,8 @@ class LowCardinalityType(DataType):
             pieces.append(values)
             remaining -= rows
         pos[""] = ipos
-        pos[".dict"] = dpos
+        if read_dictionary:  # (a Compact part's granule has additional keys only, no dictionary stream)
+            pos[".dict"] = dpos
         if not pieces:
             return pa.array([], pa.binary())
         return pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)

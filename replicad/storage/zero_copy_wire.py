@@ -44,7 +44,8 @@ def send_version(query: Mapping[str, str]) -> int | None:
 
 
 def build_body(checksums: Checksums, version: int, unique_id: str, files: Mapping[str, bytes]) -> bytes:
-    out = [body_header(checksums, version), _string(unique_id.encode()), _U64.pack(len(files))]
+    part_type = "Compact" if "data.bin" in checksums.files else "Wide"  # a Compact part: the peer refuses
+    out = [body_header(checksums, version, part_type), _string(unique_id.encode()), _U64.pack(len(files))]
     for name in sorted(files):
         data = files[name]
         out += [_string(name.encode()), _U64.pack(len(data)), data, file_hash(data)]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest_asyncio
 
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.table_cluster import Cluster
-from tests.support.zookeeper import ZooKeeperServer
 
 
 @pytest_asyncio.fixture

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import yaml
 
-from scripts.run_cluster import Daemon, daemon_env
+from replicad.devtools.daemon import Daemon, daemon_env
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import Reply, daemon_config, make_chroot, query_path, request
 from tests.support.tls import self_signed
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -12,7 +12,7 @@ import pytest
 from bench import Context, Sizes
 from bench.cluster import BenchCluster, make_events, to_tsv_fast
 from bench.report import Report
-from tests.support import zookeeper as zk_support
+from replicad.devtools import zookeeper as zk_support
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(180)]
 
@@ -31,11 +31,12 @@ def test_tsv_generator_matches_the_reference() -> None:
 def test_quick_pieces_on_a_real_cluster(tmp_path: Path) -> None:
     if not zk_support.available():
         pytest.skip("ZooKeeper (and Java) are not installed")
-    from bench import fetch, insert, lag
+    from bench import fetch, insert, lag, schemas
 
     ctx = Context(TINY, tmp_path, profile=False, log=lambda s: None)
     with BenchCluster(tmp_path / "cluster") as cluster:
-        figures = insert.run(cluster, ctx) + lag.run(cluster, ctx) + fetch.run(cluster, ctx)
+        figures = insert.run(cluster, ctx) + schemas.run(cluster, ctx) + lag.run(cluster, ctx) + \
+            fetch.run(cluster, ctx)
         # both pairs replicated every row written to them
         for pair in cluster.pairs():
             assert pair.a.count(insert.TABLE) == pair.b.count(insert.TABLE) > 0
@@ -45,7 +46,8 @@ def test_quick_pieces_on_a_real_cluster(tmp_path: Path) -> None:
         packets = cluster.zk_packets([r for p in cluster.pairs() for r in p.replicas])
         assert len(packets) == 4 and all(v > 0 for v in packets.values()), packets
     by_key = {f.key: f for f in figures}
-    for key in ("insert_tsv_rows", "lag_p50", "zk_per_insert_a", "zk_per_insert_total", "fetch_mb"):
+    shapes = [f"schema_{key}_rows" for key, *_rest in schemas.SCHEMAS]  # both systems took every shape
+    for key in ("insert_tsv_rows", "lag_p50", "zk_per_insert_a", "zk_per_insert_total", "fetch_mb", *shapes):
         f = by_key[key]
         assert len(f.replicad) == len(f.clickhouse) == 1 and f.replicad[0] > 0 and f.clickhouse[0] > 0, f
         assert f.ratio is not None and f.verdict in ("met", "NOT met")

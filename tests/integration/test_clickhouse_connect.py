@@ -28,9 +28,9 @@ import pyarrow as pa
 import pytest
 import zstandard
 
-from scripts.run_cluster import Daemon
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import make_chroot, ok, query, query_path, request, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 clickhouse_connect = pytest.importorskip("clickhouse_connect")
 from clickhouse_connect.driver.client import Client  # noqa: E402

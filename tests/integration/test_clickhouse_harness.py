@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.clickhouse import ClickHouseError, ClickHouseServer
-from tests.support.zookeeper import ZooKeeperServer
+from replicad.devtools.clickhouse import ClickHouseError, ClickHouseServer
+from replicad.devtools.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(180)]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.ports import free_port
+from replicad.devtools.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EX_CONFIG = 78

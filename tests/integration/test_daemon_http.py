@@ -27,9 +27,9 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from scripts.run_cluster import Daemon, daemon_env
+from replicad.devtools.daemon import Daemon, daemon_env
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import Reply, make_chroot, ok, query, request, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

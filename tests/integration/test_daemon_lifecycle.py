@@ -22,7 +22,8 @@ from typing import Any
 import pyarrow.ipc as ipc
 import pytest
 
-from scripts.run_cluster import Daemon
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import (
     daemon_config,
     log_events,
@@ -33,7 +34,6 @@ from tests.support.replicad_daemon import (
     start_daemon,
     zookeeper_transactions,
 )
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -30,15 +30,18 @@ import pyarrow as pa
 import pytest
 
 from replicad.catalog import spec_from_ddl
+from replicad.devtools.clickhouse import ClickHouseError, ClickHouseServer
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.errors import BadInputError
 from replicad.keeper.client import Keeper
-from replicad.model.table_metadata import ColumnsDescription
 from replicad.replica import ReplicaEnv, TableReplica
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block
 from replicad.server.insert_input import insert_columns as _insert_columns
 from replicad.server.interserver import InterserverServer
+from replicad.server.parts_exchange import InterserverExchange
 from replicad.service import SelectQuery, TableName
 from replicad.sql.ddl import parse_create_table
+from replicad.sql.table_metadata import ColumnsDescription
 from replicad.storage.layout import TableDataLayout
 from replicad.storage.merge import PartSchema
 from replicad.storage.mutate import MutationCommand, mutate_part
@@ -46,9 +49,7 @@ from replicad.storage.reader import PartReader
 from replicad.storage.types import parse_type
 from replicad.storage.types_composite import values_under_nulls
 from replicad.storage.writer import WriterSettings
-from tests.support.clickhouse import ClickHouseError, ClickHouseServer
 from tests.support.replicad_daemon import make_chroot, query, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse]
 
@@ -82,7 +83,8 @@ def engine_passes_defaults(tmp_path: Path) -> bool:
     """Whether TableReplica hands the table's column defaults to its sink schema (a replica.py change)."""
     ddl = ("CREATE TABLE db.p (a UInt8, m UInt8 MATERIALIZED a) ENGINE = ReplicatedMergeTree('/p', 'r') "
            "ORDER BY a")
-    env = ReplicaEnv(data_path=tmp_path / "probe", interserver=InterserverServer("127.0.0.1", 0),
+    env = ReplicaEnv(data_path=tmp_path / "probe",
+                     interserver=InterserverExchange(InterserverServer("127.0.0.1", 0)),
                      interserver_host="127.0.0.1")
     replica = TableReplica(spec_from_ddl(parse_create_table(ddl), {}, "r"), Keeper("127.0.0.1:1"), env)
     return bool(getattr(replica.schema, "defaults", ()))
@@ -255,7 +257,8 @@ async def test_mixed_replica_set_inserts_with_defaults(
     await keeper.start()
     server = InterserverServer("127.0.0.1", 0)
     await server.start()
-    env = ReplicaEnv(data_path=tmp_path / "rd", interserver=server, interserver_host="127.0.0.1", fsync=False,
+    env = ReplicaEnv(data_path=tmp_path / "rd", interserver=InterserverExchange(server),
+                     interserver_host="127.0.0.1", fsync=False,
                      writer=WriterSettings(fsync=False, method="lz4", threads=1))
     replica = TableReplica(spec_from_ddl(parse_create_table(ddl), {"shard": "01"}, "r2"), keeper, env)
     try:

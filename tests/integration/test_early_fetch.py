@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.paths import TablePaths
 from replicad.replica import TableReplica
 from replicad.storage.layout import TMP_FETCH
 from tests.support import table_cluster
 from tests.support.table_cluster import ZK_PATH, Cluster, converged, rows, spec
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -60,7 +60,7 @@ async def test_failed_early_download_falls_back_to_the_queue(cluster: Cluster) -
     r1 = await cluster.start("r1")
     r2 = await cluster.start("r2")
     # r1 refuses to send (as while shutting down): the early download fails, the queue entry is retried
-    ep = r1.env.interserver.endpoints["DataPartsExchange:" + TablePaths.create(ZK_PATH, "r1").me.root]
+    ep = r1.env.interserver.server.endpoints["DataPartsExchange:" + TablePaths.create(ZK_PATH, "r1").me.root]
     ep.blocked = True
     await r1.insert_table(rows([1, 2, 3]))
     await wait_for(lambda: r2.queue_state.status().queue_size == 1 and r2.fetcher.sources.recently_failed(

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from replicad.devtools.clickhouse import ClickHouseServer
 from replicad.server.formats import InputSpec, parse_body
 from replicad.server.output_formats import render
 from replicad.service import QueryResult
 from replicad.storage.types import DataType, parse_type
-from tests.support.clickhouse import ClickHouseServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse]
 TZ = "Europe/Moscow"
@@ -189,7 +189,7 @@ def test_date_time_text_uses_the_server_time_zone(ch: ClickHouseServer) -> None:
 def test_unknown_setting_and_error_format_match(ch: ClickHouseServer, fmt: str, tmp_path: Path) -> None:
     # ClickHouse 18.16 error bodies start with "Code: <n>, e.displayText() = DB::Exception: ..."; ours with
     # "Code: <n>. DB::Exception: ..." (the modern spelling).  The codes must agree.
-    from tests.support.clickhouse import ClickHouseError
+    from replicad.devtools.clickhouse import ClickHouseError
 
     with pytest.raises(ClickHouseError) as exc:
         ch.query_bytes(f"SELECT 1 FORMAT {fmt}", settings={"no_such_setting_xyz": 1})

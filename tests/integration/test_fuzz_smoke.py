@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replicad import settings as settings_table
-from scripts.run_cluster import Daemon
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import Reply, make_chroot, ok, query, request, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -13,9 +13,9 @@ from urllib.parse import quote
 
 import pytest
 
-from scripts.run_cluster import Daemon
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import make_chroot, ok, query, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -124,3 +124,22 @@ def test_an_over_long_header_line_is_refused(daemon: Daemon) -> None:
         r = query(daemon.url, f"INSERT INTO {TABLE} FORMAT {fmt}", b"k," + b"s" * (4 * MAX_LINE) + b"\n1,a\n")
         assert r.status == 400 and r.exception_code == 117, r.text
     assert _count(daemon) == before
+
+
+def test_an_error_before_the_body_is_read_says_connection_close(daemon: Daemon) -> None:
+    """A refused insert whose body was not read: the answer says ``Connection: close`` (a keep-alive client
+    must not reuse the connection), and the server does close it; an error after the whole body was read
+    keeps the connection."""
+    s = socket.create_connection(("127.0.0.1", _port(daemon)), timeout=30)
+    body = b"1\ta\n" * 200_000
+    target = "/?query=" + quote("INSERT INTO db.nope FORMAT TSV")
+    head_out = f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    s.sendall(head_out + body[:1000])
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(4096)
+    assert head.startswith(b"HTTP/1.1 404"), head[:200]
+    assert b"Connection: close" in head, head
+    s.close()
+    r = query(daemon.url, "SELECT nonsense FROM db.lim")  # no body: the connection may stay
+    assert r.status == 400 and r.headers.get("Connection", "").lower() != "close"

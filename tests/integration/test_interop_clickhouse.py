@@ -18,17 +18,18 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from replicad.devtools.clickhouse import ClickHouseServer
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.server.interserver import InterserverServer
+from replicad.server.parts_exchange import InterserverExchange
 from replicad.service import InsertSettings, TableName
 from replicad.storage.writer import WriterSettings
 from tests.support import table_cluster
-from tests.support.clickhouse import ClickHouseServer
 from tests.support.table_cluster import ZK_PATH, events_spec
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(240)]
 
@@ -74,7 +75,7 @@ async def start_replicad(
     await server.start()
     env = ReplicaEnv(
         data_path=data,
-        interserver=server,
+        interserver=InterserverExchange(server),
         interserver_host="127.0.0.1",
         fsync=False,
         writer=WriterSettings(fsync=False, method="lz4", threads=1),
@@ -213,7 +214,7 @@ async def test_clickhouse_joins_a_table_created_by_replicad(
     await server.start()
     env = ReplicaEnv(
         data_path=tmp_path / "rd",
-        interserver=server,
+        interserver=InterserverExchange(server),
         interserver_host="127.0.0.1",
         fsync=False,
         writer=WriterSettings(fsync=False, threads=1),
@@ -241,7 +242,7 @@ async def test_clickhouse_joins_a_table_created_by_replicad(
         # replicad leads (it was the first candidate): 18.16 forwards OPTIMIZE to the leader's native port,
         # which replicad publishes as 0, so the forward fails at once rather than reaching another server
         assert (await ch(ch1, "SELECT is_leader FROM system.replicas")).strip() == "0"
-        from tests.support.clickhouse import ClickHouseError
+        from replicad.devtools.clickhouse import ClickHouseError
 
         with pytest.raises(ClickHouseError, match=r"Connection refused \(127\.0\.0\.1:0\)"):
             await ch(ch1, "OPTIMIZE TABLE db.events FINAL")
@@ -278,7 +279,7 @@ async def test_interserver_credentials_both_ways(
     await server.start()
     env = ReplicaEnv(
         data_path=tmp_path / "rd",
-        interserver=server,
+        interserver=InterserverExchange(server),
         interserver_host="127.0.0.1",
         fsync=False,
         credentials=FetchCredentials("repl", "s3cr3t"),

@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 from kazoo.client import KazooClient
 
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.errors import (
     KeeperBadVersionError,
     KeeperConnectionLossError,
@@ -23,7 +24,6 @@ from replicad.errors import (
 )
 from replicad.keeper.client import Keeper, SessionState, WatchEvent, WatchEventType, ZnodeStat
 from replicad.keeper.ops import Check, Create, Delete, Set
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -160,7 +160,7 @@ async def test_chroot_is_created_when_missing(
 
 
 async def test_start_fails_fast_without_server() -> None:
-    from tests.support.ports import free_port
+    from replicad.devtools.ports import free_port
 
     k = Keeper(f"127.0.0.1:{free_port()}", session_timeout_s=5)
     with pytest.raises(KeeperConnectionLossError):

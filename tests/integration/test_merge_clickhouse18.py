@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from replicad.devtools.clickhouse import ClickHouseError, ClickHouseServer
 from replicad.errors import BadInputError
 from replicad.model.text_io import TextReader
 from replicad.storage.merge import PartSchema, merge_parts
@@ -29,7 +30,6 @@ from replicad.storage.mutate import MutationCommand, mutate_part
 from replicad.storage.reader import PartReader
 from replicad.storage.types import parse_type
 from replicad.storage.writer import WriterSettings, WrittenPart
-from tests.support.clickhouse import ClickHouseError, ClickHouseServer
 from tests.support.part_rows import ALL_TYPES, make_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse]

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from replicad.devtools.clickhouse import ClickHouseServer
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.replica import TableReplica
 from replicad.storage.writer import WriterSettings
-from tests.support.clickhouse import ClickHouseServer
 from tests.support.table_cluster import ZK_PATH, Cluster, part_checksums, wait_for
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(300)]
 

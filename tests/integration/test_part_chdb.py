@@ -19,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replicad.errors import UnsupportedPartFormatError
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader, incompatibilities_with_18_16
 from replicad.storage.types import parse_type
@@ -136,8 +135,8 @@ def test_replicad_reads_chdb_part(chs: Any) -> None:
 
 
 def test_replicad_reads_modern_default_part(chs: Any) -> None:
-    """26.x defaults: adaptive granularity, compressed marks (.cmrk2), primary.cidx, string size streams.
-    Marks and fixed-width columns are read; String columns are refused with a clear error."""
+    """26.x defaults: adaptive granularity, compressed marks (.cmrk2), primary.cidx, string size streams
+    (more variants in test_modern_parts_chdb)."""
     columns = [("k", "UInt64"), ("d", "Date"), ("i", "Int32"), ("s", "String")]
     table, tsv = make_rows(columns, 5000, seed=15)
     t = f"db.t{next(_names)}"
@@ -147,11 +146,11 @@ def test_replicad_reads_modern_default_part(chs: Any) -> None:
     part = only_part(chs, t)
     reasons = incompatibilities_with_18_16(PartDirectory.at(part))
     assert any("primary.cidx" in r for r in reasons) and any(".cmrk2" in r for r in reasons)
+    assert any("size stream" in r for r in reasons)
     reader = PartReader(part, {n: parse_type(ty) for n, ty in columns[:3]})
     assert reader.layout.adaptive and reader.layout.compressed
     assert reader.read().equals(table.select(["k", "d", "i"]))
-    with pytest.raises(UnsupportedPartFormatError, match="size stream"):
-        PartReader(part)
+    assert PartReader(part).read().equals(table)
     q(chs, f"DROP TABLE {t} SYNC")
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from replicad.devtools.clickhouse import ClickHouseServer
 from replicad.storage.compression import compress_block, iter_blocks
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader
 from replicad.storage.types import parse_type
 from replicad.storage.writer import PartWriter, WriterSettings
-from tests.support.clickhouse import ClickHouseServer
 from tests.support.part_rows import ALL_TYPES, LOW_CARDINALITY, ddl_columns, make_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse]

@@ -20,9 +20,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from replicad.model.partition import split_by_partition
 from replicad.sql.ddl import parse_create_table
 from replicad.sql.expressions_lexer import quote_string
+from replicad.sql.partition import split_by_partition
 from replicad.storage.types import TypeSyntaxError
 
 chdb_session = pytest.importorskip("chdb.session")

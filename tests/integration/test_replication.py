@@ -16,16 +16,17 @@ import pyarrow as pa
 import pytest
 import pytest_asyncio
 
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.checksums import Checksums, MinimalisticChecksums
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.server.interserver import InterserverServer
+from replicad.server.parts_exchange import InterserverExchange
 from replicad.service import InsertSettings, TableName
 from tests.support import table_cluster
 from tests.support.table_cluster import METADATA, ZK_PATH, Cluster, events_spec, part_checksums
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -427,7 +428,8 @@ async def test_catalog_persists_and_drops_tables(
         server = InterserverServer("127.0.0.1", 0)
         await server.start()
         env = ReplicaEnv(
-            data_path=tmp_path / name, interserver=server, interserver_host="127.0.0.1", fsync=False
+            data_path=tmp_path / name, interserver=InterserverExchange(server), interserver_host="127.0.0.1",
+            fsync=False,
         )
         return (
             ReplicaCatalog(tmp_path / name, keeper, env, replica=name, macros={"shard": "7"}),

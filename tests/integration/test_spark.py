@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from scripts.run_cluster import Daemon, replica_config, wait_in_sync
-from tests.support.ports import free_port
+from replicad.devtools.daemon import Daemon, replica_config, wait_in_sync
+from replicad.devtools.ports import free_port
 from tests.support.spark import local_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(900)]

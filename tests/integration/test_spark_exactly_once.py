@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from scripts.run_cluster import Daemon
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.spark_job import rows_df
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import make_chroot, ok, query, start_daemon
 from tests.support.spark import local_spark
-from tests.support.spark_job import rows_df
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -104,7 +104,7 @@ def all_ids(n: int) -> collections.Counter[int]:
 
 def run_job(table: str, opts: dict[str, str], *, rows: int = ROWS, partitions: int = 4,
             wait: bool = True, extra: list[str] | None = None) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "tests.support.spark_job", "--table", table, "--rows", str(rows),
+    argv = [sys.executable, "-m", "replicad.devtools.spark_job", "--table", table, "--rows", str(rows),
             "--partitions", str(partitions), *(f"--opt={k}={v}" for k, v in opts.items()), *(extra or [])]
     proc = subprocess.Popen(argv, cwd=REPO, start_new_session=True, env={**os.environ},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

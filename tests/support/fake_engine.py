@@ -14,9 +14,11 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pyarrow as pa
+from aiohttp.test_utils import TestClient, TestServer
 
-from replicad.config import Config
+from replicad.config import Config, build_config
 from replicad.errors import ReplicadError, UnknownTableError
+from replicad.server.api import ApiState, create_app
 from replicad.server.metrics import Metrics
 from replicad.service import (
     ExecuteResult,
@@ -213,3 +215,21 @@ class FakeEngine:
 
 def create_fake_engine(config: Config, supervisor: Supervisor, metrics: Metrics) -> FakeEngine:
     return FakeEngine(config, supervisor, metrics)
+
+
+async def serve_fake_api(data_path: str, api: dict[str, Any]
+                         ) -> tuple[TestClient[Any, Any], ApiState, FakeTable, FakeCatalog]:
+    """The HTTP API (config section ``api``) over a FakeCatalog holding ``db.events``, on a started
+    aiohttp TestServer; the caller closes the client."""
+    cfg = build_config({"replica": "r1", "data_path": data_path, "api": api}, {})
+    metrics = Metrics()
+    state = ApiState(config=cfg, metrics=metrics, state="running")
+    catalog = FakeCatalog()
+    table = catalog.add("db.events", [("d", "Date"), ("ts", "DateTime"), ("user_id", "UInt64"),
+                                      ("kind", "String")])
+    supervisor = Supervisor()
+    state.catalog, state.supervisor = catalog, supervisor
+    metrics.bind(lambda: catalog, supervisor)
+    client: TestClient[Any, Any] = TestClient(TestServer(create_app(state)))
+    await client.start_server()
+    return client, state, table, catalog

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from scripts.run_cluster import Daemon, replica_config
-from tests.support.ports import free_port
-from tests.support.zookeeper import ZooKeeperServer, find_classpath, find_java
+from replicad.devtools.daemon import Daemon, replica_config
+from replicad.devtools.ports import free_port
+from replicad.devtools.zookeeper import ZooKeeperServer, find_classpath, find_java
 
 
 @dataclass(frozen=True)

@@ -19,16 +19,17 @@ from typing import Any
 
 import pyarrow as pa
 
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.client import Keeper
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
 from replicad.replication.merge_assigner import AssignerSettings
 from replicad.replication.table_ops import TableOperations
 from replicad.server.interserver import InterserverServer
+from replicad.server.parts_exchange import InterserverExchange
 from replicad.service import Statement, StatementKind, TableName
 from replicad.sql.statements import parse_statement
 from replicad.storage.types import parse_type
 from replicad.storage.writer import WriterSettings
-from tests.support.zookeeper import ZooKeeperServer
 
 ZK_PATH = "/clickhouse/tables/01/events"
 TABLE = TableName("db", "events")
@@ -172,7 +173,7 @@ class Cluster:
         env_kw.setdefault("writer", WriterSettings(fsync=False, threads=1))
         env = ReplicaEnv(
             data_path=self.tmp_path / name,
-            interserver=server,
+            interserver=InterserverExchange(server),
             interserver_host="127.0.0.1",
             fsync=False,
             **env_kw,

@@ -18,8 +18,8 @@ from replicad.server.api import ApiServer, ApiState, create_app
 from replicad.server.metrics import Metrics
 from replicad.server.routing import InsertRoute, SelectRoute, StatementRoute, route
 from replicad.service import StatementKind
-from replicad.tasks import FunctionTask, Supervisor
-from tests.support.fake_engine import FakeCatalog, FakeTable
+from replicad.tasks import FunctionTask
+from tests.support.fake_engine import FakeCatalog, FakeTable, serve_fake_api
 
 ROWS = b"2020-01-02\t2020-01-02 03:04:05\t5\tclick\n2020-01-03\t2020-01-03 00:00:00\t6\tview\n"
 ERROR_RE = re.compile(r"^Code: (\d+)\. DB::Exception: (.+)\n$", re.S)
@@ -50,17 +50,7 @@ def error(body: bytes) -> tuple[int, str]:
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    cfg = build_config({"replica": "r1", "data_path": str(tmp_path), "api": {"max_body_bytes": 4096}}, {})
-    metrics = Metrics()
-    state = ApiState(config=cfg, metrics=metrics, state="running")
-    catalog = FakeCatalog()
-    table = catalog.add("db.events", [("d", "Date"), ("ts", "DateTime"), ("user_id", "UInt64"),
-                                      ("kind", "String")])
-    supervisor = Supervisor()
-    state.catalog, state.supervisor = catalog, supervisor
-    metrics.bind(lambda: catalog, supervisor)
-    client: TestClient[Any, Any] = TestClient(TestServer(create_app(state)))
-    await client.start_server()
+    client, state, table, catalog = await serve_fake_api(str(tmp_path), {"max_body_bytes": 4096})
     try:
         yield Api(client, state, table, catalog)
     finally:

@@ -14,14 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from replicad.config import UserConfig, build_config
+from replicad.config import UserConfig
 from replicad.server import auth
-from replicad.server.api import ApiState, create_app
-from replicad.server.metrics import Metrics
-from replicad.tasks import Supervisor
-from tests.support.fake_engine import FakeCatalog, FakeTable
+from replicad.server.api import ApiState
+from tests.support.fake_engine import FakeCatalog, FakeTable, serve_fake_api
 
 ROWS = b"2020-01-02\t2020-01-02 03:04:05\t5\tclick\n"
 INSERT = "INSERT INTO db.events FORMAT TabSeparated"
@@ -74,18 +72,7 @@ def code_of(body: str) -> int:
 
 
 async def make_api(tmp_path: Path, users: list[dict[str, Any]]) -> Api:
-    cfg = build_config({"replica": "r1", "data_path": str(tmp_path), "api": {"users": users}}, {})
-    metrics = Metrics()
-    state = ApiState(config=cfg, metrics=metrics, state="running")
-    catalog = FakeCatalog()
-    table = catalog.add("db.events", [("d", "Date"), ("ts", "DateTime"), ("user_id", "UInt64"),
-                                      ("kind", "String")])
-    supervisor = Supervisor()
-    state.catalog, state.supervisor = catalog, supervisor
-    metrics.bind(lambda: catalog, supervisor)
-    client: TestClient[Any, Any] = TestClient(TestServer(create_app(state)))
-    await client.start_server()
-    return Api(client, state, table, catalog)
+    return Api(*await serve_fake_api(str(tmp_path), {"users": users}))
 
 
 @pytest.fixture

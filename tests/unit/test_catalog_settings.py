@@ -9,12 +9,13 @@ import yaml
 
 from replicad.catalog import ReplicationEngine, merge_tree_defaults, spec_from_ddl
 from replicad.config import Config, build_config
+from replicad.devtools.ports import free_ports
 from replicad.keeper.client import Keeper
 from replicad.replica import ReplicaEnv, TableReplica
 from replicad.server.interserver import InterserverServer
+from replicad.server.parts_exchange import InterserverExchange
 from replicad.sql.ddl import parse_create_table
 from replicad.tasks import Supervisor
-from tests.support.ports import free_ports
 
 DDL = ("CREATE TABLE db.t (d Date, x UInt64) ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/t', "
        "'{replica}') PARTITION BY toYYYYMM(d) ORDER BY x")
@@ -80,7 +81,7 @@ def test_replica_runs_with_the_config_settings(tmp_path: Path) -> None:
                          config_settings={"old_parts_lifetime": 60, "max_replicated_logs_to_keep": 500,
                                           "cleanup_delay_period": 1, "index_granularity": 1024,
                                           "parts_to_throw_insert": 400})
-    env = ReplicaEnv(data_path=tmp_path, interserver=InterserverServer("127.0.0.1", 0),
+    env = ReplicaEnv(data_path=tmp_path, interserver=InterserverExchange(InterserverServer("127.0.0.1", 0)),
                      interserver_host="127.0.0.1")
     replica = TableReplica(spec, Keeper("127.0.0.1:1"), env)
     cs = replica.cleanup.settings

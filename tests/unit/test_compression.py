@@ -106,7 +106,9 @@ def test_truncation_is_detected(payload: bytes, method: str, data: st.DataObject
 def test_bad_headers_with_valid_checksums() -> None:
     with pytest.raises(CorruptedDataError, match="unknown compression method"):
         decompress_all(reblock(struct.pack("<BII", 0x05, 10, 1) + b"a"))
-    with pytest.raises(CorruptedDataError, match="unsupported compression codec Delta"):
+    with pytest.raises(CorruptedDataError, match="unsupported compression codec FPC"):
+        decompress_all(reblock(struct.pack("<BII", 0x98, 10, 1) + b"a"))
+    with pytest.raises(CorruptedDataError, match="cannot decompress block"):  # a Delta payload too short
         decompress_all(reblock(struct.pack("<BII", 0x92, 10, 1) + b"a"))
     with pytest.raises(CorruptedDataError, match="bad compressed block sizes"):
         decompress_all(reblock(struct.pack("<BII", 0x02, 3, 1) + b"a"))

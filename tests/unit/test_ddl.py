@@ -17,15 +17,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from replicad.errors import MetadataMismatchError, SyntaxError_, ZnodeFormatError
-from replicad.model.partition import partition_id, split_by_partition
-from replicad.model.table_metadata import (
+from replicad.sql.ddl import TableDef, parse_create_table
+from replicad.sql.expressions_ast import Function, Literal, Parser
+from replicad.sql.partition import partition_id, split_by_partition
+from replicad.sql.table_metadata import (
     ColumnDescription,
     ColumnsDescription,
     NamesAndTypesList,
     TableMetadata,
 )
-from replicad.sql.ddl import TableDef, parse_create_table
-from replicad.sql.expressions_ast import Function, Literal, Parser
 from replicad.storage.types import TypeSyntaxError, parse_type
 from tests.fixtures.gen_ch18_metadata import CASES
 

@@ -268,7 +268,7 @@ def test_request_retries_transient_answers_honouring_retry_after(fake: FakeServe
 
 
 def test_request_gives_up_on_a_closed_port() -> None:
-    from tests.support.ports import free_port
+    from replicad.devtools.ports import free_port
 
     with pytest.raises(ReplicadSparkError, match="after 1 retries"):
         request(f"http://127.0.0.1:{free_port()}/?query=x", b"", timeout_s=1, retries=1, what="x")

@@ -6,12 +6,14 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from replicad.storage.block import _stable_argsort
+from replicad.storage.block import _stable_argsort, sort_indices
 
 DTYPES = [np.int8, np.uint8, np.int16, np.int32, np.uint32, np.int64, np.uint64]
 
@@ -30,3 +32,35 @@ def test_duplicates_and_extremes(dtype: type) -> None:
         assert (_stable_argsort(key) == np.argsort(key, kind="stable")).all()
     key = rng.integers(0, 5, 100_000).astype(dtype)  # many ties: the packed path
     assert (_stable_argsort(key) == np.argsort(key, kind="stable")).all()
+
+
+def _reference(keys: list[pa.Array]) -> list[int]:
+    """pyarrow's stable multi-key sort (what sort_indices must equal)."""
+    table = pa.table({f"k{i}": k for i, k in enumerate(keys)})
+    order = [(f"k{i}", "ascending") for i in range(len(keys))]
+    return [int(i) for i in pc.sort_indices(table, order).to_numpy()]
+
+
+_VALUES = [b"", b"a", b"ab", b"b", b"\x00", b"\xff", b"\x7f\x80"]
+
+
+@given(st.integers(1, 300).flatmap(lambda n: st.tuples(
+    st.lists(st.sampled_from(_VALUES), min_size=n, max_size=n),
+    st.lists(st.integers(0, 3), min_size=n, max_size=n),
+    st.lists(st.binary(max_size=4), min_size=n, max_size=n))))
+def test_string_led_keys_match_a_multi_key_sort(case: tuple[list[bytes], list[int], list[bytes]]) -> None:
+    s, k, t = case
+    keys = [pa.array(s, pa.binary()), pa.array(k, pa.uint64()), pa.array(t, pa.binary())]
+    assert sort_indices(keys).tolist() == _reference(keys)
+    assert sort_indices(keys[:2]).tolist() == _reference(keys[:2])
+    assert sort_indices([keys[2]]).tolist() == _reference([keys[2]])
+
+
+def test_many_distinct_strings_and_dictionary_keys() -> None:
+    rng = np.random.default_rng(3)
+    n = 30_000
+    s = pa.array([rng.bytes(int(x)) for x in rng.integers(0, 12, n)], pa.binary())  # mostly distinct
+    k = pa.array(rng.integers(0, 10, n), pa.int32())
+    assert sort_indices([s, k]).tolist() == _reference([s, k])
+    d = pa.array(rng.choice(["x", "y", "", "ü"], n)).dictionary_encode()
+    assert sort_indices([d, k]).tolist() == _reference([d.cast(pa.string()), k])

@@ -250,12 +250,12 @@ def test_adaptive_marks_mrk2(tmp_path: Path) -> None:
     assert r.read().equals(t)
 
 
-def test_compact_part_refused(tmp_path: Path) -> None:
-    p = write_part(tmp_path / "p", [("x", T("UInt8"))], [pa.table({"x": pa.array([1], pa.uint8())})])
-    (p / "data.bin").write_bytes(b"")
-    with pytest.raises(UnsupportedPartFormatError, match="Compact"):
-        PartReader(p)
-    assert incompatibilities_with_18_16(PartDirectory.at(p)) == ["Compact part (data.bin)"]
+def test_a_column_named_data_is_not_a_compact_part(tmp_path: Path) -> None:
+    """A Wide part with a column ``data`` has ``data.bin`` too; Compact parts are told by data.mrk3 ..."""
+    t = pa.table({"data": pa.array([1, 2], pa.uint8())})
+    p = write_part(tmp_path / "p", [("data", T("UInt8"))], [t])
+    assert PartReader(p, verify=True).read().equals(t)
+    assert incompatibilities_with_18_16(PartDirectory.at(p)) == []
 
 
 def test_compressed_marks_and_primary_cidx(tmp_path: Path) -> None:
@@ -274,20 +274,19 @@ def test_compressed_marks_and_primary_cidx(tmp_path: Path) -> None:
         "compressed primary index (primary.cidx)", "marks files .cmrk"]
 
 
-def test_sparse_serialization_refused(tmp_path: Path) -> None:
+def test_unknown_serialization_kind_refused(tmp_path: Path) -> None:
     p = write_part(tmp_path / "p", [("x", T("UInt8"))], [pa.table({"x": pa.array([1], pa.uint8())})])
-    (p / "serialization.json").write_text('{"columns":[{"name":"x","kind":"Sparse"}],"version":0}')
-    with pytest.raises(UnsupportedPartFormatError, match="Sparse"):
+    (p / "serialization.json").write_text('{"columns":[{"name":"x","kind":"Detached"}],"version":1}')
+    with pytest.raises(UnsupportedPartFormatError, match="Detached serialization"):
         PartReader(p)
 
 
-def test_string_size_stream_refused(tmp_path: Path) -> None:
+def test_unknown_string_serialization_version_refused(tmp_path: Path) -> None:
     p = write_part(tmp_path / "p", [("x", T("UInt8")), ("s", T("String"))],
                    [pa.table({"x": pa.array([1], pa.uint8()), "s": pa.array([b"a"])})])
     (p / "serialization.json").write_text(
-        '{"columns":[],"types_serialization_versions":{"string":1},"version":1}')
-    assert PartReader(p, {"x": T("UInt8")}).read().num_rows == 1  # no String read: fine
-    with pytest.raises(UnsupportedPartFormatError, match="size stream"):
+        '{"columns":[],"types_serialization_versions":{"string":7},"version":1}')
+    with pytest.raises(UnsupportedPartFormatError, match="String serialization version 7"):
         PartReader(p)
 
 

@@ -1,8 +1,8 @@
 """A Spark driver in its own process, as a user runs one: a fresh local[2,3] SparkSession that never calls
 ``replicad.spark.register`` (the data source must be found because the package is installed).
 
-    python -m tests.support.spark_job --table db.t --rows 300000 --partitions 4 --opt url=http://… --opt k=v
-    python -m tests.support.spark_job --stream --checkpoint DIR --source-dir DIR --table db.t --opt url=…
+    python -m replicad.devtools.spark_job --table db.t --rows 300000 --partitions 4 --opt url=… --opt k=v
+    python -m replicad.devtools.spark_job --stream --checkpoint DIR --source-dir DIR --table db.t --opt url=…
 
 Batch mode writes ``_rows(rows, partitions)`` (user_id = 0..rows-1); stream mode runs a file stream over
 ``--source-dir`` (JSON lines with ``user_id``) until it has processed every file present, then stops.

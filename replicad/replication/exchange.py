@@ -1,0 +1,53 @@
+"""What a table replica needs of the DataPartsExchange transport: the engine's side of that seam.
+
+A replica serves its parts through the :class:`PartsExchange` it is given (``ReplicaEnv.interserver``) and
+publishes the exchange's ``port`` and ``scheme`` in ``replicas/<r>/host``.  The HTTP server that speaks the
+protocol (``replicad.server.interserver``) is adapted to it by ``replicad.server.parts_exchange``, so the
+engine never imports the transport (ClickHouse's ``DataPartsExchange::Service`` is registered with the
+``InterserverIOHandler`` in the same direction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from replicad.model.checksums import Checksums
+
+
+@dataclass(frozen=True)
+class ServedPart:
+    """An active part a peer may download: its directory and its ``checksums.txt``."""
+
+    path: Path
+    checksums: Checksums
+
+
+#: part name -> the part (or None when this replica does not have it)
+ServedPartLookup = Callable[[str], ServedPart | None]
+#: S3 zero-copy: part name -> (unique id, metadata texts) of a committed part on a zero-copy disk, or None
+ZeroCopyLookup = Callable[[str], Awaitable[tuple[str, dict[str, bytes]] | None]]
+
+
+class PartsExchange(Protocol):
+    """The DataPartsExchange endpoint registry of this process."""
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def scheme(self) -> str: ...
+
+    def serve(
+        self, replica_zk_path: str, lookup: ServedPartLookup, on_broken_part: Callable[[str], None],
+        zero_copy: ZeroCopyLookup | None = None,
+    ) -> None:
+        """Answer peers' fetches for ``replica_zk_path`` from ``lookup``; ``on_broken_part(name)`` when a
+        part fails while it is sent; ``zero_copy``: the metadata of parts peers may get zero-copy."""
+        ...
+
+    def withdraw(self, replica_zk_path: str) -> None:
+        """Stop answering for ``replica_zk_path``."""
+        ...

@@ -1,0 +1,156 @@
+"""The columns of an INSERT's input: which input columns go where (:func:`select_columns`) and their
+conversion into storage-Arrow insert blocks (:class:`Converter`), shared by every input format's parser
+(``formats``, ``native_format``, ``arrow_file``), with the parser settings (:class:`InputSpec`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replicad.errors import BadInputError
+from replicad.server.sync_body import DEFAULT_MAX_LINE_BYTES, DEFAULT_RECEIVE_TIMEOUT_S
+from replicad.server.text_values import array_element, check_array_rows, tsv_unescape, zero_dates
+from replicad.storage.types import DataType
+from replicad.storage.types_base import BadValue
+
+INCORRECT_DATA = 117
+NO_SUCH_COLUMN = 16
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    format: str
+    columns: Sequence[tuple[str, DataType]]  # the INSERT's column list, or all table columns
+    explicit_columns: bool  # the INSERT named its columns
+    block_rows: int = 1048576
+    tz: str = "UTC"
+    skip_unknown_fields: bool = False
+    csv_delimiter: str = ","
+    spool_dir: str | None = None
+    read_block_bytes: int = 4 << 20
+    receive_timeout_s: float = DEFAULT_RECEIVE_TIMEOUT_S
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    #: the insert parsers' own threads (None: the loop's default executor, for tests and tools)
+    executor: Executor | None = None
+
+
+
+# ---- converting parsed columns ---------------------------------------------------------------------------
+
+
+class Converter:
+    """Turns raw parsed batches into storage batches and re-cuts them into insert blocks."""
+
+    def __init__(self, names: list[str], types: list[DataType], spec: InputSpec, *, text: str = "") -> None:
+        self.names, self.types, self.spec, self.text = names, types, spec, text
+        self.row = 0  # rows converted so far (for 1-based row numbers in errors)
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+
+    def feed(self, columns: list[pa.Array], escaped: bool = True) -> Iterator[pa.RecordBatch]:
+        """Convert one parsed block; ``escaped=False``: its text has no backslash (nothing to unescape)."""
+        n = len(columns[0]) if columns else 0
+        if n == 0:
+            return
+        arrays = [self._column(name, dt, arr, escaped)
+                  for name, dt, arr in zip(self.names, self.types, columns, strict=True)]
+        self.row += n
+        self._pending.append(pa.RecordBatch.from_arrays(arrays, names=self.names))
+        self._pending_rows += n
+        while self._pending_rows >= self.spec.block_rows:
+            yield self._cut(self.spec.block_rows)
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        if self._pending_rows:
+            yield self._cut(self._pending_rows)
+
+    def _cut(self, n: int) -> pa.RecordBatch:
+        table = pa.Table.from_batches(self._pending).combine_chunks()
+        head, rest = table.slice(0, n), table.slice(n)
+        self._pending = rest.combine_chunks().to_batches() if rest.num_rows else []
+        self._pending_rows -= n
+        batches = head.combine_chunks().to_batches()
+        return batches[0] if len(batches) == 1 else pa.RecordBatch.from_arrays(
+            [pa.concat_arrays([b.column(i) for b in batches]) for i in range(len(self.names))],
+            names=self.names)
+
+    def _column(self, name: str, dt: DataType, arr: pa.Array, escaped: bool = True) -> pa.Array:
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+        default_mask = None
+        is_array = array_element(dt.name) is not None
+        if self.text == "tsv" and escaped:  # an array field is a literal with its own (quoted-string) escapes
+            arr = pc.if_else(pc.equal(arr, b"\\N"), pa.scalar(None, arr.type), arr) if is_array \
+                else tsv_unescape(arr)
+        if not dt.is_nullable and arr.null_count:
+            if self.text == "json":  # omitted fields and nulls get the default (input_format_null_as_default)
+                default_mask = arr.is_null()
+            else:
+                i = _first(arr.is_null())
+                raise BadInputError(f"Cannot parse input: column {name}, row {self.row + i + 1}: NULL is not "
+                                    f"allowed, type {dt.name} is not Nullable")
+        if self.text and _is_date(dt) and (pa.types.is_binary(arr.type) or pa.types.is_string(arr.type)):
+            arr = zero_dates(arr, "0" if "DateTime" in dt.name else "1970-01-01")
+        if self.text in ("tsv", "csv") and not _is_textual(dt):
+            empty = pc.fill_null(pc.equal(arr, b""), False)
+            if pc.any(empty).as_py():  # an empty field means the column's default, as in ClickHouse
+                default_mask = empty
+                arr = pc.if_else(empty, pa.scalar(None, arr.type), arr)
+        if self.text in ("tsv", "csv") and is_array:
+            arr = check_array_rows(arr, dt.name, name, self.row)
+        try:
+            out = dt.convert(arr, self.spec.tz)
+        except BadValue as e:
+            raise BadInputError(f"Cannot parse input: column {name}, row {self.row + e.row + 1}: value "
+                                f"{e.value} {e.reason}") from None
+        except BadInputError as e:
+            raise BadInputError(f"Cannot parse input: column {name}, rows {self.row + 1}.."
+                                f"{self.row + len(arr)}: {e}") from None
+        if default_mask is not None:
+            out = pc.if_else(default_mask, dt.defaults(len(out)), out)
+        return out
+
+
+def _is_date(dt: DataType) -> bool:
+    n = dt.name.removeprefix("Nullable(")
+    return n.startswith(("Date", "DateTime"))
+
+
+def _is_textual(dt: DataType) -> bool:
+    n = dt.name.removeprefix("Nullable(").removeprefix("LowCardinality(")
+    return n.startswith(("String", "FixedString"))
+
+
+def _first(mask: pa.Array) -> int:
+    return int(pc.index(pc.fill_null(mask, False), True).as_py())
+
+
+# ---- column mapping ------------------------------------------------------------------------------------
+
+
+def select_columns(spec: InputSpec, input_names: list[str]) -> tuple[list[str], list[int], list[DataType]]:
+    """Map the input's named columns onto the insert's columns: (names, input positions, types)."""
+    allowed = {n: t for n, t in spec.columns}
+    names, positions, types, seen = [], [], [], set()
+    for pos, n in enumerate(input_names):
+        if n in seen:
+            raise BadInputError(f"Column {n} is given more than once in the input", code=INCORRECT_DATA)
+        seen.add(n)
+        if n not in allowed:
+            if spec.skip_unknown_fields:
+                continue
+            where = "the INSERT's column list" if spec.explicit_columns else "the table"
+            raise BadInputError(f"Unknown column {n} in the input: not in {where}", code=NO_SUCH_COLUMN)
+        names.append(n)
+        positions.append(pos)
+        types.append(allowed[n])
+    if spec.explicit_columns:
+        missing = [n for n, _ in spec.columns if n not in seen]
+        if missing:
+            raise BadInputError(f"Columns {', '.join(missing)} are named in the INSERT but missing in "
+                                "the input", code=NO_SUCH_COLUMN)
+    return names, positions, types
