@@ -30,7 +30,7 @@ from bench.report import Figure, Report
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_BENCHES = ("insert", "schemas", "lag", "fetch", "spark")
-STORAGE_BENCHES = ("part_writer", "merge")
+STORAGE_BENCHES = ("part_writer", "merge", "zero_copy")
 ALL = CLUSTER_BENCHES + STORAGE_BENCHES
 MERGE_TARGET = 0.5
 
@@ -221,6 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "merge" in names:
             ctx.say("merge (bench/merge.py)")
             report.add(run_merge(ctx))
+        if "zero_copy" in names:
+            from bench import zero_copy
+
+            ctx.say("S3 zero-copy fetch vs full fetch (bench/zero_copy.py)")
+            report.add(zero_copy.run(ctx))
     finally:
         load.__exit__()
         if not args.keep:

@@ -30,6 +30,7 @@ from replicad.server.parts_exchange import InterserverExchange
 from replicad.server.tls import client_context
 from replicad.service import Statement, TableName, TableService
 from replicad.sql.ddl import TableDef, parse_create_table
+from replicad.storage.disk_s3 import build_disks
 from replicad.tasks import Supervisor
 
 if TYPE_CHECKING:
@@ -166,6 +167,8 @@ class ReplicaCatalog:
                     return
                 raise UnknownTableError(f"Table {statement.table} doesn't exist.")
             await table.stop()
+            if table.store.remote is not None:  # before the table's ZooKeeper nodes (table_shared_id) go
+                await table.store.remote.release_all()
             await self._drop_zookeeper(table.paths)
             del self._tables[statement.table]
             await asyncio.to_thread(self._remove_local, statement.table, table)
@@ -327,6 +330,8 @@ class ReplicationEngine:
             credentials=FetchCredentials(ic.user, ic.password, peer_ssl),
             activation_timeout_s=zk.session_timeout_s + 5.0,
             max_fetch_part_bytes=ic.max_fetch_part_bytes,
+            disks=build_disks(config.storage, config.data_path),
+            storage_policies=config.storage.policy_disks(),
         )
         self._catalog = ReplicaCatalog(
             config.data_path,

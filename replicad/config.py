@@ -186,6 +186,72 @@ class DistributedDDLConfig(_Section):
     task_timeout: int = 180
 
 
+class DiskConfig(_Section):
+    """One disk of ``storage.disks`` (ClickHouse's storage_configuration); only ``type: s3`` for now."""
+
+    type: Literal["s3"]
+    endpoint: str
+    access_key_id: str = Field(min_length=1)
+    secret_access_key: str = Field(min_length=1)
+    region: str = "us-east-1"
+    max_attempts: int = Field(default=5, ge=1, le=100)  # retries of each S3 request (botocore standard mode)
+    multipart_threshold: int = Field(default=32 * 1024 * 1024, ge=5 * 1024 * 1024)
+    multipart_chunksize: int = Field(default=16 * 1024 * 1024, ge=5 * 1024 * 1024)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _check_endpoint(cls, v: str) -> str:
+        from replicad.s3.endpoint import S3Endpoint  # the endpoint grammar, without importing boto3
+
+        S3Endpoint.parse(v)
+        return v
+
+
+class VolumeConfig(_Section):
+    disk: str = Field(min_length=1)
+
+
+class PolicyConfig(_Section):
+    volumes: dict[str, VolumeConfig]
+
+    @field_validator("volumes")
+    @classmethod
+    def _one_volume(cls, v: dict[str, VolumeConfig]) -> dict[str, VolumeConfig]:
+        if len(v) != 1:
+            raise ValueError("exactly one volume per policy is supported (moves between volumes are not)")
+        return v
+
+    @property
+    def disk(self) -> str:
+        return next(iter(self.volumes.values())).disk
+
+
+class StorageConfig(_Section):
+    disks: dict[str, DiskConfig] = Field(default_factory=dict)
+    policies: dict[str, PolicyConfig] = Field(default_factory=dict)
+
+    @field_validator("policies")
+    @classmethod
+    def _no_default(cls, v: dict[str, PolicyConfig]) -> dict[str, PolicyConfig]:
+        if "default" in v:
+            raise ValueError("policy 'default' is the local data_path and cannot be redefined")
+        return v
+
+    def problems(self) -> list[str]:
+        """Cross-references: every policy's disk is defined."""
+        out: list[str] = []
+        for name, policy in sorted(self.policies.items()):
+            for vol, volume in sorted(policy.volumes.items()):
+                if volume.disk not in self.disks:
+                    out.append(f"storage.policies.{name}.volumes.{vol}.disk: no disk {volume.disk!r} in "
+                               "storage.disks")
+        return out
+
+    def policy_disks(self) -> dict[str, str]:
+        """policy name -> disk name."""
+        return {name: p.disk for name, p in self.policies.items()}
+
+
 class Config(_Section):
     replica: str = Field(min_length=1)
     data_path: Path = Path("/var/lib/replicad")
@@ -195,6 +261,7 @@ class Config(_Section):
     zookeeper: ZooKeeperConfig = Field(default_factory=ZooKeeperConfig)
     interserver: InterserverConfig = Field(default_factory=InterserverConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     settings: dict[str, int | float | str] = Field(default_factory=dict)
     tables: list[str] = Field(default_factory=list)
     #: clusters for ``… ON CLUSTER c`` (shaped like ClickHouse's ``remote_servers``)
@@ -335,6 +402,8 @@ def build_config(raw: dict[str, Any], environ: Mapping[str, str], source: str = 
     data_path = data.get("data_path") or Config.model_fields["data_path"].default
     if isinstance(data_path, (str, Path)):
         problems.extend(_check_data_path(Path(data_path)))
+    if cfg is not None:
+        problems.extend(cfg.storage.problems())
     if problems:
         raise ConfigError(problems, source)
     assert cfg is not None
@@ -403,6 +472,9 @@ def _check_tables(data: Mapping[str, Any]) -> list[str]:
     macros = data.get("macros") or {}
     defined = set(macros) if isinstance(macros, Mapping) else set()
     problems = []
+    storage = data.get("storage") or {}
+    raw_policies = storage.get("policies") if isinstance(storage, Mapping) else None
+    policies = set(raw_policies) if isinstance(raw_policies, Mapping) else set()
     parse = _ddl_parser()
     for i, ddl in enumerate(tables):
         if not isinstance(ddl, str):
@@ -421,6 +493,9 @@ def _check_tables(data: Mapping[str, Any]) -> list[str]:
             if getattr(table, "zk_path", "") is None:
                 problems.append(f"tables[{i}]: engine {getattr(table, 'engine', '?')} is not replicated: "
                                 "replicad serves ReplicatedMergeTree tables only")
+            policy = str((getattr(table, "settings", None) or {}).get("storage_policy", "default")).strip("'")
+            if policy != "default" and policy not in policies:
+                problems.append(f"tables[{i}]: storage_policy {policy!r} is not in storage.policies")
     return problems
 
 
@@ -541,7 +616,7 @@ def _check_data_path(path: Path) -> list[str]:
 
 
 RESTART_REQUIRED = ("replica", "data_path", "timezone", "macros", "zookeeper", "interserver", "clusters",
-                    "distributed_ddl")
+                    "distributed_ddl", "storage")
 
 
 def restart_required(old: Config, new: Config) -> list[str]:

@@ -55,6 +55,8 @@ from replicad.replication.restarting import CONNECTION_ERRORS
 from replicad.replication.sink import InsertContext
 from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
 from replicad.replication.table_ops import TableOperations
+from replicad.replication.zero_copy_moves import PartMover
+from replicad.replication.zero_copy_scan import OrphanScan
 from replicad.service import (
     ExecuteResult,
     InsertSettings,
@@ -131,6 +133,12 @@ class TableReplica:
             **{task.name.removeprefix(f"{spec.name}:"): task for task in self.ops.tasks},
             "staging": self.staging.task,
         }
+        if self.store.remote is not None:  # S3 disk: local parts of a table whose policy became an S3 one
+            self.mover = PartMover(self.store, self.store.remote, self.fetcher, self.paths)
+            self.tasks["zero_copy_mover"] = self.mover
+            scan_period = float(spec.settings.get("remote_fs_orphan_scan_period_s", 0))
+            if self.store.remote.zero_copy and scan_period > 0:
+                self.tasks["zero_copy_orphan_scan"] = OrphanScan(self.store.remote, scan_period)
         #: statements other modules implement (OPTIMIZE, ALTER … DELETE/UPDATE, DROP PARTITION …)
         self.statement_handlers: dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]] = {
             **self.admin.handlers()}
@@ -173,7 +181,12 @@ class TableReplica:
         except CONNECTION_ERRORS as e:
             # no ZooKeeper: serve reads; the restarting task completes the start-up once it answers
             log.warning("replica_started_readonly", table=str(self.spec.name), error=str(e))
-        self.env.interserver.serve(self.paths.me.root, self._part_for_send, self.enqueue_part_check)
+        remote = self.store.remote
+        if remote is not None and remote.zero_copy:  # peers sharing the bucket get the metadata only
+            self.env.interserver.serve(self.paths.me.root, self._part_for_send, self.enqueue_part_check,
+                                       zero_copy=remote.serialized_metadata)
+        else:
+            self.env.interserver.serve(self.paths.me.root, self._part_for_send, self.enqueue_part_check)
         self.executor.on_parts_changed = self._on_parts_changed
         self.ops.install()
         for task in self.tasks.values():

@@ -30,6 +30,7 @@ from replicad.replication.part_store import PartStore
 from replicad.replication.restarting import RestartingThread
 from replicad.replication.sink import TableSchema, column_defaults
 from replicad.replication.table_context import ActionBlockers
+from replicad.replication.zero_copy import remote_parts_for
 from replicad.storage.layout import TableDataLayout
 from replicad.storage.part import columns_text as part_columns_text
 from replicad.storage.writer import WriterSettings
@@ -90,6 +91,10 @@ def build_collaborators(
     fsync_fetched = int(s.get("min_compressed_bytes_to_fsync_after_fetch", 0)) if env.fsync else 0
     layout = TableDataLayout(env.data_path, spec.name.database, spec.name.table, fsync_dirs)
     store = PartStore(layout, float(s.get("old_parts_lifetime", 480)))
+    store.remote = remote_parts_for(  # parts on an S3 disk (storage_policy), shared with zero-copy
+        s, database=spec.name.database, table=spec.name.table, table_zk_path=spec.zk_path,
+        replica=spec.replica_name, disks=env.disks, policies=env.storage_policies, keeper=keeper,
+    )
     schema = TableSchema(spec.columns, spec.partition_by, spec.order_by, spec.primary_key, env.tz,
                          defaults=column_defaults(spec.columns_text))
     reader = TableReader(spec.columns, [n for n, _t in schema.insertable_columns], store, env.tz,

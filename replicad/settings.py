@@ -173,6 +173,17 @@ _DEFS: tuple[SettingDef, ...] = (
                check=_positive),
     SettingDef("background_fetches_pool_size", 16, SRV, "concurrent fetches (ClickHouse 20.x: 8)",
                since="20.x", check=_positive),
+    # --- S3 disks and zero-copy replication (ClickHouse 21.x+ names) --------------------------------------
+    SettingDef("storage_policy", "default", MT, "the storage policy (config storage.policies) of the table's "
+               "parts; 'default' = the local data_path", since="19.15"),
+    SettingDef("allow_remote_fs_zero_copy_replication", 0, MT, "replicas sharing an S3 disk share the part "
+               "objects (fetch exchanges metadata only; zero-copy locks in ZooKeeper)", since="21.8",
+               check=_bool01),
+    SettingDef("remote_fs_zero_copy_zookeeper_path", "/clickhouse/zero_copy", MT,
+               "root of the zero-copy lock tree", since="21.12",
+               check=lambda v: None if str(v).startswith("/") else "must be an absolute ZooKeeper path"),
+    SettingDef("remote_fs_orphan_scan_period_s", 0, MT, "seconds between scans of the S3 disk for objects no "
+               "lock or local part references (0 = off)", since="replicad", check=_non_negative),
     # --- query-level settings (also accepted in the HTTP URL) --------------------------------------------
     SettingDef("max_insert_block_size", 1048576, Q, "rows per insert block (one block_id each)",
                check=lambda v: None if 0 < v <= 100_000_000 else "must be in 1..100000000"),

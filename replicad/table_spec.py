@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replicad.datatypes import DataType
 from replicad.replication.exchange import PartsExchange
 from replicad.replication.fetcher import FetchCredentials
 from replicad.service import TableName
 from replicad.storage.writer import WriterSettings
+
+if TYPE_CHECKING:
+    from replicad.storage.disk_s3 import S3Disk
 
 
 @dataclass(frozen=True)
@@ -50,3 +53,6 @@ class ReplicaEnv:
     max_parallel_fetches: int = 8
     max_fetch_part_bytes: int = 1 << 40  # interserver.max_fetch_part_bytes
     activation_timeout_s: float = 0.0
+    #: the config's ``storage:``: disks by name, and each policy's disk (a table's ``storage_policy``)
+    disks: dict[str, S3Disk] = field(default_factory=dict)
+    storage_policies: dict[str, str] = field(default_factory=dict)

@@ -204,6 +204,8 @@ class TableAdmin:
         except KeeperNoNodeError:
             pass
         await r.keeper.delete(them.root, recursive=True)
+        if r.store.remote is not None:  # its zero-copy locks would keep shared objects forever
+            await r.store.remote.release_replica(name)
         log.warning("replica_dropped", table=str(r.spec.name), replica=name)
         return ExecuteResult()
 

@@ -162,6 +162,7 @@ class PartCommitter:
             await _release_quietly(self.keeper, lock.unlock_ops())
             await _remove_tmp(part.path)
             raise
+        ops += self.store.commit_ops(name)  # the zero-copy lock, in the same multi (S3 disks)
 
         try:
             await self.keeper.multi(ops)

@@ -9,7 +9,7 @@ engine never imports the transport (ClickHouse's ``DataPartsExchange::Service`` 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -27,6 +27,8 @@ class ServedPart:
 
 #: part name -> the part (or None when this replica does not have it)
 ServedPartLookup = Callable[[str], ServedPart | None]
+#: S3 zero-copy: part name -> (unique id, metadata texts) of a committed part on a zero-copy disk, or None
+ZeroCopyLookup = Callable[[str], Awaitable[tuple[str, dict[str, bytes]] | None]]
 
 
 class PartsExchange(Protocol):
@@ -39,10 +41,11 @@ class PartsExchange(Protocol):
     def scheme(self) -> str: ...
 
     def serve(
-        self, replica_zk_path: str, lookup: ServedPartLookup, on_broken_part: Callable[[str], None]
+        self, replica_zk_path: str, lookup: ServedPartLookup, on_broken_part: Callable[[str], None],
+        zero_copy: ZeroCopyLookup | None = None,
     ) -> None:
         """Answer peers' fetches for ``replica_zk_path`` from ``lookup``; ``on_broken_part(name)`` when a
-        part fails while it is sent."""
+        part fails while it is sent; ``zero_copy``: the metadata of parts peers may get zero-copy."""
         ...
 
     def withdraw(self, replica_zk_path: str) -> None:

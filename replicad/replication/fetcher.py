@@ -49,6 +49,7 @@ from replicad.model.address import ReplicaAddress
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.model.siphash import SipHash
+from replicad.replication import zero_copy_fetch
 from replicad.replication.commit import part_commit_ops
 from replicad.replication.fetch_sources import MAX_PRECHECKS, FetchSource, SourceFinder, consume_error
 from replicad.replication.part_store import LocalPart, PartStore
@@ -174,6 +175,8 @@ class PartFetcher:
         #: whether early downloads may start (the replica wires it to "the queue executor is not paused")
         self.early_allowed: Callable[[], bool] = lambda: True
         self.fetches_total = 0
+        self.zero_copy_fetches = 0  # fetches that moved metadata only (S3 zero-copy)
+        self.bytes_received = 0  # DataPartsExchange body bytes of finished downloads
         self.early_fetches_taken = 0
 
     async def close(self) -> None:
@@ -271,11 +274,12 @@ class PartFetcher:
             return received, await state
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.to_thread(shutil.rmtree, received.path, True))
+            await asyncio.shield(self._abandon_zero_copy(part_name))
             raise
         except Exception:  # read again by the commit
             return received, None
 
-    async def _drop_early(self, early: _Early) -> None:
+    async def _drop_early(self, early: _Early, abandon: bool = True) -> None:
         """Wait for an early download to end and remove what it left (a part nobody took)."""
         try:
             result = await early.task
@@ -283,6 +287,8 @@ class PartFetcher:
             return
         if result is not None:
             await asyncio.to_thread(shutil.rmtree, result[0].path, True)
+            if abandon:  # its zero-copy lock and metadata (not while a fetch of the part runs)
+                await self._abandon_zero_copy(result[0].path.name.removeprefix(TMP_FETCH))
 
     def _expire_early(self) -> None:
         now = time.monotonic()
@@ -290,7 +296,7 @@ class PartFetcher:
             if now - early.started >= EARLY_TTL_S:
                 del self._early[name]
                 early.task.cancel()
-                drop = asyncio.ensure_future(self._drop_early(early))
+                drop = asyncio.ensure_future(self._drop_early(early, abandon=name not in self._fetching))
                 drop.add_done_callback(consume_error)
 
     async def _take_early(
@@ -421,6 +427,7 @@ class PartFetcher:
             absent = self._compare(seen, part_name, columns_text, checksums)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, tmp_dir, True)
+            await asyncio.shield(self._abandon_zero_copy(part_name))
             raise
         part = await self.store.precommit(tmp_dir, info)
         try:
@@ -432,6 +439,10 @@ class PartFetcher:
             raise
         return part, self.store.activate(part_name)
 
+    async def _abandon_zero_copy(self, part_name: str) -> None:
+        if self.store.remote is not None:
+            await self.store.remote.abandon_fetch(part_name)
+
     async def register_local_part(self, part: LocalPart) -> None:
         """Register an active local part missing from ``replicas/<me>/parts`` (checked like a fetched one)."""
         columns_text = part.directory.columns_text
@@ -441,6 +452,13 @@ class PartFetcher:
         await self._commit_to_zookeeper(part.name, columns_text, checksums, absent, seen.columns_version)
         log.warning("registered_local_part", part=part.name)
 
+    async def download_from_address(
+        self, address: ReplicaAddress, source_replica_path: str, part_name: str, tmp_dir: Path
+    ) -> ReceivedPart:
+        """Download a part into ``tmp_dir`` without committing it (the zero-copy mover adopts instances
+        this way); zero-copy when the table and the source allow it."""
+        return await self._download(address, source_replica_path, part_name, tmp_dir, None)
+
     async def _download(
         self,
         address: ReplicaAddress,
@@ -448,6 +466,8 @@ class PartFetcher:
         part_name: str,
         tmp_dir: Path,
         expected: MinimalisticChecksums | None,
+        *,
+        full: bool = False,
     ) -> ReceivedPart:
         params = {
             "endpoint": f"DataPartsExchange:{source_replica_path}",
@@ -455,8 +475,13 @@ class PartFetcher:
             "client_protocol_version": str(RECEIVE_MAX_PROTOCOL_VERSION),
             "compress": "false",
         }
+        remote = self.store.remote
+        zero_copy = remote is not None and remote.zero_copy and not full
+        if zero_copy:  # replicas sharing the bucket exchange metadata only
+            params[zero_copy_fetch.COOKIE] = remote.disk.disk_type if remote is not None else ""
         url = f"{address.base_url}/"
-        sink = PartSink(tmp_dir, self.fsync)  # the directory is made while the request travels
+        # the directory is made while the request travels (a zero-copy answer fills it from the bucket)
+        sink = None if zero_copy else PartSink(tmp_dir, self.fsync)
         try:
             async with self._http().post(url, params=params, headers=self.credentials.headers(),
                                          ssl=self.credentials.ssl) as resp:
@@ -470,10 +495,23 @@ class PartFetcher:
                     raise FetchError(f"Fetching part {part_name} failed: HTTP {resp.status}: {text.strip()}")
                 cookie = resp.cookies.get("server_protocol_version")
                 version = int(cookie.value) if cookie is not None and cookie.value.isdigit() else 0
-                received = await receive_part(resp.content, tmp_dir, version, expected, sink=sink,
-                                              max_part_bytes=self.max_part_bytes)
+                if remote is not None and zero_copy and resp.cookies.get(zero_copy_fetch.COOKIE) is not None:
+                    body = await resp.content.read(zero_copy_fetch.MAX_BODY + 1)
+                    if len(body) > zero_copy_fetch.MAX_BODY or not resp.content.at_eof():
+                        raise zero_copy_fetch.ZeroCopyFallback(f"zero-copy answer for {part_name} too large")
+                    received = await zero_copy_fetch.receive(remote, part_name, body, version, tmp_dir)
+                    self.zero_copy_fetches += 1
+                else:
+                    sink = sink or PartSink(tmp_dir, self.fsync)
+                    received = await receive_part(resp.content, tmp_dir, version, expected, sink=sink,
+                                                  max_part_bytes=self.max_part_bytes)
         except BaseException as e:
-            await asyncio.shield(sink.discard())
+            if sink is not None:
+                await asyncio.shield(sink.discard())
+            if isinstance(e, zero_copy_fetch.ZeroCopyFallback):
+                log.warning("zero_copy_fetch_failed_fetching_data", part=part_name, error=str(e))
+                return await self._download(address, source_replica_path, part_name, tmp_dir, expected,
+                                            full=True)
             if isinstance(e, aiohttp.ClientError):
                 raise FetchError(
                     f"Fetching part {part_name} from {address.host}:{address.replication_port}: {e}"
@@ -483,6 +521,7 @@ class PartFetcher:
             raise
         if received.body_size == 0:  # pragma: no cover - receive_part refuses empty bodies already
             raise CorruptedDataError(f"Empty answer for part {part_name}")
+        self.bytes_received += received.body_size
         threshold = self.min_bytes_to_fsync
         if not self.fsync and threshold and received.checksums.total_size >= threshold:
             await asyncio.to_thread(fsync_part_files, tmp_dir)
@@ -568,6 +607,7 @@ class PartFetcher:
                     continue
                 probes += [Create(path, b""), Delete(path)]
             ops = probes + part_commit_ops(self.paths, part_name, columns_text, checksums, columns_version)
+            ops += self.store.commit_ops(part_name)  # the zero-copy lock, in the same multi
             try:
                 await self.keeper.multi(ops)
                 return

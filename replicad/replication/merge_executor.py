@@ -104,6 +104,7 @@ class PartProducer:
         self.merged_total = 0
         self.mutated_total = 0
         self.fetched_instead_total = 0
+        self.zero_copy_postponed_total = 0
         self.mismatches_total = 0
 
     def handlers(self) -> dict[LogEntryType, Callable[[Selected], Awaitable[None]]]:
@@ -184,6 +185,37 @@ class PartProducer:
             raise EntryNotReadyError(f"Part {source.part_name} is already being fetched")
         self.on_part_made()
 
+    # ------------------------------------------------------------------------------------------ zero-copy
+
+    async def _zero_copy_exclusive(self, part_name: str) -> bool:
+        """On a zero-copy table one replica makes a merged/mutated part and the others fetch it: take
+        ``<part>/part_exclusive_lock`` (True: make it here).  Held elsewhere: fetch if the result exists
+        already, else wait (EntryNotReadyError, retried).  After taking it, re-check that nobody made the part
+        meanwhile (ZooKeeper reads are not linearizable): then fetch."""
+        remote = self.store.remote
+        if remote is None or remote.locks is None:
+            return True
+        holder = await remote.locks.try_exclusive(part_name)
+        if holder is not None:
+            if await self.fetcher.find_source(part_name) is not None:
+                return False
+            self.zero_copy_postponed_total += 1
+            raise EntryNotReadyError(f"Not executing {part_name}: zero-copy exclusive lock is held by "
+                                     f"{holder}; waiting for it to execute it and will fetch after")
+        if await self.fetcher.find_source(part_name) is not None:
+            await self._zero_copy_release(part_name)
+            return False
+        return True
+
+    async def _zero_copy_release(self, part_name: str) -> None:
+        remote = self.store.remote
+        if remote is None or remote.locks is None:
+            return
+        try:
+            await remote.locks.release_exclusive(part_name)
+        except ReplicadError as e:  # ephemeral: it goes with our session anyway
+            log.warning("zero_copy_exclusive_release_failed", part=part_name, error=str(e))
+
     # ------------------------------------------------------------------------------------------ merges
 
     async def execute_merge(self, selected: Selected) -> None:
@@ -223,12 +255,17 @@ class PartProducer:
                 f"`{entry.new_part_name}`"
             )
         tmp_dir = self.store.layout.tmp_path(TMP_MERGE, entry.new_part_name)
-        started = time.monotonic()
-        written = await self._reading(
-            sources, merge_parts, [p.path for p in sources], tmp_dir, self.schema, self.writer_settings
-        )
-        if not await self._commit(selected, tmp_dir, written):
+        if not await self._zero_copy_exclusive(entry.new_part_name):
             return False
+        started = time.monotonic()
+        try:
+            written = await self._reading(
+                sources, merge_parts, [p.path for p in sources], tmp_dir, self.schema, self.writer_settings
+            )
+            if not await self._commit(selected, tmp_dir, written):
+                return False
+        finally:
+            await self._zero_copy_release(entry.new_part_name)
         self.merged_total += 1
         log.info(
             "merged_parts",
@@ -277,12 +314,17 @@ class PartProducer:
             log.error("cannot_parse_mutation_commands_will_fetch", part=entry.new_part_name, error=str(e))
             return False
         tmp_dir = self.store.layout.tmp_path(TMP_MUTATE, entry.new_part_name)
-        started = time.monotonic()
-        written = await self._reading(
-            [source], mutate_part, source.path, tmp_dir, self.schema, commands, self.writer_settings
-        )
-        if not await self._commit(selected, tmp_dir, written):
+        if not await self._zero_copy_exclusive(entry.new_part_name):
             return False
+        started = time.monotonic()
+        try:
+            written = await self._reading(
+                [source], mutate_part, source.path, tmp_dir, self.schema, commands, self.writer_settings
+            )
+            if not await self._commit(selected, tmp_dir, written):
+                return False
+        finally:
+            await self._zero_copy_release(entry.new_part_name)
         self.mutated_total += 1
         log.info(
             "mutated_part",

@@ -15,12 +15,17 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from replicad.errors import ReplicadError
 from replicad.logging import get_logger
 from replicad.model.part_info import PartInfo
 from replicad.storage.layout import TableDataLayout
 from replicad.storage.part import PartDirectory
+
+if TYPE_CHECKING:
+    from replicad.keeper.ops import Op
+    from replicad.replication.zero_copy import RemoteParts
 
 log = get_logger(__name__)
 
@@ -66,11 +71,16 @@ class PartStore:
         self.version = 0
         self._active: list[LocalPart] = []
         self._active_version = -1  # the version ``_active`` was sorted at
+        #: the table's parts live on an S3 disk (storage_policy): offloaded at pre-commit, locked in the
+        #: commit multi (zero-copy), released at removal
+        self.remote: RemoteParts | None = None
 
     # ---------------------------------------------------------------------------------------- loading
 
     async def load(self) -> list[str]:
         """Create the directories, drop ``tmp*`` leftovers, load active parts; returns covered leftovers."""
+        if self.remote is not None:
+            await self._restore_remote_parts(self.remote)
         active, removed = await asyncio.to_thread(self.layout.startup)
         if removed:
             log.info("removed_tmp_dirs", dirs=removed)
@@ -86,6 +96,23 @@ class PartStore:
             self._parts[name] = LocalPart(info, directory, PartState.OUTDATED, remove_time=time.time())
         self.version += 1
         return covered
+
+    async def _restore_remote_parts(self, remote: RemoteParts) -> None:
+        """Parts whose metadata is on the S3 disk but whose local copy is gone are read back from the
+        bucket (through their metadata) before the directory is loaded."""
+        local = await asyncio.to_thread(self.layout.list_part_names)
+        for name in await remote.load(local):
+            tmp = self.layout.tmp_path("tmp_restore_", name)
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
+            try:
+                size = await remote.restore_local_copy(name, tmp)
+            except ReplicadError as e:  # objects gone (it was let go before a crash): the replicas have it
+                log.error("cannot_restore_part_from_s3", part=name, error=str(e))
+                await asyncio.to_thread(shutil.rmtree, tmp, True)
+                await remote.forget(name)
+                continue
+            await asyncio.to_thread(self.layout.commit, tmp, name)
+            log.info("restored_part_from_s3", part=name, bytes=size)
 
     # ---------------------------------------------------------------------------------------- queries
 
@@ -147,14 +174,28 @@ class PartStore:
                 shutil.rmtree(path, ignore_errors=True)
                 raise
 
-        part = LocalPart(info, await asyncio.to_thread(commit), PartState.PRECOMMITTED)
+        directory = await asyncio.to_thread(commit)
+        if self.remote is not None:
+            try:
+                await self.remote.prepare_commit(name, directory.path)
+            except BaseException:
+                await self.remote.rollback(name)
+                await asyncio.to_thread(shutil.rmtree, directory.path, True)
+                raise
+        part = LocalPart(info, directory, PartState.PRECOMMITTED)
         self._parts[name] = self._live[name] = part
         return part
+
+    def commit_ops(self, name: str) -> list[Op]:
+        """What the part's ZooKeeper commit multi must also do (its zero-copy lock); [] on a local disk."""
+        return self.remote.commit_ops(name) if self.remote is not None else []
 
     def activate(self, name: str) -> list[LocalPart]:
         """Make a pre-committed part active; active parts it covers become outdated (returned)."""
         part = self._live[name] = self._parts[name]
         part.state = PartState.ACTIVE
+        if self.remote is not None:
+            self.remote.committed(name)
         replaced = self.covered_by(part.info)
         now = time.time()
         for p in replaced:
@@ -167,6 +208,8 @@ class PartStore:
         part = self._parts.get(name)
         if part is None:
             return
+        if self.remote is not None and part.state is PartState.PRECOMMITTED:
+            await self.remote.rollback(name)
         await self._remove_dir(part)
 
     async def detach(self, name: str, prefix: str) -> Path | None:
@@ -176,6 +219,8 @@ class PartStore:
         if part is None:
             return None
         self.version += 1
+        if self.remote is not None:  # detached/ keeps the local copy: the shared instance is let go
+            await self.remote.release(name)
         return await asyncio.to_thread(self.layout.detach, name, prefix)
 
     def make_outdated(self, name: str) -> None:
@@ -202,6 +247,8 @@ class PartStore:
             del self._parts[part.name]
             self._live.pop(part.name, None)
             self.version += 1
+        if self.remote is not None:
+            await self.remote.release(part.name)  # before the local copy goes (#95597's ordering)
         await asyncio.to_thread(self.layout.remove_part, part.name)
 
     async def clear_old_parts(self, max_age_s: float | None = None) -> list[str]:

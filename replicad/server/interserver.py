@@ -38,7 +38,7 @@ import asyncio
 import base64
 import binascii
 import hmac
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -47,6 +47,7 @@ from replicad.errors import BadPartNameError, CorruptedDataError, UnsupportedPar
 from replicad.logging import get_logger
 from replicad.model.part_info import PartInfo
 from replicad.server.tls import server_context
+from replicad.storage import zero_copy_wire
 from replicad.storage.checksums import Checksums
 from replicad.storage.part_transfer import (
     SEND_MAX_PROTOCOL_VERSION,
@@ -96,6 +97,8 @@ class Endpoint:
     current_sends: int = 0
     blocked: bool = False  # SYSTEM STOP REPLICATED SENDS / shutting down
     on_broken_part: Callable[[str], None] | None = None
+    #: S3 zero-copy: part name -> (unique id, metadata texts) of a committed part on a zero-copy disk
+    zero_copy: Callable[[str], Awaitable[tuple[str, dict[str, bytes]] | None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,7 @@ class InterserverServer:
         self.endpoints: dict[str, Endpoint] = {}
         self.total_sends = 0
         self.sent_parts = 0
+        self.zero_copy_sends = 0
         self.requests = 0
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -336,6 +340,9 @@ class InterserverServer:
         self.total_sends += 1
         endpoint.current_sends += 1
         try:
+            if endpoint.zero_copy is not None and await self._send_zero_copy(request, writer, endpoint,
+                                                                             part_name, part, keep):
+                return keep
             return await self._send(request, writer, endpoint, part_name, part, version, keep) and keep
         finally:
             self.total_sends -= 1
@@ -510,6 +517,31 @@ class InterserverServer:
             return False
         self.sent_parts += 1
         log.debug("part_sent", part=part_name, version=version, bytes=len(body))
+        return True
+
+    async def _send_zero_copy(
+        self, request: Request, writer: asyncio.StreamWriter, endpoint: Endpoint, part_name: str,
+        part: PartToSend, keep: bool,
+    ) -> bool:
+        """Answer with the part's S3 metadata instead of its bytes when the client asked for it and the part
+        is a committed zero-copy part here; False: send the data as usual."""
+        version = zero_copy_wire.send_version(request.query)
+        if version is None or endpoint.zero_copy is None:
+            return False
+        shared = await endpoint.zero_copy(part_name)
+        if shared is None:  # not committed yet (its lock may not exist) or not on a zero-copy disk
+            return False
+        body = zero_copy_wire.build_body(part.checksums, version, shared[0], shared[1])
+        head = _ok_head(request, version, keep, f"Content-Length: {len(body)}")
+        head = head[:-2] + f"Set-Cookie: {zero_copy_wire.COOKIE}=s3; Path=/\r\n\r\n".encode("latin-1")
+        try:
+            writer.write(head + body)
+            await self._drain(writer)
+        except (OSError, ConnectionError, TimeoutError) as e:
+            log.info("part_send_aborted", part=part_name, error=str(e))
+        self.sent_parts += 1
+        self.zero_copy_sends += 1
+        log.debug("part_sent_zero_copy", part=part_name, version=version, bytes=len(body))
         return True
 
     async def _send_failed(

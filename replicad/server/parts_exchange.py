@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from replicad.replication.exchange import ServedPartLookup
+from replicad.replication.exchange import ServedPartLookup, ZeroCopyLookup
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
 
 
@@ -24,13 +24,15 @@ class InterserverExchange:
         return self.server.scheme
 
     def serve(
-        self, replica_zk_path: str, lookup: ServedPartLookup, on_broken_part: Callable[[str], None]
+        self, replica_zk_path: str, lookup: ServedPartLookup, on_broken_part: Callable[[str], None],
+        zero_copy: ZeroCopyLookup | None = None,
     ) -> None:
         def part_to_send(name: str) -> PartToSend | None:
             part = lookup(name)
             return None if part is None else PartToSend(part.path, part.checksums)
 
-        self.server.register(replica_zk_path, Endpoint(lookup=part_to_send, on_broken_part=on_broken_part))
+        self.server.register(replica_zk_path, Endpoint(lookup=part_to_send, on_broken_part=on_broken_part,
+                                                       zero_copy=zero_copy))
 
     def withdraw(self, replica_zk_path: str) -> None:
         self.server.unregister(replica_zk_path)
