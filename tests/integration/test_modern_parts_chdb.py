@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +32,12 @@ from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader, incompatibilities_with_18_16
 from replicad.storage.writer import PartWriter, WriterSettings
 from replicad.table_reader import TableReader
+from tests.support.chdb_session import chs, q
 from tests.support.part_rows import ALL_TYPES, ddl_columns, make_rows
 
-chdb_session = pytest.importorskip("chdb.session")
+pytest.importorskip("chdb.session")
 
+__all__ = ["chs"]  # the chdb session fixture
 pytestmark = pytest.mark.integration
 
 _names = itertools.count()
@@ -49,20 +50,6 @@ COMPAT = (
     "replace_long_file_name_to_hash = 0"
 )
 WIDE = "min_bytes_for_wide_part = 0, min_rows_for_wide_part = 0"
-
-
-@pytest.fixture(scope="module")
-def chs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    s = chdb_session.Session(str(tmp_path_factory.mktemp("chdb_modern")))
-    s.query("CREATE DATABASE IF NOT EXISTS db ENGINE = Atomic")
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-def q(chs: Any, sql: str) -> str:
-    return str(chs.query(sql, "TabSeparated"))
 
 
 def data_path(chs: Any, table: str) -> Path:

@@ -10,7 +10,6 @@ Then chdb's own part (non-adaptive Wide) is read back with PartReader.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,28 +22,16 @@ from replicad.datatypes import parse_type
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader, incompatibilities_with_18_16
 from replicad.storage.writer import PartWriter, WriterSettings
+from tests.support.chdb_session import chs, q
 from tests.support.part_rows import ALL_TYPES, LOW_CARDINALITY, ddl_columns, make_rows
 
-chdb_session = pytest.importorskip("chdb.session")
+pytest.importorskip("chdb.session")
 
+__all__ = ["chs"]  # the chdb session fixture
 pytestmark = pytest.mark.integration
 
 PARTITION = 202402
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def chs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    s = chdb_session.Session(str(tmp_path_factory.mktemp("chdb")))
-    s.query("CREATE DATABASE IF NOT EXISTS db ENGINE = Atomic")
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-def q(chs: Any, sql: str) -> str:
-    return str(chs.query(sql, "TabSeparated"))
 
 
 #: what makes current ClickHouse write the 18.16 Wide layout (FACTS §1.6)
