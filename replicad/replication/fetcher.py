@@ -31,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import aiohttp
 
@@ -42,18 +42,18 @@ from replicad.errors import (
     ReplicadError,
 )
 from replicad.keeper.client import Keeper
-from replicad.keeper.ops import Create, Delete, Op, ZnodeStat
-from replicad.keeper.paths import ReplicaPaths, TablePaths
+from replicad.keeper.ops import Create, Delete, Op
+from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
-from replicad.model.siphash import SipHash
 from replicad.replication import zero_copy_fetch
+from replicad.replication.checksum_compare import ReplicaState, compare_with_replicas
 from replicad.replication.commit import part_commit_ops
 from replicad.replication.fetch_sources import MAX_PRECHECKS, FetchSource, SourceFinder, consume_error
 from replicad.replication.part_store import LocalPart, PartStore
-from replicad.storage.checksums import Checksums, MinimalisticChecksums, PartHeader
+from replicad.storage.checksums import Checksums, MinimalisticChecksums
 from replicad.storage.layout import TMP_FETCH
 from replicad.storage.part import fsync_part_files
 from replicad.storage.part_sink import PartSink
@@ -97,17 +97,6 @@ class FetchError(ReplicadError):
 
 
 @dataclass(frozen=True)
-class _ReplicaState:
-    """What :meth:`PartFetcher._read_replica_state` read: per replica its ``parts/<part>/columns`` node and
-    the answers of the second round (see there), and the table's ``columns`` version."""
-
-    replicas: tuple[ReplicaPaths, ...]
-    columns: tuple[tuple[bytes, ZnodeStat] | None, ...]
-    answers: tuple[object, ...]
-    columns_version: int
-
-
-@dataclass(frozen=True)
 class FetchCredentials:
     user: str | None = None
     password: str | None = None
@@ -127,7 +116,7 @@ class _Early:
     """A download started as its GET_PART entry was read: from ``source``, into the part's tmp-fetch_ dir."""
 
     source: str
-    task: asyncio.Task[tuple[ReceivedPart, _ReplicaState | None] | None]
+    task: asyncio.Task[tuple[ReceivedPart, ReplicaState | None] | None]
     started: float
 
     def stale(self) -> bool:
@@ -260,7 +249,7 @@ class PartFetcher:
 
     async def _early_download(
         self, part_name: str, source: str, check: Awaitable[bool] | None
-    ) -> tuple[ReceivedPart, _ReplicaState | None] | None:
+    ) -> tuple[ReceivedPart, ReplicaState | None] | None:
         """Download ``part_name`` from ``source``; None when the source turns out not to have it.
 
         When the source's address is known already, the download starts at once (the check's reads queue
@@ -301,7 +290,7 @@ class PartFetcher:
 
     async def _take_early(
         self, part_name: str, source: str
-    ) -> tuple[ReceivedPart, _ReplicaState | None] | None:
+    ) -> tuple[ReceivedPart, ReplicaState | None] | None:
         """The early download of ``part_name`` when it came from ``source`` and succeeded; any other early
         download of the part is stopped and its directory removed first."""
         early = self._early.pop(part_name, None)
@@ -345,7 +334,7 @@ class PartFetcher:
     async def _fetch(self, part_name: str, source_replica: str) -> tuple[LocalPart, list[LocalPart]]:
         info = PartInfo.parse(part_name)
         early = await self._take_early(part_name, source_replica)
-        state: Awaitable[_ReplicaState] | None
+        state: Awaitable[ReplicaState] | None
         if early is not None:
             received, seen = early
             state = _value(seen) if seen is not None else None
@@ -360,7 +349,7 @@ class PartFetcher:
 
     async def _download_from(
         self, part_name: str, source_replica: str, *, early: bool = False, host: bytes | None = None
-    ) -> tuple[ReceivedPart, asyncio.Future[_ReplicaState]]:
+    ) -> tuple[ReceivedPart, asyncio.Future[ReplicaState]]:
         """Download into ``tmp-fetch_<part>``; also returns the read of what the other replicas registered,
         started alongside (parts are immutable; one that registers it later is caught by the commit's
         probes): only the commit itself follows the download.  ``host``: the source's address, known
@@ -405,7 +394,7 @@ class PartFetcher:
         checksums: Checksums,
         columns_text: str | None = None,
         *,
-        state: Awaitable[_ReplicaState] | None = None,
+        state: Awaitable[ReplicaState] | None = None,
     ) -> tuple[LocalPart, list[LocalPart]]:
         """checkPartChecksumsAndCommit for a part made here (fetched, merged): compare with the replicas that
         have it (CorruptedDataError on a mismatch), rename it into place, register it in ZooKeeper and make
@@ -424,7 +413,7 @@ class PartFetcher:
                 # comparison with the replicas' checksums (made between parts of the same columns only)
                 raise CorruptedDataError(f"Part {part_name} has other columns than the table and than the "
                                          f"replicas registered: its columns.txt is {columns_text[:300]!r}")
-            absent = self._compare(seen, part_name, columns_text, checksums)
+            absent = compare_with_replicas(seen, part_name, columns_text, checksums)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, tmp_dir, True)
             await asyncio.shield(self._abandon_zero_copy(part_name))
@@ -448,7 +437,7 @@ class PartFetcher:
         columns_text = part.directory.columns_text
         checksums = part.directory.checksums
         seen = await self._read_replica_state(part.name)
-        absent = self._compare(seen, part.name, columns_text, checksums)
+        absent = compare_with_replicas(seen, part.name, columns_text, checksums)
         await self._commit_to_zookeeper(part.name, columns_text, checksums, absent, seen.columns_version)
         log.warning("registered_local_part", part=part.name)
 
@@ -527,7 +516,7 @@ class PartFetcher:
             await asyncio.to_thread(fsync_part_files, tmp_dir)
         return received
 
-    async def _read_replica_state(self, part_name: str) -> _ReplicaState:
+    async def _read_replica_state(self, part_name: str) -> ReplicaState:
         """What every replica registered for the part, in pipelined rounds: the replica list (and the table's
         ``columns`` version); every replica's ``columns`` child; then, where it exists, the ``checksums``
         child and the ``columns`` version again (unchanged = a consistent pair), elsewhere the part node
@@ -549,37 +538,7 @@ class PartFetcher:
                 second.append(self.sources.get_or_none(rp.part_checksums(part_name)))
                 second.append(self.keeper.exists(rp.part_columns(part_name)))
         answers = await asyncio.gather(*second)
-        return _ReplicaState(tuple(rps), tuple(columns), tuple(answers), columns_version)
-
-    def _compare(
-        self, seen: _ReplicaState, part_name: str, columns_text: str, checksums: Checksums
-    ) -> set[str]:
-        """Check ``checksums`` against the replicas that registered the part (CorruptedDataError on a
-        mismatch); returns the part paths of the replicas without it."""
-        mine = MinimalisticChecksums.from_checksums(checksums)
-        answers = iter(seen.answers)
-        columns_hash = SipHash().update(columns_text.encode()).digest128()
-        absent: set[str] = set()
-        for rp, col in zip(seen.replicas, seen.columns, strict=True):
-            if col is None:
-                node = cast("tuple[bytes, ZnodeStat] | None", next(answers))
-                if node is None:
-                    absent.add(rp.part(part_name))
-                elif node[0].startswith(b"part header format version:"):
-                    header = PartHeader.parse(node[0])
-                    if header.columns_hash == columns_hash:
-                        header.checksums.check_equal(mine, True)
-                continue
-            raw = cast("tuple[bytes, ZnodeStat] | None", next(answers))
-            after = cast("ZnodeStat | None", next(answers))
-            theirs_columns, stat_before = col
-            if theirs_columns.decode() != columns_text:
-                log.info("not_checking_checksums_columns_differ", part=part_name, replica=rp.name)
-                continue
-            if raw is None or after is None or after.version != stat_before.version:
-                continue
-            MinimalisticChecksums.parse(raw[0]).check_equal(mine, True)
-        return absent
+        return ReplicaState(tuple(rps), tuple(columns), tuple(answers), columns_version)
 
     async def _commit_to_zookeeper(
         self,
@@ -595,7 +554,7 @@ class PartFetcher:
         for _attempt in range(10):
             if absent is None or columns_version is None:
                 seen = await self._read_replica_state(part_name)
-                absent = self._compare(seen, part_name, columns_text, checksums)
+                absent = compare_with_replicas(seen, part_name, columns_text, checksums)
                 columns_version = seen.columns_version
             missing, absent = absent, None
             if me.part(part_name) not in missing:  # our own node is there already

@@ -28,7 +28,7 @@ from replicad.s3 import S3Client
 from replicad.storage.part import CHECKSUMS_FILE, fsync_dir, write_file
 
 if TYPE_CHECKING:
-    from replicad.config import StorageConfig
+    from replicad.config_sections import StorageConfig
 
 DISK_TYPE = "s3"
 STEM_LEN = 29  # "abc/" + 25 letters

@@ -1,0 +1,58 @@
+"""checkPartChecksumsAndCommit's comparison: a part made here (fetched, merged, attached) against what every
+replica registered for it in ZooKeeper (``parts/<part>/columns`` + ``checksums``, or a single-node part
+header).  Checksums are compared only between registrations of the same columns, as ClickHouse does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+from replicad.keeper.ops import ZnodeStat
+from replicad.keeper.paths import ReplicaPaths
+from replicad.logging import get_logger
+from replicad.model.siphash import SipHash
+from replicad.storage.checksums import Checksums, MinimalisticChecksums, PartHeader
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """What the fetcher's ``_read_replica_state`` read: per replica its ``parts/<part>/columns`` node and the
+    answers of the second round (see there), and the table's ``columns`` version."""
+
+    replicas: tuple[ReplicaPaths, ...]
+    columns: tuple[tuple[bytes, ZnodeStat] | None, ...]
+    answers: tuple[object, ...]
+    columns_version: int
+
+
+def compare_with_replicas(
+    seen: ReplicaState, part_name: str, columns_text: str, checksums: Checksums
+) -> set[str]:
+    """Check ``checksums`` against the replicas that registered the part (CorruptedDataError on a
+    mismatch); returns the part paths of the replicas without it."""
+    mine = MinimalisticChecksums.from_checksums(checksums)
+    answers = iter(seen.answers)
+    columns_hash = SipHash().update(columns_text.encode()).digest128()
+    absent: set[str] = set()
+    for rp, col in zip(seen.replicas, seen.columns, strict=True):
+        if col is None:
+            node = cast("tuple[bytes, ZnodeStat] | None", next(answers))
+            if node is None:
+                absent.add(rp.part(part_name))
+            elif node[0].startswith(b"part header format version:"):
+                header = PartHeader.parse(node[0])
+                if header.columns_hash == columns_hash:
+                    header.checksums.check_equal(mine, True)
+            continue
+        raw = cast("tuple[bytes, ZnodeStat] | None", next(answers))
+        after = cast("ZnodeStat | None", next(answers))
+        theirs_columns, stat_before = col
+        if theirs_columns.decode() != columns_text:
+            log.info("not_checking_checksums_columns_differ", part=part_name, replica=rp.name)
+            continue
+        if raw is None or after is None or after.version != stat_before.version:
+            continue
+        MinimalisticChecksums.parse(raw[0]).check_equal(mine, True)
+    return absent
