@@ -17,8 +17,8 @@ Early downloads (live replication): when a small batch of GET_PART entries is re
 of each part from its source replica starts at once, while the entries are still being copied into our
 queue (one ZooKeeper write, the slowest step of pulling).  Only the download: when the queue executor later
 runs the entry and picks the same source, the fetch takes the downloaded directory and goes on with the
-checks and the commit as usual; whatever it does not take is removed after ``EARLY_TTL_S``.  At most
-``MAX_EARLY_FETCHES`` run at a time, beyond the executor's fetch limits.
+checks and the commit as usual; whatever it does not take is removed ``EARLY_TTL_S`` after it arrived.
+At most ``MAX_EARLY_FETCHES`` run at a time, beyond the executor's fetch limits.
 """
 
 from __future__ import annotations
@@ -118,9 +118,12 @@ class _Early:
     source: str
     task: asyncio.Task[tuple[ReceivedPart, ReplicaState | None] | None]
     started: float
+    finished: float | None = None  # when the download ended
 
     def stale(self) -> bool:
-        return time.monotonic() - self.started > EARLY_TTL_S
+        """Downloaded ``EARLY_TTL_S`` ago and not taken.  A download still running is never stale: a big
+        part may take longer than the TTL to arrive, and dropping it would start the same download again."""
+        return self.finished is not None and time.monotonic() - self.finished > EARLY_TTL_S
 
 
 class PartFetcher:
@@ -239,7 +242,8 @@ class PartFetcher:
     def _start_early(self, part_name: str, source: str, check: Awaitable[bool] | None) -> None:
         task = asyncio.ensure_future(self._early_download(part_name, source, check))
         task.add_done_callback(consume_error)
-        self._early[part_name] = _Early(source, task, time.monotonic())
+        early = self._early[part_name] = _Early(source, task, time.monotonic())
+        task.add_done_callback(lambda _t: setattr(early, "finished", time.monotonic()))
 
     def _have(self, part_name: str) -> bool:
         """The part, or one covering it, is here already (active or pre-committed)."""
@@ -280,9 +284,8 @@ class PartFetcher:
                 await self._abandon_zero_copy(result[0].path.name.removeprefix(TMP_FETCH))
 
     def _expire_early(self) -> None:
-        now = time.monotonic()
         for name, early in list(self._early.items()):
-            if now - early.started >= EARLY_TTL_S:
+            if early.stale():
                 del self._early[name]
                 early.task.cancel()
                 drop = asyncio.ensure_future(self._drop_early(early, abandon=name not in self._fetching))

@@ -4,6 +4,7 @@ own DataPartsExchange servers."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest_asyncio
 from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.paths import TablePaths
 from replicad.replica import TableReplica
+from replicad.replication import fetcher as fetcher_mod
 from replicad.storage.layout import TMP_FETCH
 from tests.support import table_cluster
 from tests.support.table_cluster import ZK_PATH, Cluster, converged, rows, spec
@@ -85,3 +87,29 @@ async def test_no_early_download_while_the_executor_is_paused(cluster: Cluster) 
     r2.executor.wakeup()
     await wait_for(lambda: holds([r1, r2], 1), what="the part on r2")
     assert r2.fetcher.early_fetches_taken == 0
+
+
+async def test_a_download_longer_than_the_ttl_is_not_thrown_away(cluster: Cluster,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big part takes longer to arrive than ``EARLY_TTL_S``: newer log entries read meanwhile must not
+    cancel its download (which would start the same download again); the TTL counts from its arrival."""
+    monkeypatch.setattr(fetcher_mod, "EARLY_TTL_S", 0.5)
+    real = fetcher_mod.receive_part
+
+    async def slow(*args: object, **kwargs: object) -> object:
+        await asyncio.sleep(1.5)  # a long download
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fetcher_mod, "receive_part", slow)
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    for r in (r1, r2):
+        r.blockers.merges = True
+    await r1.insert_table(rows([1, 2, 3]))
+    await wait_for(lambda: bool(r2.fetcher._early), what="the first early download to start")
+    await asyncio.sleep(0.8)  # past the TTL, still downloading
+    await r1.insert_table(rows([4, 5, 6]))  # its entry is read meanwhile: expiry runs
+    await wait_for(lambda: holds([r1, r2], 2), what="both parts on r2")
+    assert r2.fetcher.fetches_total == 2
+    assert r2.fetcher.early_fetches_taken == 2  # neither download was done twice
+    assert leftovers(r2) == []
