@@ -268,8 +268,16 @@ class ReplicaCatalog:
     # ------------------------------------------------------------------------------------------- shutdown
 
     async def stop_all(self) -> None:
-        for table in list(self._tables.values()):
-            await table.stop()
+        """Stop every table, last attached first (the reverse of start-up); one that fails to stop is logged
+        and the others still stop."""
+        for table in reversed(list(self._tables.values())):
+            try:
+                await table.stop()
+            except Exception as e:
+                log.error("table_stop_failed", table=str(table.name), error=f"{type(e).__name__}: {e}",
+                          exc_info=True)
+            else:
+                log.info("table_stopped", table=str(table.name))
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -376,20 +384,18 @@ class ReplicationEngine:
         self._catalog.settings = dict(config.settings)
         await self._create_config_tables(config)
 
+    async def stop_listening(self) -> None:
+        await self.interserver.stop_listening()
+
     async def stop_inserts(self) -> None:
         for table in self._catalog.tables():
             if isinstance(table, TableReplica):
                 await table.stop_inserts()
 
-    async def stop_fetches(self) -> None:
+    async def stop_tables(self) -> None:
         await self._catalog.stop_all()
 
-    async def deactivate(self) -> None:
-        for table in self._catalog.tables():
-            if isinstance(table, TableReplica):
-                await table.deactivate()
-
-    async def stop_interserver(self) -> None:
+    async def close_interserver(self) -> None:
         await self.interserver.stop()
 
     async def close_keeper(self) -> None:

@@ -5,15 +5,20 @@ then the engine starts (ZooKeeper session, local parts, the config's tables, the
 then the supervisor starts the background tasks, and only then ``READY=1`` is sent to systemd.
 
 Shutdown (SIGTERM/SIGINT) runs :data:`SHUTDOWN_ORDER`; each step runs its hooks in order, each hook with a
-time limit, failures are logged and the next step still runs:
+time limit, failures are logged and the next step still runs.  As ClickHouse's server, the front doors close
+first; then what start-up built is undone in reverse order, the ZooKeeper session last:
 
-1. ``stop_inserts``     — the API refuses writes (503) and drains running ones; the engine stops inserts;
-2. ``stop_fetches``     — the engine finishes or cancels fetches, merges and other queue work;
-3. ``stop_tasks``       — the supervisor stops every background task (ask, wait, cancel);
-4. ``deactivate``       — the engine removes ``is_active`` so peers stop choosing this replica;
-5. ``stop_interserver`` — the DataPartsExchange listener closes;
-6. ``stop_api``         — the HTTP API closes;
-7. ``close_keeper``     — the ZooKeeper session closes.
+1. ``stop_listening``    — the HTTP API and DataPartsExchange listeners close: no new connection (requests in
+   flight on open connections go on);
+2. ``stop_inserts``      — the API refuses writes (503) and drains running ones; the tables refuse inserts and
+   drain theirs;
+3. ``stop_tasks``        — the supervisor stops every background task in reverse start order (the group
+   registered last first, each group's tasks last started first, each awaited before the next is asked);
+4. ``stop_tables``       — every table, last attached first: queue work in flight, its DataPartsExchange
+   endpoint, fetch connections, leader candidacy, ``is_active``;
+5. ``close_interserver`` — DataPartsExchange sends in flight finish (a grace period) or are cut;
+6. ``close_api``         — open HTTP connections finish (a grace period) and close;
+7. ``close_keeper``      — the ZooKeeper session closes.
 
 SIGHUP re-reads the config file: the log level, settings, API limits, API users and new tables apply at
 once; keys that need a restart (replica, data_path, timezone, macros, zookeeper, interserver, API address
@@ -51,8 +56,8 @@ from replicad.tasks import Supervisor
 log = rlog.get_logger(__name__)
 
 DEFAULT_ENGINE = "replicad.catalog:create_engine"
-SHUTDOWN_ORDER = ("stop_inserts", "stop_fetches", "stop_tasks", "deactivate", "stop_interserver", "stop_api",
-                  "close_keeper")
+SHUTDOWN_ORDER = ("stop_listening", "stop_inserts", "stop_tasks", "stop_tables", "close_interserver",
+                  "close_api", "close_keeper")
 STEP_TIMEOUT_S = 30.0
 
 Hook = Callable[[], Awaitable[None]]
@@ -164,18 +169,19 @@ class Daemon:
         self._start_watchdog()
         self.notifier.status("starting: API")
         await self.api.start()
+        self.plan.add("stop_listening", "api_stop_listening", self.api.stop_listening)
         self.plan.add("stop_inserts", "api_stop_writes",
                       lambda: self.api.stop_writes(cfg.api.drain_timeout_s), cfg.api.drain_timeout_s + 5)
-        self.plan.add("stop_api", "api_stop", self.api.stop)
+        self.plan.add("close_api", "api_stop", self.api.stop)
         factory = self._engine_factory or load_engine_factory()
         self.notifier.status("starting: ZooKeeper, parts, interserver")
         engine = factory(cfg, self.supervisor, self.metrics)
         self.engine = engine
+        self.plan.add("stop_listening", "engine_stop_listening", engine.stop_listening)
         self.plan.add("stop_inserts", "engine_stop_inserts", engine.stop_inserts)
-        self.plan.add("stop_fetches", "engine_stop_fetches", engine.stop_fetches)
         self.plan.add("stop_tasks", "supervisor_stop", self.supervisor.stop)
-        self.plan.add("deactivate", "engine_deactivate", engine.deactivate)
-        self.plan.add("stop_interserver", "engine_stop_interserver", engine.stop_interserver)
+        self.plan.add("stop_tables", "engine_stop_tables", engine.stop_tables)
+        self.plan.add("close_interserver", "engine_close_interserver", engine.close_interserver)
         self.plan.add("close_keeper", "engine_close_keeper", engine.close_keeper)
         await engine.start()
         self.api_state.supervisor = self.supervisor

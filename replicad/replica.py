@@ -15,7 +15,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
@@ -70,13 +70,11 @@ from replicad.service import (
 from replicad.storage.staging_area import StagingArea
 from replicad.table_spec import ReplicaEnv as ReplicaEnv
 from replicad.table_spec import TableSpec as TableSpec
-from replicad.tasks import BackgroundTask, Supervisor
-
-if TYPE_CHECKING:
-    pass
+from replicad.tasks import BackgroundTask, Supervisor, stop_in_reverse
 
 log = get_logger(__name__)
 
+TASK_STOP_TIMEOUT_S = 10.0  # each background task's grace to finish its unit of work at stop (then cancelled)
 
 _OPS_STATEMENTS = frozenset(
     (
@@ -100,7 +98,7 @@ class TableReplica:
         self.paths = TablePaths.create(spec.zk_path, spec.replica_name)
         self.structure: zk_init.TableStructure | None = None  # the table's columns version, once started
         self.identifier = zk_init.active_node_identifier()
-        self._own_runners: list[asyncio.Task[None]] = []
+        self._own_runners: list[tuple[BackgroundTask, asyncio.Task[None]]] = []  # without a supervisor
         self._parts_checked = False  # the start-up part check runs once, when the table is loaded
         self._stopping = False
         self._inserts_in_flight = 0
@@ -198,7 +196,8 @@ class TableReplica:
                     task.name = f"{base}#{n}"
                 self.supervisor.add(task, group=self._task_group)
             else:
-                self._own_runners.append(asyncio.get_running_loop().create_task(task.run(), name=task.name))
+                self._own_runners.append((task, asyncio.get_running_loop().create_task(task.run(),
+                                                                                        name=task.name)))
         self.queue_updating.wakeup()
         log.info("replica_started", table=str(self.spec.name), replica_path=self.paths.me.root)
 
@@ -274,22 +273,17 @@ class TableReplica:
         self.puller.log_pointer = pointer
 
     async def stop(self) -> None:
-        """Undo :meth:`start` in reverse order: the background tasks (last started first) and the queue work
-        in flight, the DataPartsExchange endpoint, then the ZooKeeper start-up's leader candidacy and
-        ``is_active`` (the data stays)."""
+        """Undo :meth:`start` in reverse order: the background tasks (last started first, each awaited before
+        the next is asked: :func:`replicad.tasks.stop_in_reverse`) and the queue work in flight, the
+        DataPartsExchange endpoint, then the ZooKeeper start-up's leader candidacy and ``is_active`` (the data
+        stays)."""
         self._stopping = True
         if self.supervisor is not None:
-            await self.supervisor.stop_group(self._task_group)
-        for task in reversed(self.tasks.values()):
-            task.request_stop()
-        for runner in reversed(self._own_runners):
-            try:
-                await asyncio.wait_for(runner, timeout=10)
-            except (TimeoutError, asyncio.CancelledError):
-                runner.cancel()
-            except Exception as e:  # already logged by the task
-                log.warning("task_stopped_with_error", error=str(e))
+            await self.supervisor.stop_group(self._task_group, TASK_STOP_TIMEOUT_S)
+        await stop_in_reverse(self._own_runners, TASK_STOP_TIMEOUT_S)
         self._own_runners.clear()
+        for task in self.tasks.values():  # tasks a failed start never started must not start later
+            task.request_stop()
         await self.executor.cancel_running()
         self.env.interserver.withdraw(self.paths.me.root)
         await self.fetcher.close()

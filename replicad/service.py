@@ -310,22 +310,24 @@ class Engine(Protocol):
         """Apply what can change at run time (settings, new tables); called on SIGHUP."""
         ...
 
-    # Shutdown steps, called once each in this order by the daemon (each may be a no-op).  They are also
-    # called when start() failed part way, so each must tolerate a partly started engine.
+    # Shutdown steps, called once each in this order by the daemon (each may be a no-op; the daemon stops the
+    # background tasks between stop_inserts and stop_tables).  They are also called when start() failed part
+    # way, so each must tolerate a partly started engine.
+    async def stop_listening(self) -> None:
+        """Close the DataPartsExchange listener: no new connection; sends in flight go on."""
+        ...
+
     async def stop_inserts(self) -> None:
         """Refuse new inserts and wait for the ones in flight (their commits finish or fail)."""
         ...
 
-    async def stop_fetches(self) -> None:
-        """Finish or cancel fetches, merges and other queue work; background tasks stop after this."""
+    async def stop_tables(self) -> None:
+        """Stop every table, last attached first: its queue work in flight, its DataPartsExchange endpoint,
+        its leader candidacy and ``replicas/<r>/is_active`` (peers stop choosing us)."""
         ...
 
-    async def deactivate(self) -> None:
-        """Remove ``replicas/<r>/is_active`` (and leave leader election) so peers stop choosing us."""
-        ...
-
-    async def stop_interserver(self) -> None:
-        """Close the DataPartsExchange listener (after in-flight sends finish or time out)."""
+    async def close_interserver(self) -> None:
+        """Close the DataPartsExchange server (after in-flight sends finish or time out)."""
         ...
 
     async def close_keeper(self) -> None:

@@ -4,8 +4,9 @@ A :class:`BackgroundTask` implements ``run_once()``, which does one unit of work
 :class:`Outcome` (tests assert it, ``/status`` shows it).  ``run()`` loops over ``run_once()``; between
 runs it waits for ``wakeup()`` (a ZooKeeper watch fired, an insert committed …) or for its period.
 An exception escaping ``run_once()`` crashes the task; the supervisor logs it, counts it and restarts
-the task after an exponential backoff.  Shutdown stops tasks group by group in a fixed order: each
-task is asked to stop, given a grace period to finish its current unit, then cancelled.
+the task after an exponential backoff.  Shutdown stops tasks in reverse start order (groups last registered
+first, a group's tasks last started first): each task is asked to stop and awaited, a grace period at most
+to finish its current unit (then it is cancelled), before the next one is asked (:func:`stop_task`).
 """
 
 from __future__ import annotations
@@ -133,6 +134,39 @@ class FunctionTask(BackgroundTask):
     async def run_once(self) -> Outcome:
         outcome = await self._fn()
         return IDLE if outcome is None else outcome
+
+
+CANCEL_WAIT_S = 1.0  # how long a task cancelled at stop gets to unwind before stop moves on
+
+
+async def stop_task(task: BackgroundTask, runner: asyncio.Task[Any] | None, timeout_s: float) -> None:
+    """Ask ``task`` to stop and wait up to ``timeout_s`` for its ``runner`` to end; cancel it after that.
+
+    Returns once the runner ended (or, cancelled, did not unwind within :data:`CANCEL_WAIT_S`).  A runner that
+    ended with an error is logged here (nothing else would retrieve it).  The caller's own cancellation is not
+    swallowed."""
+    task.request_stop()
+    if runner is None:
+        return
+    if not runner.done():
+        await asyncio.wait([runner], timeout=timeout_s)
+    if not runner.done():
+        log.warning("task_cancelled_at_stop", task=task.name, timeout_s=timeout_s)
+        runner.cancel()
+        await asyncio.wait([runner], timeout=CANCEL_WAIT_S)
+        if not runner.done():
+            log.error("task_ignored_cancel_at_stop", task=task.name)
+            return
+    if not runner.cancelled() and runner.exception() is not None:
+        log.warning("task_stopped_with_error", task=task.name, error=repr(runner.exception()))
+
+
+async def stop_in_reverse(runners: Iterable[tuple[BackgroundTask, asyncio.Task[Any] | None]],
+                          timeout_s: float) -> None:
+    """:func:`stop_task` for each (task, runner), last one first: a task is stopped only once every task
+    started after it has stopped."""
+    for task, runner in reversed(list(runners)):
+        await stop_task(task, runner, timeout_s)
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
@@ -274,8 +308,9 @@ class Supervisor:
         return list(dict.fromkeys(e.group for e in self._entries.values()))
 
     async def stop_group(self, group: str, timeout_s: float = 10.0, *, forget: bool = True) -> None:
-        """Stop the group's tasks; with ``forget`` (the default: a dropped or detached table's tasks) they are
-        also unregistered, so they leave ``/status`` and their names can be used again."""
+        """Stop the group's tasks, last started first, each within ``timeout_s`` (:func:`stop_task`); with
+        ``forget`` (the default: a dropped or detached table's tasks) they are also unregistered, so they
+        leave ``/status`` and their names can be used again."""
         entries = [e for e in self._entries.values() if e.group == group]
         await self._stop(entries, timeout_s)
         if forget:
@@ -284,7 +319,8 @@ class Supervisor:
                     del self._entries[e.task.name]
 
     async def stop(self, order: Iterable[str] | None = None, timeout_s: float = 10.0) -> None:
-        """Stop every task: the named groups first (in that order), then the rest, last added first."""
+        """Stop every task: the named groups first (in that order), then the rest in reverse start order (the
+        group registered last first; in each group the task started last first)."""
         done: set[str] = set()
         for group in order or ():
             await self.stop_group(group, timeout_s, forget=False)
@@ -295,24 +331,11 @@ class Supervisor:
         self._started = False
 
     async def _stop(self, entries: list[_Entry], timeout_s: float) -> None:
-        runners = []
-        for e in entries:
+        for e in reversed(entries):  # registration order is start order
             e.stop_requested = True
-            e.task.request_stop()
-            e.wake.set()
+            e.wake.set()  # a task waiting out its backoff ends at once
             if e.runner is not None and not e.runner.done():
                 e.state = TaskState.STOPPING
-                runners.append(e.runner)
-        if not runners:
-            return
-        _, pending = await asyncio.wait(runners, timeout=timeout_s)
-        for r in pending:
-            log.warning("task_cancelled_at_stop", task=r.get_name().removeprefix("task:"),
-                        timeout_s=timeout_s)
-            r.cancel()
-        for r in runners:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await r
-        for e in entries:
+            await stop_task(e.task, e.runner, timeout_s)
             e.state = TaskState.STOPPED
             e.runner = None

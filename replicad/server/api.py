@@ -541,6 +541,14 @@ class ApiServer:
         log.info("api_listening", host=self.host, port=self.port, tls=ssl_context is not None,
                  users=len(api.users))
 
+    async def stop_listening(self) -> None:
+        """Close the listening socket: no new connection; open connections and their requests go on until
+        :meth:`stop`."""
+        if self._runner is not None:
+            for site in list(self._runner.sites):
+                await site.stop()
+            log.info("api_listener_closed", port=self.port)
+
     async def stop_writes(self, timeout_s: float) -> None:
         """Refuse new inserts/statements (503) and wait for the running ones."""
         self.state.accepting_writes = False

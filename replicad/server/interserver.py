@@ -223,6 +223,7 @@ class InterserverServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._idle: set[asyncio.Task[None]] = set()  # kept-alive connections waiting for a request
+        self._stopping = False  # stop() runs: it cancels the connection handlers still open
 
     # --------------------------------------------------------------------------------------------- registry
 
@@ -240,6 +241,7 @@ class InterserverServer:
         return "https" if self.tls_files is not None else "http"
 
     async def start(self) -> None:
+        self._stopping = False
         context = None
         if self.tls_files is not None:
             context = await asyncio.to_thread(server_context, *self.tls_files)
@@ -251,12 +253,18 @@ class InterserverServer:
         log.info("interserver_listening", host=self.host, port=self.port, scheme=self.scheme,
                  auth=self.user is not None)
 
+    async def stop_listening(self) -> None:
+        """Close the listening socket: no new connection; requests on open connections go on."""
+        if self._server is not None and self._server.is_serving():
+            self._server.close()
+            log.info("interserver_listener_closed", port=self.port)
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting, let sends in flight finish for ``grace_s``, then cut them."""
+        self._stopping = True
         for ep in self.endpoints.values():
             ep.blocked = True
-        if self._server is not None:
-            self._server.close()
+        await self.stop_listening()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         while self._connections and loop.time() < deadline:
@@ -294,6 +302,12 @@ class InterserverServer:
             await self._serve(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError) as e:
             log.debug("interserver_connection_dropped", error=str(e))
+        except asyncio.CancelledError:
+            if not self._stopping or task is None:
+                raise
+            # cut by stop(): end normally.  asyncio's start_server callback (3.11) calls exception() on a
+            # cancelled handler, which raises and is logged as "Exception in callback … CancelledError"
+            task.uncancel()
         finally:
             if task is not None:
                 self._connections.discard(task)

@@ -212,6 +212,7 @@ def test_run_serves_reloads_and_shuts_down_in_order(tmp_path: Path, notify_socke
     assert names[0] == "daemon_starting" and "daemon_ready" in names and names[-1] == "daemon_stopped"
     assert "config_reloaded" in names and "insert_done" in names
     steps = [e["hook"] for e in events if e["event"] == "shutdown_step_done"]
-    assert steps == ["api_stop_writes", "engine_stop_inserts", "engine_stop_fetches", "supervisor_stop",
-                     "engine_deactivate", "engine_stop_interserver", "api_stop", "engine_close_keeper"]
+    assert steps == ["api_stop_listening", "engine_stop_listening", "api_stop_writes", "engine_stop_inserts",
+                     "supervisor_stop", "engine_stop_tables", "engine_close_interserver", "api_stop",
+                     "engine_close_keeper"]
     assert all({"ts", "level", "event"} <= set(e) for e in events)

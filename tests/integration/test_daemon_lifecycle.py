@@ -222,7 +222,7 @@ def test_sigterm_during_inserts_keeps_every_acknowledged_insert_exactly_once(
     # the shutdown steps ran in order, each one succeeded
     events = log_events(d)
     steps = [e["step"] for e in events if e["event"] == "shutdown_step_done"]
-    order = ["stop_inserts", "stop_fetches", "stop_tasks", "deactivate", "stop_interserver", "stop_api",
+    order = ["stop_listening", "stop_inserts", "stop_tasks", "stop_tables", "close_interserver", "close_api",
              "close_keeper"]
     assert [s for s in order if s in steps] == order
     assert steps == sorted(steps, key=order.index)

@@ -197,17 +197,17 @@ class FakeEngine:
         self.calls.append("reload")
         self.config = config
 
+    async def stop_listening(self) -> None:
+        self.calls.append("stop_listening")
+
     async def stop_inserts(self) -> None:
         self.calls.append("stop_inserts")
 
-    async def stop_fetches(self) -> None:
-        self.calls.append("stop_fetches")
+    async def stop_tables(self) -> None:
+        self.calls.append("stop_tables")
 
-    async def deactivate(self) -> None:
-        self.calls.append("deactivate")
-
-    async def stop_interserver(self) -> None:
-        self.calls.append("stop_interserver")
+    async def close_interserver(self) -> None:
+        self.calls.append("close_interserver")
 
     async def close_keeper(self) -> None:
         self.calls.append("close_keeper")

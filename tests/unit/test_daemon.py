@@ -82,7 +82,7 @@ async def test_start_then_ordered_shutdown(tmp_path: Path, notify: NotifySocket)
     assert d.supervisor.health()["fake_queue"].state is TaskState.RUNNING
     d.request_stop("test")
     assert await asyncio.wait_for(run, 5) == 0
-    assert engine.calls == ["start", "stop_inserts", "stop_fetches", "deactivate", "stop_interserver",
+    assert engine.calls == ["start", "stop_listening", "stop_inserts", "stop_tables", "close_interserver",
                             "close_keeper"]
     assert d.supervisor.health()["fake_queue"].state is TaskState.STOPPED
     assert d.api_state.accepting_writes is False and d.api_state.state == "stopping"
@@ -103,12 +103,12 @@ async def test_shutdown_plan_runs_every_step_in_order_despite_failures() -> None
         return run
 
     for step in reversed(SHUTDOWN_ORDER):  # registration order does not matter across steps
-        plan.add(step, step, hook(step, fail=step == "deactivate", hang=step == "stop_fetches"),
+        plan.add(step, step, hook(step, fail=step == "stop_tables", hang=step == "stop_tasks"),
                  timeout_s=0.05)
-    plan.add("stop_inserts", "second", hook("second"))
+    plan.add("stop_listening", "second", hook("second"))
     failed = await plan.run()
-    assert seen == ["stop_inserts", "second", *SHUTDOWN_ORDER[1:]]
-    assert failed == ["stop_fetches", "deactivate"]
+    assert seen == ["stop_listening", "second", *SHUTDOWN_ORDER[1:]]
+    assert failed == ["stop_tasks", "stop_tables"]
     with pytest.raises(ValueError):
         plan.add("nope", "x", hook("x"))
 

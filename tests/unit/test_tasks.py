@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from replicad.tasks import IDLE, BackgroundTask, FunctionTask, Outcome, Supervisor, TaskState
+from replicad.tasks import IDLE, BackgroundTask, FunctionTask, Outcome, Supervisor, TaskState, stop_in_reverse
 
 
 class Counter(BackgroundTask):
@@ -246,3 +246,86 @@ async def test_stop_group_forgets_the_group_but_stop_keeps_the_record() -> None:
     await sup.stop()  # the daemon's shutdown: every task stays listed, stopped
     assert {n: h.state for n, h in sup.health().items()} == {"other": TaskState.STOPPED,
                                                                "table:queue": TaskState.STOPPED}
+
+
+class Recorded(BackgroundTask):
+    """Records when it is asked to stop and when its last unit (the ``finally`` of run) ended."""
+
+    def __init__(self, name: str, events: list[str], unit_s: float = 0.02, stuck: bool = False) -> None:
+        super().__init__(name, period_s=60)
+        self.events, self.unit_s, self.stuck = events, unit_s, stuck
+
+    async def run_once(self) -> Outcome:
+        return IDLE
+
+    def request_stop(self) -> None:
+        self.events.append(f"ask {self.name}")
+        super().request_stop()
+
+    async def on_stop(self) -> None:
+        try:
+            await asyncio.sleep(3600 if self.stuck else self.unit_s)  # the task's last unit takes a while
+        finally:
+            self.events.append(f"stopped {self.name}")
+
+
+async def test_a_group_stops_in_reverse_start_order_each_task_awaited_before_the_next() -> None:
+    events: list[str] = []
+    sup = Supervisor()
+    for name in ("queue_updating", "queue_executing", "cleanup", "staging"):
+        sup.add(Recorded(name, events), group="table:db.t")
+    sup.add(Recorded("other", events), group="other")
+    sup.start()
+    await until(lambda: all(t.runs == 1 for t in sup.tasks))
+    await sup.stop_group("table:db.t")
+    # asked all at once, the group would show four asks first and the stops in any order
+    assert events == ["ask staging", "stopped staging", "ask cleanup", "stopped cleanup",
+                      "ask queue_executing", "stopped queue_executing", "ask queue_updating",
+                      "stopped queue_updating"]
+    assert list(sup.health()) == ["other"]
+    await sup.stop()
+
+
+async def test_every_group_stops_last_registered_first() -> None:
+    events: list[str] = []
+    sup = Supervisor()
+    sup.add(Recorded("a1", events, unit_s=0), group="a")
+    sup.add(Recorded("b1", events, unit_s=0), group="b")
+    sup.add(Recorded("b2", events, unit_s=0), group="b")
+    sup.start()
+    sup.add(Recorded("c1", events, unit_s=0), group="c")  # e.g. a table created while the daemon runs
+    await until(lambda: all(t.runs == 1 for t in sup.tasks))
+    await sup.stop()
+    assert [e.removeprefix("stopped ") for e in events if e.startswith("stopped")] == ["c1", "b2", "b1", "a1"]
+
+
+async def test_a_stuck_task_is_cancelled_after_its_grace_and_the_earlier_ones_still_stop() -> None:
+    events: list[str] = []
+    sup = Supervisor()
+    for name, stuck in (("first", False), ("stuck", True), ("last", False)):
+        sup.add(Recorded(name, events, unit_s=0, stuck=stuck), group="g")
+    sup.start()
+    await until(lambda: all(t.runs == 1 for t in sup.tasks))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await sup.stop(timeout_s=0.1)
+    assert loop.time() - started < 1
+    assert events == ["ask last", "stopped last", "ask stuck", "stopped stuck", "ask first", "stopped first"]
+    assert {h.state for h in sup.health().values()} == {TaskState.STOPPED}
+
+
+async def test_stop_in_reverse_without_a_supervisor() -> None:
+    """TableReplica's own runners (no supervisor): the same order, and a crashed runner does not stop it."""
+    events: list[str] = []
+    tasks = [Recorded(n, events) for n in ("a", "b", "c")]
+    runners = [asyncio.get_running_loop().create_task(t.run()) for t in tasks]
+
+    async def crash() -> None:
+        raise RuntimeError("crashed earlier")
+
+    crashed = asyncio.get_running_loop().create_task(crash())
+    await until(lambda: all(t.runs == 1 for t in tasks) and crashed.done())
+    await stop_in_reverse([(tasks[0], runners[0]), (Recorded("x", events), crashed),
+                           (tasks[1], runners[1]), (tasks[2], runners[2])], timeout_s=5)
+    assert events == ["ask c", "stopped c", "ask b", "stopped b", "ask x", "ask a", "stopped a"]
+    assert all(r.done() for r in runners)
