@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.s3_server import S3Server
 from tests.support.table_cluster import Cluster, wait_for
-from tests.support.zookeeper import ZooKeeperServer
 
 STRING_LEN = 1000
 

@@ -34,7 +34,6 @@ from types import FrameType
 import yaml
 
 from replicad.devtools.daemon import (
-    DEMO_DDL,
     DEMO_TABLE,
     REPO,
     Daemon,
@@ -45,11 +44,6 @@ from replicad.devtools.daemon import (
 )
 from replicad.devtools.ports import free_port
 from replicad.devtools.zookeeper import ZooKeeperServer
-
-# Daemon, replica_config … are re-exported for branches that still import them from here
-__all__ = [
-    "DEMO_DDL", "DEMO_TABLE", "Daemon", "HttpError", "daemon_env", "main", "replica_config", "wait_in_sync",
-]
 
 RUN_DATA = Path("run-data")
 CLUSTER_CONFIGS = Path("config/cluster")

@@ -46,11 +46,11 @@ from replicad.memory import RELEASE_AFTER_BYTES, release_unused_memory
 from replicad.server import auth, fault_injection, http_body, staging_api, system_queries, tls
 from replicad.server import status as status_mod
 from replicad.server.formats import parse_body
-from replicad.server.insert_input import input_spec
+from replicad.server.insert_input import input_spec, spool_dir
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from replicad.server.metrics import Metrics
 from replicad.server.output_formats import content_type
-from replicad.server.query_settings import insert_settings, url_settings
+from replicad.server.query_settings import insert_settings, query_setting, url_settings
 from replicad.server.routing import (
     InsertRoute,
     SelectRoute,
@@ -96,6 +96,9 @@ class ApiState:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
     parse_pool: ParsePool | None = None  # made with the app (api.insert_parse_threads)
+    #: where Parquet / Arrow file bodies are spooled (``data_path/tmp``, made when the server starts); None:
+    #: the system's temporary directory
+    spool_dir: str | None = None
 
     def set_catalog(self, catalog: Catalog) -> None:
         self.catalog = catalog
@@ -330,7 +333,7 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
             raise ReadOnlyError(f"Table {table.name} is in readonly mode (no ZooKeeper session)")
         settings = insert_settings(cfg, given, query_id)
         pool = state.parse_pool
-        spec = input_spec(cfg, table, r, settings.max_insert_block_size, given, pool)
+        spec = input_spec(cfg, table, r, settings.max_insert_block_size, given, pool, state.spool_dir)
         if pool is not None:
             pool.enter()
         try:
@@ -379,11 +382,9 @@ async def _select(request: web.Request, state: ApiState, r: SelectRoute, params:
             counted = pa.table({"count()": pa.array([n], pa.uint64())})
             result = QueryResult.from_table([("count()", parse_type("UInt64"))], counted)
         else:
-            def get(name: str) -> int:
-                return int(given[name] if name in given else state.config.setting(name))
-
-            query = dataclasses.replace(r.query, max_rows_to_sort=get("max_rows_to_sort"),
-                                        max_bytes_to_sort=get("max_bytes_to_sort"))
+            query = dataclasses.replace(
+                r.query, max_rows_to_sort=int(query_setting(state.config, given, "max_rows_to_sort")),
+                max_bytes_to_sort=int(query_setting(state.config, given, "max_bytes_to_sort")))
             result = await table.select(query)
             if r.offset:
                 result = QueryResult(result.columns, _skip_rows(result.batches, r.offset))
@@ -531,6 +532,7 @@ class ApiServer:
         self._runner = web.AppRunner(create_app(self.state), access_log=None, handle_signals=False,
                                      shutdown_timeout=5.0, max_line_size=MAX_URI_BYTES, max_field_size=65536)
         await self._runner.setup()
+        self.state.spool_dir = await asyncio.to_thread(spool_dir, self.state.config.tmp_path)
         api = self.state.config.api
         ssl_context = await asyncio.to_thread(tls.server_context, api.tls_cert_file, api.tls_key_file)
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True, ssl_context=ssl_context)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from replicad.config import Config
@@ -17,20 +18,22 @@ NO_SUCH_COLUMN = 16
 
 
 def input_spec(cfg: Config, table: TableService, r: InsertRoute, block_rows: int,
-               given: Mapping[str, Any], pool: ParsePool | None) -> InputSpec:
-    """The parser's settings for one INSERT (URL settings ``given``), its limits from ``api.*``."""
+               given: Mapping[str, Any], pool: ParsePool | None, spool: str | None = None) -> InputSpec:
+    """The parser's settings for one INSERT (URL settings ``given``), its limits from ``api.*``; file bodies
+    (Parquet, Arrow) are spooled under ``spool`` (made once by :func:`spool_dir`)."""
     return InputSpec(
         format=r.format, columns=insert_columns(table, r.columns),
         explicit_columns=r.columns is not None,
         block_rows=block_rows, tz=cfg.timezone,
         skip_unknown_fields=bool(int(given.get("input_format_skip_unknown_fields", 0))),
-        csv_delimiter=str(given.get("format_csv_delimiter", ",")), spool_dir=_spool_dir(cfg),
+        csv_delimiter=str(given.get("format_csv_delimiter", ",")), spool_dir=spool,
         receive_timeout_s=cfg.api.receive_timeout_s, max_line_bytes=cfg.api.max_line_bytes,
         executor=pool.executor if pool is not None else None)
 
 
-def _spool_dir(cfg: Config) -> str | None:
-    path = cfg.tmp_path
+def spool_dir(path: Path) -> str | None:
+    """``path`` made if missing (blocking: called once, off the loop, when the API starts); None when it
+    cannot be made (the system's temporary directory is used then)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:

@@ -28,9 +28,15 @@ def url_settings(params: Mapping[str, str]) -> dict[str, int | float | str]:
     return out
 
 
+def query_setting(config: Config, given: Mapping[str, Any], name: str) -> Any:
+    """A query-level setting's value for one request: the URL's (``given``), else the config's ``settings:``,
+    else ClickHouse's default."""
+    return given[name] if name in given else config.setting(name)
+
+
 def insert_settings(config: Config, given: Mapping[str, int | float | str], query_id: str) -> InsertSettings:
     def get(name: str) -> Any:
-        return given[name] if name in given else config.setting(name)
+        return query_setting(config, given, name)
 
     token = get("insert_deduplication_token")
     stage = None

@@ -16,14 +16,14 @@ import pyarrow as pa
 import pytest
 import pytest_asyncio
 
+from replicad.devtools.clickhouse import ClickHouseServer
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.errors import ReplicadError
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.replica import TableReplica
 from replicad.storage.writer import WriterSettings
-from tests.support.clickhouse import ClickHouseServer
 from tests.support.table_cluster import ZK_PATH, Cluster, rows
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(400)]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.run_cluster import Daemon
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import Reply, ok, query, request, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from scripts.run_cluster import Daemon
-from tests.support.clickhouse import ClickHouseError, ClickHouseServer
-from tests.support.ports import free_port
+from replicad.devtools.clickhouse import ClickHouseError, ClickHouseServer
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.ports import free_port
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import ok, query, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(600)]
 

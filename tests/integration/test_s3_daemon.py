@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import make_chroot, start_daemon
 from tests.support.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

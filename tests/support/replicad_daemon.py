@@ -5,7 +5,7 @@
     r = query(d.url, "INSERT INTO db.t FORMAT TSV", b"1\\ta\\n")
     d.stop()                                             # SIGTERM, the exit code
 
-Built on ``scripts.run_cluster.Daemon`` (process spawning, logs, ``wait_ready``).
+Built on ``replicad.devtools.daemon.Daemon`` (process spawning, logs, ``wait_ready``).
 """
 
 from __future__ import annotations

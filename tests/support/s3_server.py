@@ -13,10 +13,10 @@ import urllib.request
 from pathlib import Path
 from subprocess import Popen
 
+from replicad.devtools.ports import free_port, port_is_open
+from replicad.devtools.process import spawn, terminate
 from replicad.s3 import S3Client, S3Endpoint
 from replicad.storage.disk_s3 import S3Disk
-from tests.support.ports import free_port, port_is_open
-from tests.support.process import spawn, terminate
 
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
