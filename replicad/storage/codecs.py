@@ -105,29 +105,33 @@ class _Bits:
 _DD_SPEC = [(1, 0)] * 16 + [(2, 7)] * 8 + [(3, 9)] * 4 + [(4, 12)] * 2 + [(5, 32), (5, 64)]
 
 
-def _header_values(body: bytes, count_needed: int) -> tuple[int, int]:
+def _coded_items(payload: bytes, size: int) -> tuple[bytes, int, int, bytes]:
+    """A DoubleDelta or Gorilla block that decodes to ``size`` bytes: (the leading bytes kept as they are,
+    the item width, the item count, the coded items after the count); count 0 when no whole item is coded."""
+    width, skip = _width_and_skip(payload, size)
+    head, body = payload[2:2 + skip], payload[2 + skip:]
+    n = (size - skip) // width
+    if n == 0:
+        return head, width, 0, b""
     if len(body) < 4:
         raise CodecError("missing item count")
     (count,) = struct.unpack_from("<I", body)
-    if count != count_needed:
-        raise CodecError(f"{count} items coded, {count_needed} expected")
-    return count, 4
+    if count != n:
+        raise CodecError(f"{count} items coded, {n} expected")
+    return head, width, count, body[4:]
 
 
 def decode_double_delta(payload: bytes, size: int, *, native: bool = True) -> bytes:
-    width, skip = _width_and_skip(payload, size)
-    body = payload[2 + skip:]
-    n = (size - skip) // width
-    if n == 0:
-        return payload[2:2 + skip]
-    count, at = _header_values(body, n)
-    if len(body) < at + width * min(count, 2):
+    head, width, count, body = _coded_items(payload, size)
+    if count == 0:
+        return head
+    if len(body) < width * min(count, 2):
         raise CodecError("DoubleDelta: truncated first values")
-    first = int.from_bytes(body[at:at + width], "little")
-    delta = int.from_bytes(body[at + width:at + 2 * width], "little") if count > 1 else 0
-    bits = body[at + 2 * width:] if count > 1 else b""
+    first = int.from_bytes(body[:width], "little")
+    delta = int.from_bytes(body[width:2 * width], "little") if count > 1 else 0
+    bits = body[2 * width:] if count > 1 else b""
     run = _bitcodecs.double_delta if native else _double_delta_loop
-    return payload[2:2 + skip] + run(bits, width, count, first, delta)
+    return head + run(bits, width, count, first, delta)
 
 
 def _double_delta_loop(data: bytes, width: int, count: int, first: int, delta: int) -> bytes:
@@ -161,17 +165,14 @@ _GORILLA_LENGTH_BITS = {1: 4, 2: 5, 4: 6, 8: 7}
 
 
 def decode_gorilla(payload: bytes, size: int, *, native: bool = True) -> bytes:
-    width, skip = _width_and_skip(payload, size)
-    body = payload[2 + skip:]
-    n = (size - skip) // width
-    if n == 0:
-        return payload[2:2 + skip]
-    count, at = _header_values(body, n)
-    if len(body) < at + width:
+    head, width, count, body = _coded_items(payload, size)
+    if count == 0:
+        return head
+    if len(body) < width:
         raise CodecError("Gorilla: truncated first value")
-    first = int.from_bytes(body[at:at + width], "little")
+    first = int.from_bytes(body[:width], "little")
     run = _bitcodecs.gorilla if native else _gorilla_loop
-    return payload[2:2 + skip] + run(body[at + width:], width, count, first)
+    return head + run(body[width:], width, count, first)
 
 
 def _gorilla_loop(data: bytes, width: int, count: int, first: int) -> bytes:

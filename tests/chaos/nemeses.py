@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tests.chaos.checker import Flip
 from tests.chaos.disk import disk_parts, maximal, parse_part
+from tests.chaos.netns import Network
 from tests.chaos.rig import SESSION_TIMEOUT_S, Rig
 from tests.chaos.workload import CHECKED_PARTITIONS
 
@@ -153,45 +154,50 @@ class DiskFull(Nemesis):
         rig.heal()
 
 
-class PartitionInterserver(Nemesis):
+class ReplicaNetworkFault(Nemesis):
+    """A network fault around one replica picked at random (:meth:`apply` makes it, says what it did)."""
+
+    def inject(self, rig: Rig, rng: random.Random) -> str:
+        assert rig.net is not None
+        return self.apply(rig, rig.net, rng.choice(rig.names))
+
+    def apply(self, rig: Rig, net: Network, victim: str) -> str:
+        raise NotImplementedError
+
+
+class PartitionInterserver(ReplicaNetworkFault):
     """One replica cut from the others' interserver addresses, both ways (ZooKeeper and clients still reach
     it)."""
 
     name = "partition_interserver"
 
-    def inject(self, rig: Rig, rng: random.Random) -> str:
-        assert rig.net is not None
-        victim = rng.choice(rig.names)
+    def apply(self, rig: Rig, net: Network, victim: str) -> str:
         for other in rig.names:
             if other != victim:
-                rig.net.cut(victim, rig.net.inter_ip(other))
-                rig.net.cut(other, rig.net.inter_ip(victim))
+                net.cut(victim, net.inter_ip(other))
+                net.cut(other, net.inter_ip(victim))
         return f"{victim} <-> other replicas cut on the interserver port"
 
 
-class AsymmetricInterserver(Nemesis):
+class AsymmetricInterserver(ReplicaNetworkFault):
     """Packets from one replica to the others' interserver addresses vanish; the other direction works (for
     TCP that still breaks both ways, but only the victim's side drops)."""
 
     name = "asymmetric_interserver"
 
-    def inject(self, rig: Rig, rng: random.Random) -> str:
-        assert rig.net is not None
-        victim = rng.choice(rig.names)
+    def apply(self, rig: Rig, net: Network, victim: str) -> str:
         for other in rig.names:
             if other != victim:
-                rig.net.cut(victim, rig.net.inter_ip(other))
+                net.cut(victim, net.inter_ip(other))
         return f"{victim} -> other replicas' interserver port cut (one direction)"
 
 
-class PartitionZooKeeper(Nemesis):
+class PartitionZooKeeper(ReplicaNetworkFault):
     name = "partition_zookeeper"
 
-    def inject(self, rig: Rig, rng: random.Random) -> str:
-        assert rig.net is not None
-        victim = rng.choice(rig.names)
+    def apply(self, rig: Rig, net: Network, victim: str) -> str:
         for node in rig.ensemble.nodes:
-            rig.net.cut(victim, node.host)
+            net.cut(victim, node.host)
         return f"{victim} cut from every ZooKeeper node"
 
 
@@ -211,23 +217,19 @@ class ZkMinority(Nemesis):
         return f"ZooKeeper node {i + 1} split from the majority"
 
 
-class IsolateReplica(Nemesis):
+class IsolateReplica(ReplicaNetworkFault):
     name = "isolate_replica"
 
-    def inject(self, rig: Rig, rng: random.Random) -> str:
-        assert rig.net is not None
-        victim = rng.choice(rig.names)
-        rig.net.link_down(victim)
+    def apply(self, rig: Rig, net: Network, victim: str) -> str:
+        net.link_down(victim)
         return f"{victim}'s link down (cut from everything)"
 
 
-class SlowLink(Nemesis):
+class SlowLink(ReplicaNetworkFault):
     name = "slow_link"
 
-    def inject(self, rig: Rig, rng: random.Random) -> str:
-        assert rig.net is not None
-        victim = rng.choice(rig.names)
-        rig.net.slow(victim)
+    def apply(self, rig: Rig, net: Network, victim: str) -> str:
+        net.slow(victim)
         return f"{victim}'s link slowed to 256 kbit/s with a 500 ms queue"
 
 

@@ -9,44 +9,21 @@ columns in columns.txt and in its znode; parts written before the ADD travel bet
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-import pytest_asyncio
 
 from replicad.devtools.clickhouse import ClickHouseServer
-from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.errors import ReplicadError
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.replica import TableReplica
-from replicad.storage.writer import WriterSettings
-from tests.support.table_cluster import ZK_PATH, Cluster, rows
+from tests.support.table_cluster import EVENTS_DDL as DDL
+from tests.support.table_cluster import LZ4, ZK_PATH, Cluster, ch, rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(400)]
-
-DDL = (
-    "CREATE TABLE db.events (id Int32, ctime DateTime, name String, v UInt32) "
-    "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/events', '{replica}') "
-    "PARTITION BY toYYYYMM(ctime) ORDER BY id"
-)
-
-LZ4 = WriterSettings(fsync=False, method="lz4", threads=1)
-
-
-@pytest_asyncio.fixture
-async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(zookeeper, zk_root, tmp_path / "rd")
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
-async def ch(server: ClickHouseServer, sql: str, data: bytes | None = None) -> str:
-    return await asyncio.to_thread(server.query, sql, data)
 
 
 def tsv(ids: range, month: int) -> bytes:

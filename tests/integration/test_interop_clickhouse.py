@@ -24,12 +24,13 @@ from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
+from replicad.replication.fetcher import FetchCredentials
 from replicad.server.interserver import InterserverServer
 from replicad.server.parts_exchange import InterserverExchange
 from replicad.service import InsertSettings, TableName
 from replicad.storage.writer import WriterSettings
 from tests.support import table_cluster
-from tests.support.table_cluster import ZK_PATH, events_spec
+from tests.support.table_cluster import LZ4, ZK_PATH, ch, events_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(240)]
 
@@ -59,27 +60,36 @@ def arrow_rows(ids: range, month: int) -> pa.Table:
     )
 
 
+PLAIN = WriterSettings(fsync=False, threads=1)
 wait_for = functools.partial(table_cluster.wait_for, timeout=60.0, poll=0.1)
 
 
-async def ch(server: ClickHouseServer, sql: str, data: bytes | None = None) -> str:
-    return await asyncio.to_thread(server.query, sql, data)
-
-
-async def start_replicad(
-    zookeeper: ZooKeeperServer, zk_root: str, data: Path, name: str = "r3"
-) -> tuple[TableReplica, Keeper, InterserverServer]:
+async def replicad_env(
+    zookeeper: ZooKeeperServer, zk_root: str, data: Path, writer: WriterSettings = LZ4,
+    credentials: FetchCredentials | None = None,
+) -> tuple[ReplicaEnv, Keeper, InterserverServer]:
+    """An in-process replica's environment: its ZooKeeper session and interserver server (started), with
+    ``credentials`` asked of peers and given to them."""
     keeper = Keeper(zookeeper.hosts, session_timeout_s=10.0, chroot=zk_root)
     await keeper.start()
-    server = InterserverServer("127.0.0.1", 0)
+    credentials = credentials or FetchCredentials()
+    server = InterserverServer("127.0.0.1", 0, user=credentials.user, password=credentials.password)
     await server.start()
     env = ReplicaEnv(
         data_path=data,
         interserver=InterserverExchange(server),
         interserver_host="127.0.0.1",
         fsync=False,
-        writer=WriterSettings(fsync=False, method="lz4", threads=1),
+        credentials=credentials,
+        writer=writer,
     )
+    return env, keeper, server
+
+
+async def start_replicad(
+    zookeeper: ZooKeeperServer, zk_root: str, data: Path, name: str = "r3"
+) -> tuple[TableReplica, Keeper, InterserverServer]:
+    env, keeper, server = await replicad_env(zookeeper, zk_root, data)
     replica = TableReplica(spec(name), keeper, env)
     await replica.start()
     return replica, keeper, server
@@ -208,17 +218,7 @@ async def test_clickhouse_joins_a_table_created_by_replicad(
 ) -> None:
     from replicad.catalog import ReplicaCatalog
 
-    keeper = Keeper(zookeeper.hosts, session_timeout_s=10.0, chroot=zk_root)
-    await keeper.start()
-    server = InterserverServer("127.0.0.1", 0)
-    await server.start()
-    env = ReplicaEnv(
-        data_path=tmp_path / "rd",
-        interserver=InterserverExchange(server),
-        interserver_host="127.0.0.1",
-        fsync=False,
-        writer=WriterSettings(fsync=False, threads=1),
-    )
+    env, keeper, server = await replicad_env(zookeeper, zk_root, tmp_path / "rd", PLAIN)
     catalog = ReplicaCatalog(tmp_path / "rd", keeper, env, replica="rd", macros={"shard": "01"})
     try:
         replica = await catalog.create_from_ddl(DDL.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
@@ -265,26 +265,14 @@ async def test_interserver_credentials_both_ways(
     zk_root: str,
     tmp_path: Path,
 ) -> None:
-    from replicad.replication.fetcher import FetchCredentials
-
     ch1 = await asyncio.to_thread(
         lambda: clickhouse_factory("r1", interserver_credentials=("repl", "s3cr3t"))
     )
     await ch(ch1, "CREATE DATABASE db")
     await ch(ch1, DDL)
     await ch(ch1, "INSERT INTO db.events FORMAT TSV", tsv(range(0, 20), 11))
-    keeper = Keeper(zookeeper.hosts, session_timeout_s=10.0, chroot=zk_root)
-    await keeper.start()
-    server = InterserverServer("127.0.0.1", 0, user="repl", password="s3cr3t")
-    await server.start()
-    env = ReplicaEnv(
-        data_path=tmp_path / "rd",
-        interserver=InterserverExchange(server),
-        interserver_host="127.0.0.1",
-        fsync=False,
-        credentials=FetchCredentials("repl", "s3cr3t"),
-        writer=WriterSettings(fsync=False, threads=1),
-    )
+    env, keeper, server = await replicad_env(zookeeper, zk_root, tmp_path / "rd", PLAIN,
+                                             FetchCredentials("repl", "s3cr3t"))
     replica = TableReplica(spec("r3"), keeper, env)
     try:
         await replica.start()

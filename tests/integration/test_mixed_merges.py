@@ -9,50 +9,26 @@ locally, byte-identical to ClickHouse's own parts.  Counts and sums agree everyw
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from replicad.devtools.clickhouse import ClickHouseServer
-from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.replica import TableReplica
-from replicad.storage.writer import WriterSettings
-from tests.support.table_cluster import ZK_PATH, Cluster, part_checksums, wait_for
+from tests.support.table_cluster import EVENTS_DDL as DDL
+from tests.support.table_cluster import LZ4, ZK_PATH, Cluster, ch, part_checksums, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(300)]
-
-DDL = (
-    "CREATE TABLE db.events (id Int32, ctime DateTime, name String, v UInt32) "
-    "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/events', '{replica}') "
-    "PARTITION BY toYYYYMM(ctime) ORDER BY id"
-)
-LZ4 = WriterSettings(fsync=False, method="lz4", threads=1)
-
-
-@pytest_asyncio.fixture
-async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(zookeeper, zk_root, tmp_path / "rd")
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 def tsv(ids: range, month: int, tag: str) -> bytes:
     return "".join(
         f"{i}\t2026-{month:02d}-{1 + i % 27:02d} 10:00:00\t{tag}{i}\t{i * 10}\n" for i in ids
     ).encode()
-
-
-async def ch(server: ClickHouseServer, sql: str, data: bytes | None = None) -> str:
-    return await asyncio.to_thread(server.query, sql, data)
 
 
 async def ch_events(server: ClickHouseServer) -> dict[str, int]:

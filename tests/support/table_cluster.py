@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from replicad.datatypes import parse_type
+from replicad.devtools.clickhouse import ClickHouseServer
 from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.client import Keeper
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
@@ -38,6 +39,14 @@ METADATA = (
     "sign column: \nprimary key: id\ndata format version: 1\npartition key: toYYYYMM(ctime)\n"
 )
 FAST = AssignerSettings(sleep_s=0.3)
+#: ClickHouse's CREATE of the table :func:`spec` describes (a mixed set: ClickHouse servers beside replicas)
+EVENTS_DDL = (
+    "CREATE TABLE db.events (id Int32, ctime DateTime, name String, v UInt32) "
+    "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/events', '{replica}') "
+    "PARTITION BY toYYYYMM(ctime) ORDER BY id"
+)
+#: ClickHouse's compression: a replica's own parts byte-identical to a ClickHouse server's
+LZ4 = WriterSettings(fsync=False, method="lz4", threads=1)
 
 
 def events_spec(
@@ -58,6 +67,11 @@ def events_spec(
         order_by="id",
         settings=dict(settings or {}),
     )
+
+
+async def ch(server: ClickHouseServer, sql: str, data: bytes | None = None) -> str:
+    """One query to a ClickHouse server, off the event loop."""
+    return await asyncio.to_thread(server.query, sql, data)
 
 
 def spec(replica: str, settings: dict[str, Any] | None = None) -> TableSpec:
