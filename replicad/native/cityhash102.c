@@ -22,6 +22,18 @@
 #define CH_CHUNK 2048
 #define GIL_THRESHOLD 65536
 
+/* Run STATEMENT without the GIL when LEN bytes are enough for releasing it to pay off. */
+#define WITHOUT_GIL_IF_LARGE(LEN, STATEMENT) \
+    do {                                     \
+        if ((LEN) >= GIL_THRESHOLD) {        \
+            Py_BEGIN_ALLOW_THREADS           \
+            STATEMENT;                       \
+            Py_END_ALLOW_THREADS             \
+        } else {                             \
+            STATEMENT;                       \
+        }                                    \
+    } while (0)
+
 typedef struct {
     uint64_t lo;
     uint64_t hi;
@@ -223,13 +235,7 @@ static PyObject *py_cityhash128(PyObject *self, PyObject *arg) {
     if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
         return NULL;
     u128 r;
-    if (b.len >= GIL_THRESHOLD) {
-        Py_BEGIN_ALLOW_THREADS
-        r = ch128((const uint8_t *)b.buf, (size_t)b.len);
-        Py_END_ALLOW_THREADS
-    } else {
-        r = ch128((const uint8_t *)b.buf, (size_t)b.len);
-    }
+    WITHOUT_GIL_IF_LARGE(b.len, r = ch128((const uint8_t *)b.buf, (size_t)b.len));
     PyBuffer_Release(&b);
     return u128_bytes(r);
 }
@@ -240,13 +246,7 @@ static PyObject *py_cityhash128_with_seed(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*KK", &b, &lo, &hi))
         return NULL;
     u128 seed = {(uint64_t)lo, (uint64_t)hi}, r;
-    if (b.len >= GIL_THRESHOLD) {
-        Py_BEGIN_ALLOW_THREADS
-        r = ch128_seed((const uint8_t *)b.buf, (size_t)b.len, seed);
-        Py_END_ALLOW_THREADS
-    } else {
-        r = ch128_seed((const uint8_t *)b.buf, (size_t)b.len, seed);
-    }
+    WITHOUT_GIL_IF_LARGE(b.len, r = ch128_seed((const uint8_t *)b.buf, (size_t)b.len, seed));
     PyBuffer_Release(&b);
     return Py_BuildValue("(KK)", (unsigned long long)r.lo, (unsigned long long)r.hi);
 }
@@ -264,13 +264,7 @@ static PyObject *py_file_hash(PyObject *self, PyObject *arg) {
     if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
         return NULL;
     u128 r;
-    if (b.len >= GIL_THRESHOLD) {
-        Py_BEGIN_ALLOW_THREADS
-        r = whole_file_hash((const uint8_t *)b.buf, (size_t)b.len);
-        Py_END_ALLOW_THREADS
-    } else {
-        r = whole_file_hash((const uint8_t *)b.buf, (size_t)b.len);
-    }
+    WITHOUT_GIL_IF_LARGE(b.len, r = whole_file_hash((const uint8_t *)b.buf, (size_t)b.len));
     PyBuffer_Release(&b);
     return u128_bytes(r);
 }
@@ -322,14 +316,8 @@ static PyObject *Hasher_update(HasherObject *self, PyObject *arg) {
     Py_buffer b;
     if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (b.len >= GIL_THRESHOLD) {
-        /* the object is not safe to share between threads during update anyway */
-        Py_BEGIN_ALLOW_THREADS
-        hasher_feed(self, (const uint8_t *)b.buf, (size_t)b.len);
-        Py_END_ALLOW_THREADS
-    } else {
-        hasher_feed(self, (const uint8_t *)b.buf, (size_t)b.len);
-    }
+    /* the object is not safe to share between threads during update anyway */
+    WITHOUT_GIL_IF_LARGE(b.len, hasher_feed(self, (const uint8_t *)b.buf, (size_t)b.len));
     PyBuffer_Release(&b);
     Py_RETURN_NONE;
 }

@@ -254,7 +254,9 @@ def strip_comments(sql: str) -> str:
     return "".join(out)
 
 
-def _skip_quoted(s: str, i: int) -> int:
+def _skip_quoted(s: str, i: int, strict: bool = True) -> int:
+    """The index after the quoted text starting at ``s[i]``; an unterminated one is a syntax error, or with
+    ``strict=False`` runs to the end."""
     q = s[i]
     j = i + 1
     while j < len(s):
@@ -267,18 +269,20 @@ def _skip_quoted(s: str, i: int) -> int:
                 continue
             return j + 1
         j += 1
+    if not strict:
+        return len(s)
     raise SyntaxError_(f"Syntax error: unterminated quoted text starting at {s[i:i + 40]!r}")
 
 
-def _mask(s: str) -> str:
-    """``s`` with quoted text and parenthesised text blanked out (same length), for keyword search."""
+def mask(s: str, quoted: str = " ", *, strict: bool = True) -> str:
+    """``s`` with quoted text (as ``quoted``) and parenthesised text (as spaces) blanked out, same length, for
+    keyword search; an unterminated quote is a syntax error, or with ``strict=False`` blanked to the end."""
     out, i, depth = list(s), 0, 0
     while i < len(s):
         c = s[i]
         if c in "'\"`":
-            j = _skip_quoted(s, i)
-            for k in range(i, j):
-                out[k] = " "
+            j = min(_skip_quoted(s, i, strict), len(s))
+            out[i:j] = quoted * (j - i)
             i = j
             continue
         if c == "(":
@@ -309,7 +313,7 @@ def _matching_paren(s: str, start: int) -> int:
 
 
 def _split_top(s: str, sep: str) -> list[str]:
-    masked = _mask(s)
+    masked = mask(s)
     parts, last = [], 0
     for i, c in enumerate(masked):
         if c == sep:
@@ -321,7 +325,7 @@ def _split_top(s: str, sep: str) -> list[str]:
 
 def _clauses(sql: str) -> dict[str, str]:
     """Top-level clauses of a SELECT: {"SELECT": cols, "FROM": …, "WHERE": …, "ORDER BY": …, …}."""
-    masked = _mask(sql)
+    masked = mask(sql)
     pattern = r"\b(" + "|".join(k.replace(" ", r"\s+") for k in ("SELECT", *_KEYWORDS)) + r")\b"
     marks = [(m.start(), m.end(), re.sub(r"\s+", " ", m.group(1).upper()))
              for m in re.finditer(pattern, masked, re.IGNORECASE)]

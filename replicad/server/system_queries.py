@@ -35,7 +35,7 @@ from replicad.config import Config
 from replicad.datatypes import DataType, parse_type
 from replicad.errors import SyntaxError_, UnknownTableError
 from replicad.server import auth
-from replicad.server.routing import strip_comments
+from replicad.server.routing import mask, strip_comments
 from replicad.service import Catalog, QueryResult, TableName
 from replicad.sql.expressions import compile_expression
 
@@ -66,26 +66,9 @@ class Answer:
 
 
 def _mask(sql: str) -> str:
-    """``sql`` with quoted text (as NULs) and everything inside parentheses (as spaces) blanked."""
-    out, depth, i = list(sql), 0, 0
-    while i < len(sql):
-        c = sql[i]
-        if c in "'\"`":
-            j = i + 1
-            while j < len(sql) and sql[j] != c:
-                j += 2 if sql[j] == "\\" else 1
-            for k in range(i, min(j + 1, len(sql))):
-                out[k] = "\0"
-            i = j + 1
-            continue
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif depth > 0:
-            out[i] = " "
-        i += 1
-    return "".join(out)
+    """``sql`` with quoted text (as NULs) and everything inside parentheses (as spaces) blanked; an
+    unterminated quote is blanked to the end (the statement then goes the usual way, which refuses it)."""
+    return mask(sql, "\0", strict=False)
 
 
 def _clean(text: str) -> str:

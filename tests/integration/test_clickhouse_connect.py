@@ -30,7 +30,15 @@ import zstandard
 
 from replicad.devtools.daemon import Daemon
 from replicad.devtools.zookeeper import ZooKeeperServer
-from tests.support.replicad_daemon import make_chroot, ok, query, query_path, request, start_daemon
+from tests.support.replicad_daemon import (
+    make_chroot,
+    ok,
+    query,
+    query_path,
+    request,
+    start_daemon,
+    stop_cleanly,
+)
 
 clickhouse_connect = pytest.importorskip("clickhouse_connect")
 from clickhouse_connect.driver.client import Client  # noqa: E402
@@ -70,10 +78,7 @@ def daemon(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory)
     try:
         yield d
     finally:
-        code = d.stop()
-        if code != 0:
-            print(f"daemon exit code {code}; log tail:\n{d.log_tail(60)}")
-        assert code == 0
+        stop_cleanly(d)
 
 
 def connect(daemon: Daemon, **kw: Any) -> Client:

@@ -29,7 +29,7 @@ import pytest
 
 from replicad.devtools.daemon import Daemon, daemon_env
 from replicad.devtools.zookeeper import ZooKeeperServer
-from tests.support.replicad_daemon import Reply, make_chroot, ok, query, request, start_daemon
+from tests.support.replicad_daemon import Reply, make_chroot, ok, query, request, start_daemon, stop_cleanly
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -228,10 +228,7 @@ def daemon(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory)
     try:
         yield d
     finally:
-        code = d.stop()
-        if code != 0:
-            print(f"daemon exit code {code}; log tail:\n{d.log_tail(60)}")
-        assert code == 0
+        stop_cleanly(d)
 
 
 def parts(d: Daemon, table: str) -> list[dict[str, Any]]:

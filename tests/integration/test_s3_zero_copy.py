@@ -256,18 +256,24 @@ async def test_race_source_lets_go_after_the_receiver_locked(
     assert len(await sorted_rows(r2)) == 200
 
 
-async def test_race_replica_removed_while_holding_locks(
-    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
-) -> None:
-    """A replica that goes away for good leaves lock leaves behind; releasing them (ZeroCopyLocks.
-    release_replica, the lost-replica path) must not delete objects another replica holds, and once the last
-    live holder lets go, the objects go too: nothing lost, nothing orphaned."""
+async def shared_part_then_r2_killed(cluster: Cluster, s3: S3Server, bucket: str) -> tuple[TableReplica, str]:
+    """r1 and r2 share one part on the zero-copy disk (r2 fetched it), then r2 dies (its locks stay)."""
     r1 = await start(cluster, s3, bucket, "r1")
     r2 = await start(cluster, s3, bucket, "r2")
     await r1.insert_table(rows(range(30)))
     [part] = r1.store.active_names()
     await wait_for(lambda: r2.store.active_names() == [part], what="r2 fetched the part")
     await cluster.kill("r2")
+    return r1, part
+
+
+async def test_race_replica_removed_while_holding_locks(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
+) -> None:
+    """A replica that goes away for good leaves lock leaves behind; releasing them (ZeroCopyLocks.
+    release_replica, the lost-replica path) must not delete objects another replica holds, and once the last
+    live holder lets go, the objects go too: nothing lost, nothing orphaned."""
+    r1, part = await shared_part_then_r2_killed(cluster, s3, bucket)
     locks = remote(r1).locks
     assert locks is not None
     released = await locks.release_replica("r2")
@@ -288,12 +294,7 @@ async def test_drop_replica_releases_its_locks_and_the_last_holder_deletes(
 ) -> None:
     """SYSTEM DROP REPLICA of a dead replica that shared a part: its leaves go, the objects stay for r1; when
     r1 lets go of the table (DROP TABLE's release), the bucket and the lock tree are empty."""
-    r1 = await start(cluster, s3, bucket, "r1")
-    r2 = await start(cluster, s3, bucket, "r2")
-    await r1.insert_table(rows(range(30)))
-    [part] = r1.store.active_names()
-    await wait_for(lambda: r2.store.active_names() == [part], what="r2 fetched the part")
-    await cluster.kill("r2")
+    r1, part = await shared_part_then_r2_killed(cluster, s3, bucket)
     await wait_for(lambda: _is_none(keeper.exists(f"{ZK_PATH}/replicas/r2/is_active")), what="r2 inactive")
     await r1.execute(drop_replica_statement("r2"))
     uid = remote(r1).instances[part].unique_id

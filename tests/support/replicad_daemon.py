@@ -129,6 +129,14 @@ def start_daemon(base: Path, zookeeper: ZooKeeperServer, chroot: str, name: str 
     return d
 
 
+def stop_cleanly(d: Daemon) -> None:
+    """SIGTERM; the daemon must exit with 0 (else its log tail is printed and the assertion fails)."""
+    code = d.stop()
+    if code != 0:
+        print(f"daemon exit code {code}; log tail:\n{d.log_tail(60)}")
+    assert code == 0
+
+
 def log_events(d: Daemon) -> list[dict[str, Any]]:
     """The daemon's JSON log lines (other lines skipped)."""
     assert d.log_path is not None

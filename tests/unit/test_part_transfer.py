@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from replicad.errors import CorruptedDataError, InsecurePathError, NotEnoughSpaceError
 from replicad.model.cityhash import file_hash
 from replicad.storage import part_transfer
-from replicad.storage.checksums import Checksum, Checksums, plain_checksum
+from replicad.storage.checksums import Checksum, Checksums
 from replicad.storage.part_transfer import (
     EMPTY_TTL_INFOS,
     SMALL_PART_BYTES,
@@ -31,6 +31,7 @@ from replicad.storage.part_transfer import (
     iter_part_body_sync,
     receive_part,
 )
+from tests.support.synthetic_part import write_part
 
 FIXTURE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "ch18_part_basic"
 PART = FIXTURE_DIR / "202611_1_1_0"
@@ -74,19 +75,13 @@ def files_body(files: list[tuple[bytes, bytes]]) -> bytes:
 def make_part(root: Path, extra: dict[str, bytes] | None = None) -> tuple[Path, Checksums]:
     """A synthetic part: small files plus a 300 KB one (bigger than one receive chunk path threshold)."""
     part = root / "all_1_1_0"
-    part.mkdir()
     files = {
         "count.txt": b"3",
         "big.mrk": random.Random(7).randbytes(300_000),
         "x.mrk": b"\x00" * 16,
         **(extra or {}),
     }
-    for name, data in files.items():
-        (part / name).write_bytes(data)
-    cs = Checksums({n: plain_checksum(d) for n, d in files.items()})
-    (part / "checksums.txt").write_bytes(cs.to_bytes())
-    (part / "columns.txt").write_bytes(b"columns format version: 1\n1 columns:\n`x` UInt8\n")
-    return part, cs
+    return part, write_part(part, files)
 
 
 async def test_v0_body_equals_real_18_16_response() -> None:
@@ -312,12 +307,7 @@ NAME = st.text(alphabet="abcxyz0129_.%-", min_size=1, max_size=12).filter(
 def test_roundtrip_property(tmp_path: Path, files: dict[str, bytes], version: int) -> None:
     root = Path(tempfile.mkdtemp(dir=tmp_path))
     part = root / "part"
-    part.mkdir()
-    for name, data in files.items():
-        (part / name).write_bytes(data)
-    cs = Checksums({n: plain_checksum(d) for n, d in files.items()})
-    (part / "checksums.txt").write_bytes(cs.to_bytes())
-    (part / "columns.txt").write_bytes(b"columns format version: 1\n0 columns:\n")
+    cs = write_part(part, files, b"columns format version: 1\n0 columns:\n")
     body = body_of(part, cs, version, chunk=1000)
     got = asyncio.run(receive_from_bytes(body, root / "recv", version, cs))
     assert got.checksums == cs

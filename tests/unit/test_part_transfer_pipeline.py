@@ -16,8 +16,9 @@ import pytest
 from replicad.errors import CorruptedDataError
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
 from replicad.storage import part_sink
-from replicad.storage.checksums import Checksums, plain_checksum
+from replicad.storage.checksums import Checksums
 from replicad.storage.part_transfer import iter_part_body, iter_part_body_sync, receive_part
+from tests.support.synthetic_part import write_part
 
 REPLICA = "/clickhouse/tables/t/replicas/r1"
 
@@ -47,15 +48,8 @@ class Trickle:
 
 def make_part(root: Path, sizes: dict[str, int]) -> tuple[Path, Checksums]:
     part = root / "all_1_1_0"
-    part.mkdir()
     rng = random.Random(3)
-    files = {name: rng.randbytes(size) for name, size in sizes.items()}
-    for name, data in files.items():
-        (part / name).write_bytes(data)
-    cs = Checksums({n: plain_checksum(d) for n, d in files.items()})
-    (part / "checksums.txt").write_bytes(cs.to_bytes())
-    (part / "columns.txt").write_bytes(b"columns format version: 1\n1 columns:\n`x` UInt8\n")
-    return part, cs
+    return part, write_part(part, {name: rng.randbytes(size) for name, size in sizes.items()})
 
 
 SIZES = {"a.bin": 50_000, "a.mrk": 16, "b.bin": 123_457, "c.bin": 0, "count.txt": 1}
