@@ -50,6 +50,7 @@ from replicad.config import (
 from replicad.sd_notify import Notifier
 from replicad.server.api import ApiServer, ApiState, version
 from replicad.server.metrics import Metrics
+from replicad.server.sync_body import SPOOL_PREFIX
 from replicad.service import Engine, EngineFactory
 from replicad.tasks import Supervisor
 
@@ -323,7 +324,7 @@ def remove_stale_spool_files(tmp_path: Path) -> int:
     except FileNotFoundError:
         return 0
     for e in entries:
-        if e.name.startswith("replicad-insert-") and e.is_file(follow_symlinks=False):
+        if e.name.startswith(SPOOL_PREFIX) and e.is_file(follow_symlinks=False):
             with contextlib.suppress(OSError):
                 os.unlink(e.path)
                 removed += 1

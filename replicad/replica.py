@@ -282,7 +282,7 @@ class TableReplica:
             await self.supervisor.stop_group(self._task_group, TASK_STOP_TIMEOUT_S)
         await stop_in_reverse(self._own_runners, TASK_STOP_TIMEOUT_S)
         self._own_runners.clear()
-        for task in self.tasks.values():  # tasks a failed start never started must not start later
+        for task in reversed(self.tasks.values()):  # the ones a failed start never started: never later
             task.request_stop()
         await self.executor.cancel_running()
         self.env.interserver.withdraw(self.paths.me.root)

@@ -39,7 +39,7 @@ import yaml
 from replicad.devtools import process
 from replicad.devtools.daemon import DEMO_DDL, DEMO_TABLE, Daemon, daemon_env, wait_in_sync
 from replicad.devtools.zookeeper import ZooKeeperServer
-from scripts.run_cluster import Stop, _on_signal, say
+from scripts.run_cluster import Stop, _on_signal, print_statuses, say
 
 PREFIX = "rpdc"
 BRIDGE = f"{PREFIX}-br"
@@ -176,9 +176,7 @@ def run(nodes: int, rows: int, keep: bool, data: Path) -> int:
             say(f"inserting {rows:,} rows on node1")
             daemons[0].http("/?query=" + "INSERT%20INTO%20" + DEMO_TABLE + "%20FORMAT%20TSV", demo_rows(rows))
             counts = wait_in_sync(daemons, DEMO_TABLE, rows, timeout=300)
-            for d in daemons:
-                print(f"\n===== replicad status --url {d.url}  ({d.name}) =====", flush=True)
-                print(d.status_text().rstrip(), flush=True)
+            print_statuses(daemons)
             print(f"\n{'node':<8}{'namespace':<12}{'url':<26}{'count()':>10}")
             for d in daemons:
                 print(f"{d.name:<8}{d.netns:<12}{d.url:<26}{counts[d.name]:>10,}")

@@ -53,6 +53,13 @@ def say(text: str) -> None:
     print(f"[run_cluster] {text}", flush=True)
 
 
+def print_statuses(daemons: Sequence[Daemon]) -> None:
+    """Each replica's ``replicad status``."""
+    for d in daemons:
+        print(f"\n===== replicad status --url {d.url}  ({d.name}) =====", flush=True)
+        print(d.status_text().rstrip(), flush=True)
+
+
 # ---- configs ----------------------------------------------------------------------------------------------
 
 
@@ -185,9 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"Spark job done in {time.monotonic() - t0:.1f}s; waiting for the replicas to agree")
             counts = wait_in_sync(daemons, args.table, before + args.rows, args.timeout)
             say(f"replicas agree after {time.monotonic() - t0:.1f}s")
-            for d in daemons:
-                print(f"\n===== replicad status --url {d.url}  ({d.name}) =====", flush=True)
-                print(d.status_text().rstrip(), flush=True)
+            print_statuses(daemons)
             print(f"\n{'replica':<10}{'url':<28}{'count()':>12}")
             for d in daemons:
                 print(f"{d.name:<10}{d.url:<28}{counts[d.name]:>12,}")

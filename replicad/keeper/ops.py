@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from replicad.errors import KeeperError
 
 
-def _check_path(path: str) -> None:
+def _check_path(path: str, data: object = b"") -> None:
+    """An absolute path (ValueError otherwise) and, for ops that write, bytes (TypeError otherwise)."""
     if not path.startswith("/"):
         raise ValueError(f"ZooKeeper path must be absolute: {path!r}")
+    if not isinstance(data, bytes):
+        raise TypeError(f"znode data must be bytes, got {type(data).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +31,7 @@ class Create:
     sequence: bool = False
 
     def __post_init__(self) -> None:
-        _check_path(self.path)
-        if not isinstance(self.data, bytes):
-            raise TypeError(f"znode data must be bytes, got {type(self.data).__name__}")
+        _check_path(self.path, self.data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +41,7 @@ class Set:
     version: int = -1
 
     def __post_init__(self) -> None:
-        _check_path(self.path)
-        if not isinstance(self.data, bytes):
-            raise TypeError(f"znode data must be bytes, got {type(self.data).__name__}")
+        _check_path(self.path, self.data)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,6 @@ each batch as it is rendered and the footer at the end.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,25 +17,18 @@ import pyarrow as pa
 import pyarrow.ipc as pa_ipc
 
 from replicad.server.input_columns import Converter, select_columns
+from replicad.server.sync_body import spooled
 
 
 def parse_arrow_file(body: Any, spec: Any) -> Iterator[Any]:
     """The ``formats`` parser of Arrow IPC file input (run in a worker thread)."""
 
-    fd, path = tempfile.mkstemp(prefix="replicad-insert-", suffix=".arrow", dir=spec.spool_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            while data := body.read(1 << 20):
-                f.write(data)
-        with pa.memory_map(path) as source:
-            reader = pa_ipc.open_file(source)
-            names, positions, types = select_columns(spec, list(reader.schema.names))
-            yield names
-            conv = Converter(names, types, spec)
-            for i in range(reader.num_record_batches):
-                batch = reader.get_batch(i)
-                yield from conv.feed([batch.column(p) for p in positions])
-            yield from conv.finish()
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    with spooled(body, spec.spool_dir, ".arrow") as path, pa.memory_map(path) as source:
+        reader = pa_ipc.open_file(source)
+        names, positions, types = select_columns(spec, list(reader.schema.names))
+        yield names
+        conv = Converter(names, types, spec)
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            yield from conv.feed([batch.column(p) for p in positions])
+        yield from conv.finish()

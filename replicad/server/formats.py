@@ -18,8 +18,6 @@ import contextlib
 import csv
 import io
 import json
-import os
-import tempfile
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -34,7 +32,7 @@ import pyarrow.parquet as pq
 from replicad.datatypes import DataType
 from replicad.errors import BadInputError, ReplicadError
 from replicad.server.input_columns import Converter, InputSpec, select_columns
-from replicad.server.sync_body import BodySource, SyncBody
+from replicad.server.sync_body import BodySource, SyncBody, spooled
 from replicad.server.text_values import (
     json_kind,
     text_kind,
@@ -286,11 +284,7 @@ def _arrow_stream(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
 
 
 def _parquet(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
-    fd, path = tempfile.mkstemp(prefix="replicad-insert-", suffix=".parquet", dir=spec.spool_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            while data := body.read(1 << 20):
-                f.write(data)
+    with spooled(body, spec.spool_dir, ".parquet") as path:
         pf = pq.ParquetFile(path)
         names, _, types = select_columns(spec, list(pf.schema_arrow.names))
         yield names
@@ -298,9 +292,6 @@ def _parquet(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
         for batch in pf.iter_batches(batch_size=min(spec.block_rows, 65536), columns=names):
             yield from conv.feed([batch.column(i) for i in range(len(names))])
         yield from conv.finish()
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
 
 
 def _native(body: SyncBody, spec: InputSpec) -> Iterator[Any]:

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import io
+import os
+import tempfile
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -31,6 +34,7 @@ INCORRECT_DATA = 117
 TOO_MANY_SIMULTANEOUS_QUERIES = 202
 DEFAULT_RECEIVE_TIMEOUT_S = 30.0
 DEFAULT_MAX_LINE_BYTES = 64 << 20
+SPOOL_PREFIX = "replicad-insert-"  # the daemon removes the spool files a crash left behind at start-up
 
 
 class ReceiveTimeoutError(ReplicadError):
@@ -201,3 +205,18 @@ class SyncBody(io.RawIOBase):
                 carry = bytearray(memoryview(data)[cut + 1:])
             self._check_line(len(carry))
             yield block
+
+
+@contextlib.contextmanager
+def spooled(body: Any, spool_dir: str | None, suffix: str) -> Iterator[str]:
+    """``body`` (a blocking file object) read to its end into a temporary file under ``spool_dir``, for the
+    formats that need seeks (Parquet, Arrow file); the file's path, removed at exit."""
+    fd, path = tempfile.mkstemp(prefix=SPOOL_PREFIX, suffix=suffix, dir=spool_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            while data := body.read(1 << 20):
+                f.write(data)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -246,21 +246,20 @@ def parse_column_definition(p: Parser) -> tuple[str, str]:
 
 def column_definition(c: ColumnDef) -> str:
     """A resolved column as CREATE TABLE text (its default as stored, so a re-parse keeps it unchanged)."""
-    out = f"{back_quote_if_needed(c.name)} {c.type_text}"
-    if c.default_kind:
-        out += f" {c.default_kind} {c.default_expression}"
-    if c.comment:
-        out += f" COMMENT {quote_string(c.comment)}"
-    return out
+    return _definition(c.name, c.type_text, c.default_kind, c.default_expression, c.comment)
 
 
 def description_definition(c: ColumnDescription) -> str:
     """A ``columns`` znode line as CREATE TABLE text (how a replica adopts columns another one wrote)."""
-    out = f"{back_quote_if_needed(c.name)} {c.type}"
-    if c.default_kind:
-        out += f" {c.default_kind} {c.default_expression}"
-    if c.comment:
-        out += f" COMMENT {quote_string(c.comment)}"
+    return _definition(c.name, c.type, c.default_kind, c.default_expression, c.comment)
+
+
+def _definition(name: str, type_text: str, default_kind: str, default_expression: str, comment: str) -> str:
+    out = f"{back_quote_if_needed(name)} {type_text}"
+    if default_kind:
+        out += f" {default_kind} {default_expression}"
+    if comment:
+        out += f" COMMENT {quote_string(comment)}"
     return out
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from replicad.datatypes import DataType, escape_for_file_name, parse_type
 from replicad.errors import CorruptedDataError
 from replicad.model.cityhash import FileHasher, hash_file
+from replicad.sql.expressions_lexer import unquote
 from replicad.storage.checksums import Checksum, Checksums
 from replicad.storage.compression import (
     BLOCK_OVERHEAD,
@@ -53,9 +54,6 @@ _COLUMNS_HEADER = "columns format version: 1\n"
 _BACKQUOTE_ESCAPES = {
     "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0", "\\": "\\\\", "`": "\\`",
 }
-_UNESCAPES = {
-    "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "0": "\0", "a": "\a", "v": "\v", "e": "\x1b",
-}
 
 
 def minmax_file_name(column: str) -> str:
@@ -72,27 +70,17 @@ def _read_back_quoted(text: str, pos: int) -> tuple[str, int]:
     """Parse a backquoted name at ``text[pos]`` (backslash escapes and SQL-style doubled quotes)."""
     if pos >= len(text) or text[pos] != "`":
         raise CorruptedDataError(f"columns.txt: expected '`' at offset {pos}")
-    out: list[str] = []
     i = pos + 1
     while i < len(text):
         ch = text[i]
-        if ch == "`":
-            if i + 1 < len(text) and text[i + 1] == "`":
-                out.append("`")
-                i += 2
-                continue
-            return "".join(out), i + 1
-        if ch == "\\" and i + 1 < len(text):
-            nxt = text[i + 1]
-            if nxt == "x" and i + 3 < len(text):
-                out.append(chr(int(text[i + 2:i + 4], 16)))
-                i += 4
-                continue
-            out.append(_UNESCAPES.get(nxt, nxt))
+        if ch == "\\":
             i += 2
-            continue
-        out.append(ch)
-        i += 1
+        elif ch == "`" and text[i + 1:i + 2] == "`":
+            i += 2
+        elif ch == "`":
+            return unquote(text[pos:i + 1]), i + 1
+        else:
+            i += 1
     raise CorruptedDataError("columns.txt: unterminated backquoted name")
 
 

@@ -237,12 +237,18 @@ async def test_existing_target_is_not_touched(tmp_path: Path) -> None:
     assert (tmp_path / "t" / "keep").exists()
 
 
-def test_sender_detects_damaged_files(tmp_path: Path) -> None:
+def damaged_copy(tmp_path: Path) -> tuple[Path, bytearray]:
+    """A copy of PART (``tmp_path/p``) whose name.bin has one bit flipped; the damaged bytes."""
     part = tmp_path / "p"
     shutil.copytree(PART, part)
     data = bytearray((part / "name.bin").read_bytes())
     data[100] ^= 1
     (part / "name.bin").write_bytes(data)
+    return part, data
+
+
+def test_sender_detects_damaged_files(tmp_path: Path) -> None:
+    part, data = damaged_copy(tmp_path)
     gen = iter_part_body_sync(part, CHECKSUMS, 0, 1 << 20)
     with pytest.raises(CorruptedDataError, match=r"Checksum mismatch for file name\.bin"):
         list(gen)
@@ -274,11 +280,7 @@ def test_small_part_threshold() -> None:
 
 
 def test_whole_body_checks_files(tmp_path: Path) -> None:
-    part = tmp_path / "p"
-    shutil.copytree(PART, part)
-    data = bytearray((part / "name.bin").read_bytes())
-    data[100] ^= 1
-    (part / "name.bin").write_bytes(data)
+    part, data = damaged_copy(tmp_path)
     with pytest.raises(CorruptedDataError, match=r"Checksum mismatch for file name\.bin in part p"):
         build_part_body(part, CHECKSUMS, 3)
     (part / "name.bin").write_bytes(data[:-1])
