@@ -1,8 +1,8 @@
 """The daemon's shutdown order, on the real engine and the test ZooKeeper.
 
 * in process (the real ``Daemon`` and ``ReplicationEngine``, probes wrapped around the table's tasks and
-  ``TableReplica.stop``): both listeners refuse connections before any table stops, while an open API
-  connection is still answered; the table's background tasks stop in reverse start order, each awaited before
+  ``TableReplica.stop``): both listeners refuse connections before any table stops, while open API and
+  interserver connections are still answered; the table's background tasks stop in reverse start order, each awaited before
   the next is asked, all before the table's own teardown; ``is_active`` is deleted by the table while the
   ZooKeeper session is still open, and the session closes last;
 * a real ``python -m replicad run`` process with open interserver and API connections (one kept alive and
@@ -78,6 +78,8 @@ async def test_listeners_close_first_tasks_stop_in_reverse_and_zookeeper_closes_
     assert await keeper.exists(is_active) is not None
     api_conn = await asyncio.open_connection("127.0.0.1", d.api.port)  # kept alive through the shutdown
     assert await http_get(*api_conn, "/ping") == b"HTTP/1.1 200 OK"
+    peer_conn = await asyncio.open_connection("127.0.0.1", interserver_port)  # a peer's kept-alive connection
+    assert await http_get(*peer_conn, "/ping") == b"HTTP/1.1 200 OK"
 
     events: list[str] = []
     probes: dict[str, Any] = {}
@@ -107,6 +109,7 @@ async def test_listeners_close_first_tasks_stop_in_reverse_and_zookeeper_closes_
         probes["api_refused"] = await refused(d.api.port)
         probes["interserver_refused"] = await refused(interserver_port)
         probes["open_api_connection"] = await http_get(*api_conn, "/ping")
+        probes["open_interserver_connection"] = await http_get(*peer_conn, "/ping")
         probes["keeper_at_table_stop"] = keeper.session_state
         await table_stop()
         probes["is_active_after_table_stop"] = await keeper.exists(is_active)
@@ -121,6 +124,7 @@ async def test_listeners_close_first_tasks_stop_in_reverse_and_zookeeper_closes_
 
     assert await d.shutdown() == []
     api_conn[1].close()
+    peer_conn[1].close()
 
     names = [t.name for t in table.tasks.values()]  # start order
     assert len(names) >= 9
@@ -131,6 +135,7 @@ async def test_listeners_close_first_tasks_stop_in_reverse_and_zookeeper_closes_
     assert rest == ["table stop", "table stopped", "keeper close"], events
     assert probes == {
         "api_refused": True, "interserver_refused": True, "open_api_connection": b"HTTP/1.1 200 OK",
+        "open_interserver_connection": b"HTTP/1.1 200 OK",
         "keeper_at_table_stop": SessionState.CONNECTED, "is_active_after_table_stop": None,
     }
 
