@@ -7,7 +7,8 @@
 Benchmarks (in this order): insert, schemas (insert across table shapes), lag (with ZooKeeper requests
 per insert), fetch — on one cluster of ZooKeeper + 2 replicad daemons + 2 ClickHouse servers
 (bench/cluster.py) — then part_writer and merge (bench/part_writer.py, bench/merge.py: the storage engine
-alone, in child processes).  Scratch data
+alone, in child processes), zero_copy, and scale (bench/scale.py: how cost grows with tables, replicas,
+parts, backlog and clients; a table and BENCHMARKS-scale.png beside the report).  Scratch data
 lives in ./bench-data (removed at the end unless --keep).  Where replicad misses a target, an extra
 uncounted run is profiled with py-spy and the top functions go into the report (--no-profile: skip).
 """
@@ -31,7 +32,7 @@ from bench.report import Figure, Report
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_BENCHES = ("insert", "schemas", "lag", "fetch", "spark")
 STORAGE_BENCHES = ("part_writer", "merge", "zero_copy")
-ALL = CLUSTER_BENCHES + STORAGE_BENCHES
+ALL = CLUSTER_BENCHES + STORAGE_BENCHES + ("scale",)
 MERGE_TARGET = 0.5
 
 
@@ -226,6 +227,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             ctx.say("S3 zero-copy fetch vs full fetch (bench/zero_copy.py)")
             report.add(zero_copy.run(ctx))
+        if "scale" in names:
+            from bench import scale
+
+            ctx.say("scale curves (bench/scale.py)")
+            plot = output.with_name(output.stem + "-scale.png") if output is not None else None
+            report.add(scale.run(ctx, quick=sizes.quick, plot_path=plot))
     finally:
         load.__exit__()
         if not args.keep:

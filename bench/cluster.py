@@ -214,6 +214,21 @@ def tcp_peer_ports(pid: int, remote_port: int) -> set[int]:
     return ports
 
 
+def zk_recved_by_port(zk: ZooKeeperServer) -> dict[int, int]:
+    """Packets ZooKeeper received per client port (its ``cons`` command)."""
+    out: dict[int, int] = {}
+    for line in zk.command("cons").splitlines():
+        line = line.strip()
+        if not line.startswith("/") or "recved=" not in line:
+            continue
+        addr = line[1:line.index("[")]
+        port = int(addr.rsplit(":", 1)[1])
+        stats = line[line.index("(") + 1:line.rindex(")")].split(",")
+        fields = dict(f.split("=", 1) for f in stats if "=" in f)
+        out[port] = int(fields["recved"])
+    return out
+
+
 # ---- HTTP
 
 
@@ -474,18 +489,7 @@ class BenchCluster:
     # ---- ZooKeeper accounting
 
     def zk_connections(self) -> dict[int, int]:
-        """Packets received by ZooKeeper per client port (``cons``)."""
-        out: dict[int, int] = {}
-        for line in self.zk.command("cons").splitlines():
-            line = line.strip()
-            if not line.startswith("/") or "recved=" not in line:
-                continue
-            addr = line[1:line.index("[")]
-            port = int(addr.rsplit(":", 1)[1])
-            fields = dict(f.split("=", 1) for f in line[line.index("(") + 1:line.rindex(")")].split(",")
-                          if "=" in f)
-            out[port] = int(fields["recved"])
-        return out
+        return zk_recved_by_port(self.zk)
 
     def zk_packets(self, replicas: Sequence[Replica]) -> dict[str, int]:
         """ZooKeeper's received-packet counter summed over each replica's connections."""

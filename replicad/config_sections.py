@@ -31,8 +31,8 @@ class ClusterShard(_Section):
 
 
 class DistributedDDLConfig(_Section):
-    """ClickHouse's ``<distributed_ddl>``, and who this daemon is in the clusters (``host``/``port`` exactly
-    as the clusters spell it)."""
+    """ClickHouse's ``<distributed_ddl>``, and who this daemon is in the clusters: ``port`` as they list it,
+    ``host`` one spelling of it (other spellings resolving to this machine match too, as in 18.16)."""
 
     host: str = Field(min_length=1)
     port: int = Field(gt=0, lt=65536)

@@ -3,9 +3,12 @@
 One task at a time, in name order (the queue's children are watched; a periodic look too).  For a task:
 
 * unreadable (another format version, an extra line…): ``finished/<own id>`` gets 18.16's 287 / 27 status;
-* this daemon's id not in ``hosts``: nothing is written (the task is not ours);
-* ``finished/<own id>`` exists already (done before a restart): skipped;
-* else ``active/<own id>`` (ephemeral) while it runs, then one multi {delete ``active/<id>``, create
+* no id of ``hosts`` names this daemon: nothing is written (the task is not ours).  An id names it when
+  its port is the daemon's and its host is the daemon's configured spelling or resolves to an address of
+  this machine (:mod:`replicad.ddl.host_match`, as 18.16's ``isLocalAddress``); the first such id, in its
+  canonical form, is the task's id for this daemon (``<id>`` below);
+* ``finished/<id>`` exists already (done before a restart): skipped;
+* else ``active/<id>`` (ephemeral) while it runs, then one multi {delete ``active/<id>``, create
   ``finished/<id>`` = ``<code>\\n<message>``}.  The statement is parsed, its cluster looked up in this
   daemon's config and ``ON CLUSTER`` removed; CREATE / DROP / TRUNCATE / OPTIMIZE run on every host, an ALTER
   of a replicated table once per shard (``shards/<replicas>/lock`` and ``executed``, 20 tries with random
@@ -36,6 +39,7 @@ from replicad.ddl.entry import (
     split_host_id,
     status_text,
 )
+from replicad.ddl.host_match import LocalHosts
 from replicad.errors import (
     KeeperError,
     KeeperMultiError,
@@ -117,13 +121,14 @@ def remove_on_cluster(query: str) -> tuple[str, str | None]:
 
 class DDLWorker(BackgroundTask):
     def __init__(self, keeper: Keeper, settings: DDLSettings, clusters: Mapping[str, Sequence[Shard]],
-                 runner: StatementRunner, period_s: float = 5.0) -> None:
+                 runner: StatementRunner, period_s: float = 5.0, hosts: LocalHosts | None = None) -> None:
         super().__init__("ddl_worker", period_s)
         self.keeper = keeper
         self.settings = settings
         self.clusters = dict(clusters)
         self.runner = runner
         self.me = settings.host_id
+        self.hosts = hosts if hosts is not None else LocalHosts(settings.host, settings.port)
         self._last: str | None = None
         self._last_cleanup = 0.0
         self._queue_changed = True
@@ -172,30 +177,32 @@ class DDLWorker(BackgroundTask):
                 await self._create_quietly(f"{task_path}/finished/{self.me}",
                                            status_text(e.code, exception_message(e.code, str(e))))
             return
-        if self.me not in entry.hosts:
+        me = await self.hosts.first_match(entry.hosts)
+        if me is None:
             log.debug("ddl_task_not_for_me", task=name)
             return
-        if await self.keeper.exists(f"{task_path}/finished/{self.me}") is not None:
+        if await self.keeper.exists(f"{task_path}/finished/{me}") is not None:
             return  # done before (a restart rescans the whole queue)
-        active = f"{task_path}/active/{self.me}"
+        active = f"{task_path}/active/{me}"
         try:
             await self.keeper.create(active, b"", ephemeral=True)
         except KeeperNodeExistsError:
             pass  # left by an old session of ours: accepted, as 18.16 does
         log.info("ddl_task_processing", task=name, query=entry.query[:300])
-        code, message = await self._execute(name, entry)
+        code, message = await self._execute(name, entry, me)
         try:
-            await self.keeper.multi([Delete(active), Create(f"{task_path}/finished/{self.me}",
+            await self.keeper.multi([Delete(active), Create(f"{task_path}/finished/{me}",
                                                             status_text(code, message))])
         except KeeperMultiError as e:
             if not isinstance(e.cause, KeeperNoNodeError | KeeperNodeExistsError):
                 raise
-            await self._create_quietly(f"{task_path}/finished/{self.me}", status_text(code, message))
+            await self._create_quietly(f"{task_path}/finished/{me}", status_text(code, message))
         log.info("ddl_task_finished", task=name, code=code, message=message[:300])
 
-    async def _execute(self, name: str, entry: DDLEntry) -> tuple[int, str]:
+    async def _execute(self, name: str, entry: DDLEntry, me: str) -> tuple[int, str]:
         """Checks, then the statement: ``(code, message)`` for ``finished/``."""
-        me_readable = readable(self.settings.host, self.settings.port)
+        me_host, me_port = split_host_id(me)
+        me_readable = readable(me_host, me_port)
 
         def before(code: int, text: str) -> tuple[int, str]:
             return code, exception_message(code, text, before_execution=True)
@@ -211,8 +218,7 @@ class DDLWorker(BackgroundTask):
                           f"DDL task {name} contains current host {me_readable} in cluster "
                           f"{cluster_name or ''}, but there are no such cluster here.")
         shards = self.clusters[cluster_name]
-        mine = [(i, s) for i, s in enumerate(shards, 1)
-                if any(split_host_id(r) == (self.settings.host, self.settings.port) for r in s.replicas)]
+        mine = await self._own_shards(shards, {(me_host, me_port), (self.settings.host, self.settings.port)})
         if not mine:
             return before(INCONSISTENT_CLUSTER_DEFINITION,
                           f"Not found host {me_readable} in definition of cluster {cluster_name}")
@@ -233,8 +239,21 @@ class DDLWorker(BackgroundTask):
                               f"Table is replicated, but shard #{shard_num} isn't replicated according to "
                               "its cluster definition. Possibly <internal_replication>true"
                               "</internal_replication> is forgotten in the cluster config.")
-            return await self._once_per_shard(f"/{name}", shard, local)
+            return await self._once_per_shard(f"/{name}", shard, local, me)
         return await self._run(local)
+
+    async def _own_shards(self, shards: Sequence[Shard], exact: set[tuple[str, int]]
+                          ) -> list[tuple[int, Shard]]:
+        """This daemon's shards in a cluster, as 18.16 finds them: replicas spelled as the task's id or
+        the config; else (no such replica) replicas whose host resolves to this machine, with its port."""
+        mine = [(i, s) for i, s in enumerate(shards, 1) if any(split_host_id(r) in exact for r in s.replicas)]
+        if mine:
+            return mine
+        candidates = [split_host_id(r) for s in shards for r in s.replicas]
+        local = await self.hosts.local_hosts([h for h, p in candidates if p == self.settings.port])
+        return [(i, s) for i, s in enumerate(shards, 1)
+                if any(split_host_id(r)[0] in local and split_host_id(r)[1] == self.settings.port
+                       for r in s.replicas)]
 
     async def _run(self, local: str) -> tuple[int, str]:
         try:
@@ -246,14 +265,14 @@ class DDLWorker(BackgroundTask):
             return 1001, exception_message(1001, f"{type(e).__name__}: {e}")
         return 0, ""
 
-    async def _once_per_shard(self, task_suffix: str, shard: Shard, local: str) -> tuple[int, str]:
+    async def _once_per_shard(self, task_suffix: str, shard: Shard, local: str, me: str) -> tuple[int, str]:
         base = f"{self.settings.path.rstrip('/')}{task_suffix}/shards/{shard.node_name}"
         await self.keeper.ensure_path(base)
         for _ in range(SHARD_TRIES):
             if await self.keeper.exists(f"{base}/executed") is not None:
                 return 0, ""
             try:
-                await self.keeper.create(f"{base}/lock", self.me.encode(), ephemeral=True)
+                await self.keeper.create(f"{base}/lock", me.encode(), ephemeral=True)
             except KeeperNodeExistsError:
                 await asyncio.sleep(random.uniform(0.0, 1.0))
                 continue
@@ -261,7 +280,7 @@ class DDLWorker(BackgroundTask):
                 if await self.keeper.exists(f"{base}/executed") is not None:
                     return 0, ""
                 result = await self._run(local)
-                await self._create_quietly(f"{base}/executed", self.me.encode())
+                await self._create_quietly(f"{base}/executed", me.encode())
                 return result
             finally:
                 try:
@@ -281,6 +300,9 @@ class DDLWorker(BackgroundTask):
             await self.keeper.create(path, data)
         except KeeperNodeExistsError:
             pass
+
+    async def on_stop(self) -> None:
+        self.hosts.close()
 
     # ---- cleanup -------------------------------------------------------------------------------------
 

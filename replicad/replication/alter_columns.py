@@ -1,4 +1,8 @@
-"""Replicated ALTER of columns (ADD / DROP / MODIFY COLUMN), as ClickHouse 18.16 does it.
+"""Replicated ALTER of columns (ADD / DROP / MODIFY / COMMENT COLUMN), as ClickHouse 18.16 does it.
+
+A comment is set only on a column with a DEFAULT / MATERIALIZED / ALIAS expression: 18.16's reader of the
+``columns`` text skips a column whose line has a comment but no expression (its parts then lose the column,
+as after 18.16's own COMMENT COLUMN on such a column), so replicad refuses to write one (48).
 
 The initiator (any replica, :meth:`TableAlter.execute`) computes the new column list from its own, sets
 the table's ``columns`` znode guarded by the version it read, then waits until every replica with an
@@ -55,6 +59,7 @@ from replicad.sql.ddl import (
     description_definition,
     parse_create_table,
     render_create_table,
+    with_comment,
 )
 from replicad.sql.table_metadata import ColumnsDescription, TableMetadata
 from replicad.storage import alter_part
@@ -134,10 +139,13 @@ def apply_column_commands(table: TableDef, commands: Sequence[Any]) -> TableDef:
                 raise ReplicadError(f"Wrong column name. Cannot find column {cmd.name} to modify",
                                     code=ILLEGAL_COLUMN)
             cols[at] = (cmd.name, cmd.definition)
-        else:  # COMMENT COLUMN: followed when another replica makes it, not initiated (README)
-            raise ReplicadError(f"ALTER {cmd.kind} COLUMN is not initiated by replicad (in a test, a "
-                                "ClickHouse 18.16 replica following it lost the commented column); issue it "
-                                "on ClickHouse, replicad follows", code=NOT_IMPLEMENTED)
+        else:  # COMMENT COLUMN: the column as it is, with the new comment ('' removes it)
+            if at is None:
+                if cmd.if_exists:
+                    continue
+                raise ReplicadError(f"Wrong column name. Cannot find column {cmd.name} to comment",
+                                    code=ILLEGAL_COLUMN)
+            cols[at] = (cmd.name, with_comment(cols[at][1], cmd.definition))
     new = parse_create_table(render_create_table(table, [d for _n, d in cols]))
     for c in new.columns:  # a type change converts the parts (alter_part); never a key column's
         old = current.get(c.name)
@@ -146,6 +154,13 @@ def apply_column_commands(table: TableDef, commands: Sequence[Any]) -> TableDef:
         if old is not None and old.is_physical != c.is_physical:
             raise ReplicadError(f"MODIFY COLUMN {c.name}: turning a stored column into an ALIAS (or back) "
                                 "is not supported by replicad", code=NOT_IMPLEMENTED)
+        if c.comment and not c.default_kind and (old is None or (old.comment, old.default_kind) != (
+                c.comment, c.default_kind)):
+            raise ReplicadError(
+                f"A comment on column {c.name}, which has no DEFAULT/MATERIALIZED/ALIAS expression, is not "
+                "set by replicad: a ClickHouse 18.16 replica reads such a column of the columns znode as no "
+                "column at all and drops it from its parts (its own COMMENT COLUMN does the same); only "
+                "columns with an expression take a comment", code=NOT_IMPLEMENTED)
     return new
 
 

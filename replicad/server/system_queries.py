@@ -38,6 +38,7 @@ from replicad.server import auth
 from replicad.server.routing import mask, strip_comments
 from replicad.service import Catalog, QueryResult, TableName
 from replicad.sql.expressions import compile_expression
+from replicad.sql.table_metadata import ColumnsDescription
 
 #: what ``version()`` answers (see the module docstring)
 SERVER_VERSION = "18.16.1"
@@ -344,10 +345,19 @@ async def describe(name: TableName, ctx: ServerContext, catalog: Callable[[], Aw
         defaults: dict[str, tuple[str, str]] = {}
     else:
         table = (await catalog()).get(name)
+        columns_text = getattr(getattr(table, "spec", None), "columns_text", None)
+        if isinstance(columns_text, str):  # every column (ALIAS too) with its default and comment, as 18.16
+            described = ColumnsDescription.parse(columns_text).ordered()
+            rows = [(c.name, c.type, c.default_kind, c.default_expression, c.comment, "", "")
+                    for c in described]
+            return _describe_result(rows)
         cols = list(table.columns)
         schema_defaults = getattr(getattr(table, "schema", None), "defaults", ()) or ()
         defaults = {c: (str(kind).upper(), str(expr)) for c, kind, expr in schema_defaults}
-    rows = [(n, dt.name, *defaults.get(n, ("", "")), "", "", "") for n, dt in cols]
+    return _describe_result([(n, dt.name, *defaults.get(n, ("", "")), "", "", "") for n, dt in cols])
+
+
+def _describe_result(rows: Sequence[tuple[str, ...]]) -> QueryResult:
     data = {c: pa.array([r[i].encode() for r in rows], pa.binary()) for i, c in enumerate(DESCRIBE_COLUMNS)}
     return QueryResult.from_table([(c, _STRING) for c in DESCRIBE_COLUMNS], pa.table(data))
 

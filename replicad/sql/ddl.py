@@ -234,6 +234,10 @@ def parse_column_definition(p: Parser) -> tuple[str, str]:
     """One column definition of ``ALTER … ADD|MODIFY COLUMN`` as CREATE TABLE text (name, type, default,
     comment: re-formatted), for :func:`render_create_table` and a re-parse that validates it."""
     c = _column(p)
+    return c.name, _render_raw(c)
+
+
+def _render_raw(c: _RawColumn) -> str:
     out = back_quote_if_needed(c.name)
     if c.type_text is not None:
         out += f" {c.type_text}"
@@ -241,7 +245,15 @@ def parse_column_definition(p: Parser) -> tuple[str, str]:
         out += f" {c.kind} {format_ast(c.expr)}"
     if c.comment:
         out += f" COMMENT {quote_string(c.comment)}"
-    return c.name, out
+    return out
+
+
+def with_comment(definition: str, comment: str) -> str:
+    """A column definition (as :func:`parse_column_definition` writes it) with its comment replaced
+    (``''`` removes it): what ``COMMENT COLUMN`` changes."""
+    c = _column(Parser(definition))
+    c.comment = comment
+    return _render_raw(c)
 
 
 def column_definition(c: ColumnDef) -> str:

@@ -28,20 +28,24 @@ from replicad.devtools.daemon import Daemon
 from replicad.devtools.spark_job import rows_df
 from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import make_chroot, ok, query, start_daemon
-from tests.support.spark import local_spark
+from tests.support.spark import local_spark, staged_batch_dirs
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 300_000
-TTL_S = 20  # longer than any job here takes from its first staged batch to its commit
+TTL_S = 20  # the staging TTL of the tables whose tests wait for it to expire
+# every other table's: longer than any job here takes from its first staged batch to its commit, on a loaded
+# machine too (a streaming micro-batch once took over 20 s there and its run was aborted by the TTL)
+LONG_TTL_S = 300
 
 
-def ddl(table: str) -> str:
+def ddl(table: str, ttl_s: int | None = None) -> str:
     name = table.split(".")[1]
     return (f"CREATE TABLE IF NOT EXISTS {table} (d Date, user_id UInt64, kind String) ENGINE = "
             f"ReplicatedMergeTree('/clickhouse/tables/{{shard}}/{name}', '{{replica}}') "
-            f"PARTITION BY toYYYYMM(d) ORDER BY (kind, user_id)")
+            f"PARTITION BY toYYYYMM(d) ORDER BY (kind, user_id)"
+            + (f" SETTINGS replicad_staging_ttl = {ttl_s}" if ttl_s is not None else ""))
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +59,7 @@ def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
     chroot = make_chroot(zookeeper, "exactly_once")
     with ThreadPoolExecutor(3) as pool:
         daemons = list(pool.map(lambda n: start_daemon(base, zookeeper, chroot, n,
-                                                       settings={"replicad_staging_ttl": TTL_S}),
+                                                       settings={"replicad_staging_ttl": LONG_TTL_S}),
                                 ["r1", "r2", "r3"]))
     try:
         yield daemons
@@ -64,9 +68,9 @@ def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
             d.kill()
 
 
-def create(cluster: list[Daemon], table: str) -> str:
+def create(cluster: list[Daemon], table: str, ttl_s: int | None = None) -> str:
     for d in cluster:
-        ok(query(d.url, ddl(table), post=True))
+        ok(query(d.url, ddl(table, ttl_s), post=True))
     return table
 
 
@@ -92,9 +96,7 @@ def assert_exactly(cluster: list[Daemon], table: str, want: collections.Counter[
 def staged_batches(cluster: list[Daemon]) -> list[str]:
     out = []
     for d in cluster:
-        root = d.data_path / "staging"
-        if root.exists():
-            out += [str(p) for p in root.rglob("b*") if p.is_dir()]
+        out += [str(p) for p in staged_batch_dirs(d.data_path / "staging")]
     return out
 
 
@@ -185,7 +187,7 @@ def test_fresh_session_without_registration_and_a_rerun_of_the_same_job_id(clust
 
 
 def test_driver_killed_before_the_decision_leaves_nothing(cluster: list[Daemon], tmp_path: Path) -> None:
-    table = create(cluster, "db.killed_before")
+    table = create(cluster, "db.killed_before", ttl_s=TTL_S)
     marker = tmp_path / "paused"
     proc = run_job(table, {"url": cluster[0].url, "table": table, "pause_before_decision": str(marker)},
                    wait=False)
@@ -200,7 +202,7 @@ def test_driver_killed_before_the_decision_leaves_nothing(cluster: list[Daemon],
 
 
 def test_driver_killed_after_the_decision_loses_nothing(cluster: list[Daemon], tmp_path: Path) -> None:
-    table = create(cluster, "db.killed_after")
+    table = create(cluster, "db.killed_after", ttl_s=TTL_S)
     marker = tmp_path / "paused"
     proc = run_job(table, {"url": cluster[0].url, "table": table, "pause_after_decision": str(marker)},
                    wait=False)

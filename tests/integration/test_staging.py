@@ -20,6 +20,7 @@ import pytest
 from replicad.devtools.daemon import Daemon
 from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import Reply, make_chroot, ok, query, request, start_daemon
+from tests.support.spark import staged_batch_dirs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -87,7 +88,7 @@ def wait_rows(daemons: list[Daemon], want: collections.Counter[str], timeout: fl
 
 def staged_dirs(base: Path, replica: str) -> list[str]:
     root = base / replica / "data" / "staging"
-    return sorted(str(p.relative_to(root)) for p in root.rglob("b*") if p.is_dir()) if root.exists() else []
+    return [str(p.relative_to(root)) for p in staged_batch_dirs(root)]
 
 
 def new_run() -> str:

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,3 +32,12 @@ def local_spark(app_name: str) -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+def staged_batch_dirs(staging_root: Path) -> list[Path]:
+    """The staged batch directories (``b<N>``) under a daemon's ``staging/`` tree.  The daemon may remove
+    one while this walks (a run published or dropped): that one is simply gone, never an error."""
+    found = []
+    for parent, dirs, _ in os.walk(staging_root):  # os.walk skips a directory removed under it
+        found += [Path(parent) / d for d in dirs if d.startswith("b")]
+    return sorted(found)
