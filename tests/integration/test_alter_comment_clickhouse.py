@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
+from replicad.devtools.clickhouse import ClickHouseServer
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.sql.table_metadata import ColumnsDescription
-from scripts.run_cluster import Daemon
-from tests.support.clickhouse import ClickHouseServer
 from tests.support.replicad_daemon import ok, query, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(300)]
 

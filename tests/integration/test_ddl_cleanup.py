@@ -19,10 +19,10 @@ import pytest
 from kazoo.client import KazooClient
 
 from replicad.ddl.entry import DDLEntry
-from scripts.run_cluster import Daemon
-from tests.support.ports import free_port
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.ports import free_port
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.replicad_daemon import log_events, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

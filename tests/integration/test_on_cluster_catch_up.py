@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from scripts.run_cluster import Daemon
+from replicad.devtools.clickhouse import ClickHouseError, ClickHouseServer
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.ports import free_port
+from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.integration.test_on_cluster import QUEUE, ch_cluster_xml, rd_rows, status_rows, wait
-from tests.support.clickhouse import ClickHouseError, ClickHouseServer
-from tests.support.ports import free_port
 from tests.support.replicad_daemon import ok, query, start_daemon
-from tests.support.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.clickhouse, pytest.mark.timeout(400)]
 

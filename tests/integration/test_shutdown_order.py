@@ -2,9 +2,9 @@
 
 * in process (the real ``Daemon`` and ``ReplicationEngine``, probes wrapped around the table's tasks and
   ``TableReplica.stop``): both listeners refuse connections before any table stops, while open API and
-  interserver connections are still answered; the table's background tasks stop in reverse start order, each awaited before
-  the next is asked, all before the table's own teardown; ``is_active`` is deleted by the table while the
-  ZooKeeper session is still open, and the session closes last;
+  interserver connections are still answered; the table's background tasks stop in reverse start order,
+  each awaited before the next is asked, all before the table's own teardown; ``is_active`` is deleted by
+  the table while the ZooKeeper session is still open, and the session closes last;
 * a real ``python -m replicad run`` process with open interserver and API connections (one kept alive and
   idle, one in the middle of sending its request head) shuts down on SIGTERM with exit code 0 and nothing on
   its output but info-level JSON lines (before the fix, asyncio logged "Exception in callback …
