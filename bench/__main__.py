@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bench import scale
 
             ctx.say("scale curves (bench/scale.py)")
-            plot = output.with_name(output.stem + "-scale.png") if output is not None else None
+            plot = output.with_name("BENCHMARKS-scale.png") if output is not None else None
             report.add(scale.run(ctx, quick=sizes.quick, plot_path=plot))
     finally:
         load.__exit__()
