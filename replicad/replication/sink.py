@@ -18,6 +18,7 @@ from functools import cached_property
 
 import pyarrow as pa
 
+from replicad import stage_times
 from replicad.datatypes import DataType
 from replicad.errors import BadInputError
 from replicad.model.block_id import block_id_from_checksums, block_id_from_token, block_token
@@ -190,7 +191,9 @@ async def write_block(
         prepare_block, table, list(schema.columns), schema.tz, fill_missing=fill_missing,
         defaults=schema.column_defaults,
     )
+    stage_times.mark("prepare")
     blocks = await asyncio.to_thread(split_block, prepared, schema)
+    stage_times.mark("split")
     if ctx.max_partitions and len(blocks) > ctx.max_partitions:
         raise BadInputError(f"Too many partitions for single INSERT block (more than {ctx.max_partitions}). "
                             "The limit is the max_partitions_per_insert_block setting: partition by a coarse "
@@ -198,7 +201,9 @@ async def write_block(
     out: list[TempPart] = []
     for block in blocks:
         written = await asyncio.to_thread(write_temp_part, block, schema, layout, settings)
+        stage_times.mark("write_part")
         bid = block_id_for(block.partition_id, written.checksums, ctx)
+        stage_times.mark("block_id")
         ctx.ordinal += 1
         part = TempPart(
             path=written.path,
