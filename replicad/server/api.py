@@ -46,7 +46,7 @@ from replicad.logging import get_logger
 from replicad.memory import RELEASE_AFTER_BYTES, release_unused_memory
 from replicad.server import auth, fault_injection, http_body, staging_api, system_queries, tls
 from replicad.server import status as status_mod
-from replicad.server.formats import parse_body
+from replicad.server.formats import SMALL_BODY_BYTES, parse_body
 from replicad.server.insert_input import input_spec
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from replicad.server.metrics import Metrics
@@ -348,9 +348,19 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
         if pool is not None:
             pool.enter()
         try:
-            parsed = await parse_body(http_body.request_body(request), spec, limit, prefix)
-            stage_times.mark("parse_start")
+            small = (request.content_length is not None and request.content_length <= SMALL_BODY_BYTES
+                     and request.headers.get("Content-Encoding", "").strip().lower() in ("", "identity"))
             name = str(table.name)
+            source = http_body.request_body(request)
+            if small:  # parsed whole here: bad rows count as insert errors, as when parsed during the insert
+                try:
+                    parsed = await parse_body(source, spec, limit, prefix, whole=True)
+                except ReplicadError as e:
+                    state.metrics.insert_errors.labels(name, str(e.code)).inc()
+                    raise
+            else:
+                parsed = await parse_body(source, spec, limit, prefix)
+            stage_times.mark("parse_start")
             try:
                 summary = await table.insert(parsed.batches, parsed.columns, settings)
             except ReplicadError as e:
