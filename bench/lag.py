@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import Context
-from bench.cluster import BenchCluster, ReplicaPair, make_events, to_tsv_fast
+from bench.cluster import BenchCluster, ReplicaPair, cpu_seconds, make_events, to_tsv_fast
 from bench.profiling import PySpy
 from bench.report import Figure
 from bench.zk_requests import ZkMeter, ZkResult
@@ -227,6 +227,7 @@ def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
     p99: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
     ack50: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
     ack99: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
+    cpu: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
     last_acks: list[float] = []
     zk: dict[str, list[ZkResult]] = {"replicad": [], "clickhouse": []}
     wall: list[tuple[float, float, float]] = []
@@ -236,9 +237,11 @@ def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
         for pair in ((rd, ch) if i % 2 == 0 else (ch, rd)):
             if pair.system == "replicad":
                 wall = []
+            cpu0 = cpu_seconds(pair.a.pid)
             with ZkMeter(cluster, pair) as meter:
                 acks, lags = batch(pair, bodies, sizes.lag_rows, wall if pair.system == "replicad" else None)
             s = pair.system
+            cpu[s].append(1000 * (cpu_seconds(pair.a.pid) - cpu0) / len(bodies))
             p50[s].append(1000 * statistics.median(lags))
             p99[s].append(1000 * percentile(lags, 99))
             ack50[s].append(1000 * statistics.median(acks))
@@ -247,7 +250,7 @@ def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
                 last_acks = acks
             zk[s].append(ZkResult(len(bodies), meter.a, meter.b))
             ctx.say(f"lag run {i + 1}: {s:<10} {len(bodies)} inserts: ack p50 {ack50[s][-1]:.1f} ms, "
-                    f"p99 {ack99[s][-1]:.1f} ms, "
+                    f"p99 {ack99[s][-1]:.1f} ms, A's CPU {cpu[s][-1]:.1f} ms per insert, "
                     f"lag p50 {p50[s][-1]:.1f} ms, p99 {p99[s][-1]:.1f} ms; ZooKeeper packets A {meter.a}, "
                     f"B {meter.b}")
     what = f"{sizes.lag_inserts} inserts of {sizes.lag_rows} rows"
@@ -262,6 +265,12 @@ def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
                "ms", ack50["replicad"], ack50["clickhouse"], higher_is_better=False, target=1.0, decimals=1),
         Figure("insert_ack_p99", f"Small insert latency p99 ({sizes.lag_rows} rows, until acknowledged)",
                "ms", ack99["replicad"], ack99["clickhouse"], higher_is_better=False, target=1.0, decimals=1),
+        Figure("insert_cpu", f"Inserting server's CPU per small insert ({sizes.lag_rows} rows, lag batch)",
+               "ms", cpu["replicad"], cpu["clickhouse"], higher_is_better=False, decimals=1,
+               note="CPU time (user + system, all threads) of the inserting server over the lag batch, "
+                    "divided by the inserts: the insert path plus what it sets off there (merges, "
+                    "serving the fetch, its own log pull); less sensitive than the latencies to other "
+                    "load on the machine"),
         *zk_figures(zk, sizes.lag_rows),
     ]
     rtt = zk_rtt(cluster)
