@@ -435,7 +435,8 @@ class BenchCluster:
             cfg["zookeeper"]["session_timeout_s"] = 30  # as ClickHouse's default session timeout
             path = self.work_dir / f"replicad-{name}.yaml"
             path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-            d = Daemon(path, cwd=self.work_dir, log_path=self.work_dir / "logs" / f"replicad-{name}.log")
+            d = Daemon(path, cwd=self.work_dir, log_path=self.work_dir / "logs" / f"replicad-{name}.log",
+                       env={"REPLICAD_INSERT_STAGES": "1"})  # the insert_stages log lines (bench/lag.py)
             d.start()
             self.daemons.append(d)
             replicas.append(Replica("replicad", name, d, api_port))

@@ -12,9 +12,10 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import Context
-from bench.cluster import BenchCluster, ReplicaPair, make_events, to_tsv_fast
+from bench.cluster import BenchCluster, ReplicaPair, cpu_seconds, make_events, to_tsv_fast
 from bench.profiling import PySpy
 from bench.report import Figure
 from bench.zk_requests import ZkMeter, ZkResult
@@ -74,6 +75,115 @@ def _log_events(path: Path, names: set[str]) -> list[tuple[float, str, dict[str,
     return out
 
 
+#: replicad's insert_stages (replicad/stage_times.py) in path order: (stage, what, ZooKeeper round trips)
+INSERT_STAGES = (
+    ("http_in", "client sends → handler starts (HTTP, aiohttp, middlewares)", 0),
+    ("route", "query text → route (settings, table lookup)", 0),
+    ("parse_start", "small body read whole, parsed to storage Arrow (one worker-thread trip)", 0),
+    ("parse_rows", "first block handed to the table", 0),
+    ("prepare", "block: defaults, column order, types (worker thread, one trip with the next two)", 0),
+    ("split", "split by partition", 0),
+    ("write_part", "sort + write the part's files (no fsync, as 18.16)", 0),
+    ("block_id", "back on the loop; dedup block id from the checksums", 0),
+    ("zk_lock_multi", "ZooKeeper: dedup probe + block number (one multi)", 1),
+    ("commit_ops", "log entry and commit ops built", 0),
+    ("rename", "rename tmp_insert_ → part name (worker thread)", 0),
+    ("zk_commit_multi", "ZooKeeper: commit multi (log, part, blocks, unlock)", 1),
+    ("activate", "part active, logged", 0),
+    ("parse_end", "no more blocks", 0),
+    ("parse_close", "parser closed", 0),
+    ("respond", "metrics, insert_done log, JSON answer built", 0),
+    ("finish", "middleware (metrics, stage log)", 0),
+    ("http_out", "handler returns → client has the answer (aiohttp write, client read)", 0),
+)
+
+
+def zk_rtt(cluster: BenchCluster, n: int = 200) -> tuple[float, float]:
+    """p50 seconds of a kazoo ``exists`` (a read) and a ``create`` + ``delete`` multi (a write, as the
+    commit) of the bench process against the benchmark's ZooKeeper: the unit of the small insert's floor."""
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=cluster.zk.hosts)
+    zk.start(15)
+    try:
+        reads, writes = [], []
+        for i in range(n):
+            t0 = time.perf_counter()
+            zk.exists("/")
+            reads.append(time.perf_counter() - t0)
+            tx = zk.transaction()
+            tx.create(f"/bench_rtt_{i}", b"x")
+            tx.delete(f"/bench_rtt_{i}")
+            t0 = time.perf_counter()
+            tx.commit()
+            writes.append(time.perf_counter() - t0)
+    finally:
+        zk.stop()
+        zk.close()
+    return statistics.median(reads), statistics.median(writes)
+
+
+def stage_table(cluster: BenchCluster, wall: list[tuple[float, float, float]], acks: list[float],
+                ch_ack_s: float, rtt: tuple[float, float]) -> str:
+    """Per-stage µs of replicad's small inserts (daemon A's ``insert_stages`` lines of the last lag batch)
+    against the floor: the ZooKeeper round trips the insert needs."""
+    a_log = cluster.daemons[0].log_path
+    if a_log is None or not wall:
+        return ""
+    lines = [r for _t, _e, r in _log_events(a_log, {"insert_stages"})]
+    stages: dict[str, list[float]] = {k: [] for k, _w, _n in INSERT_STAGES}
+    zk_requests: list[int] = []
+    for (sent, acked, _visible), ack_s in zip(wall, acks, strict=True):
+        mine = [r for r in lines if sent <= float(str(r.get("wall0"))) <= acked]
+        if len(mine) != 1:
+            continue
+        rec = mine[0]
+        raw_us: Any = rec.get("us") or {}
+        us = {str(k): float(v) for k, v in raw_us.items()}
+        handler_us = sum(us.values())
+        us["http_in"] = 1e6 * (float(str(rec["wall0"])) - sent)
+        us["http_out"] = max(0.0, 1e6 * ack_s - us["http_in"] - handler_us)
+        for k in stages:
+            stages[k].append(us.get(k, 0.0))
+        raw_zk: Any = rec.get("zk") or {}
+        zk_requests.append(sum(int(v) for v in raw_zk.values()))
+    matched = len(zk_requests)
+    if not matched:
+        return ""
+    read_s, write_s = rtt
+    rows = []
+    total = 0.0
+    for key, what, trips in INSERT_STAGES:
+        p50 = statistics.median(stages[key])
+        total += p50
+        floor = f"{1e6 * trips * write_s:.0f}" if trips else "0"
+        rows.append(f"| {what} (`{key}`) | {p50:,.0f} | {percentile(stages[key], 90):,.0f} | "
+                    f"{trips or ''} | {floor} |")
+    trips_total = sum(t for _k, _w, t in INSERT_STAGES)
+    head = (f"Over {matched} of {len(wall)} inserts of the last replicad lag batch: daemon A's "
+            "`insert_stages` log lines (`REPLICAD_INSERT_STAGES=1`, replicad/stage_times.py), each stage "
+            "from the previous mark; `http_in` / `http_out` from the client's clock (same machine).  "
+            "ZooKeeper round trip on this machine (bench process, kazoo, p50): "
+            f"read {1e6 * read_s:.0f} µs, write multi {1e6 * write_s:.0f} µs.")
+    ack_us = 1e6 * statistics.median(acks)
+    tail = (f"ZooKeeper requests per insert (replicad, counted by its client): "
+            f"{statistics.median(zk_requests):.0f}, all in the {trips_total} round trips above.  ClickHouse "
+            "18.16 (StorageReplicatedMergeTree::allocateBlockNumber, AbandonableLockInZooKeeper, "
+            "ReplicatedMergeTreeBlockOutputStream::commitPart) needs 3 sequential round trips: the multi of "
+            "the dedup probe and the `temp/abandonable_lock-` holder, the `block-` create naming the holder, "
+            f"the commit multi (floor {3e6 * write_s:.0f} µs); its ack p50 in the same run: "
+            f"{1e6 * ch_ack_s:,.0f} µs.")
+    return "\n".join([
+        head, "",
+        "| stage | p50 µs | p90 µs | ZooKeeper round trips | floor µs |",
+        "|:---|---:|---:|---:|---:|",
+        *rows,
+        f"| **sum of the stage medians** / replicad ack p50 | {total:,.0f} / {ack_us:,.0f} | | "
+        f"{trips_total} | {1e6 * trips_total * write_s:.0f} |",
+        "", tail,
+    ])
+
+
 def replicad_breakdown(cluster: BenchCluster, wall: list[tuple[float, float, float]]) -> str:
     """Where replicad's small-insert latency and replication lag go, from the daemons' own log lines
     (A: ``part_committed``; B: ``fetching_part`` / ``fetched_part``), matched to each insert."""
@@ -116,6 +226,9 @@ def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
     p50: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
     p99: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
     ack50: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
+    ack99: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
+    cpu: dict[str, list[float]] = {"replicad": [], "clickhouse": []}
+    last_acks: list[float] = []
     zk: dict[str, list[ZkResult]] = {"replicad": [], "clickhouse": []}
     wall: list[tuple[float, float, float]] = []
     for i in range(sizes.runs):
@@ -124,14 +237,20 @@ def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
         for pair in ((rd, ch) if i % 2 == 0 else (ch, rd)):
             if pair.system == "replicad":
                 wall = []
+            cpu0 = cpu_seconds(pair.a.pid)
             with ZkMeter(cluster, pair) as meter:
                 acks, lags = batch(pair, bodies, sizes.lag_rows, wall if pair.system == "replicad" else None)
             s = pair.system
+            cpu[s].append(1000 * (cpu_seconds(pair.a.pid) - cpu0) / len(bodies))
             p50[s].append(1000 * statistics.median(lags))
             p99[s].append(1000 * percentile(lags, 99))
             ack50[s].append(1000 * statistics.median(acks))
+            ack99[s].append(1000 * percentile(acks, 99))
+            if s == "replicad":
+                last_acks = acks
             zk[s].append(ZkResult(len(bodies), meter.a, meter.b))
             ctx.say(f"lag run {i + 1}: {s:<10} {len(bodies)} inserts: ack p50 {ack50[s][-1]:.1f} ms, "
+                    f"p99 {ack99[s][-1]:.1f} ms, A's CPU {cpu[s][-1]:.1f} ms per insert, "
                     f"lag p50 {p50[s][-1]:.1f} ms, p99 {p99[s][-1]:.1f} ms; ZooKeeper packets A {meter.a}, "
                     f"B {meter.b}")
     what = f"{sizes.lag_inserts} inserts of {sizes.lag_rows} rows"
@@ -143,9 +262,24 @@ def run(cluster: BenchCluster, ctx: Context) -> list[Figure]:
         Figure("lag_p99", f"Replication lag p99 ({what})", "ms", p99["replicad"], p99["clickhouse"],
                higher_is_better=False, decimals=1),
         Figure("insert_ack_p50", f"Small insert latency p50 ({sizes.lag_rows} rows, until acknowledged)",
-               "ms", ack50["replicad"], ack50["clickhouse"], higher_is_better=False, decimals=1),
+               "ms", ack50["replicad"], ack50["clickhouse"], higher_is_better=False, target=1.0, decimals=1),
+        Figure("insert_ack_p99", f"Small insert latency p99 ({sizes.lag_rows} rows, until acknowledged)",
+               "ms", ack99["replicad"], ack99["clickhouse"], higher_is_better=False, target=1.0, decimals=1),
+        Figure("insert_cpu", f"Inserting server's CPU per small insert ({sizes.lag_rows} rows, lag batch)",
+               "ms", cpu["replicad"], cpu["clickhouse"], higher_is_better=False, decimals=1,
+               note="CPU time (user + system, all threads) of the inserting server over the lag batch, "
+                    "divided by the inserts: the insert path plus what it sets off there (merges, "
+                    "serving the fetch, its own log pull); less sensitive than the latencies to other "
+                    "load on the machine"),
         *zk_figures(zk, sizes.lag_rows),
     ]
+    rtt = zk_rtt(cluster)
+    ctx.say(f"ZooKeeper round trip (kazoo, p50): read {1e6 * rtt[0]:.0f} µs, write multi "
+            f"{1e6 * rtt[1]:.0f} µs")
+    stages = stage_table(cluster, wall, last_acks, statistics.median(ack50["clickhouse"]) / 1000, rtt)
+    if stages:
+        ctx.say("replicad small insert, stage by stage:\n" + stages)
+        ctx.sections.append(("replicad small insert: time per stage against the ZooKeeper floor", stages))
     breakdown = replicad_breakdown(cluster, wall)
     if breakdown:
         ctx.sections.append(("replicad small-insert latency and replication lag, stage by stage", breakdown))

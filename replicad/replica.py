@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from replicad import fault_plant, replica_status
+from replicad import fault_plant, replica_status, stage_times
 from replicad.datatypes import DataType
 from replicad.errors import (
     BadInputError,
@@ -370,12 +370,14 @@ class TableReplica:
         self._inserts_in_flight += 1
         try:
             async for batch in batches:
+                stage_times.mark("parse_rows")
                 if self.is_readonly:
                     raise ReadOnlyError(f"Table {self.spec.name} is in readonly mode")
                 self._check_too_many_parts()
                 quorum = None
                 if settings.insert_quorum > 1:  # as 18.16: checked once per block, before writing it
                     quorum = await check_quorum_precondition(self.keeper, self.paths, settings.insert_quorum)
+                    stage_times.mark("zk_quorum_check")
                 table = pa.Table.from_batches([batch])
                 if columns is not None and list(table.column_names) != list(columns):
                     table = table.rename_columns(list(columns))
@@ -395,6 +397,7 @@ class TableReplica:
                     else:
                         parts += 1
                         rows += tp.rows
+            stage_times.mark("parse_end")
         except BaseException:
             # parts written but not committed (a later part of the block failed): never left behind.  A part
             # that got as far as the commit was renamed away from its tmp path, so this removes only those.

@@ -1,49 +1,62 @@
-"""Abandonable block-number lock, as ClickHouse 18.16 takes it (EphemeralLockInZooKeeper).
+"""Block-number lock of an insert (EphemeralLockInZooKeeper), taken in one ZooKeeper round trip.
 
 Allocating a block number for an insert into partition ``P``:
 
 1. ``block_numbers/P`` is created if missing, in one multi with ``set block_numbers ""`` (the version bump
-   lets mutations detect new partitions); an existing node is fine.
-2. ``multi[create blocks/<id>; remove blocks/<id>; create temp/abandonable_lock- EPHEMERAL_SEQUENTIAL]`` —
-   the first two ops are the early deduplication probe (only when a block id is given).  ZNODEEXISTS on the
-   blocks path means the block was already inserted: no lock, ``None`` is returned.
-3. ``create block_numbers/P/block- EPHEMERAL_SEQUENTIAL`` with the holder's path as data.  The 10-digit
-   suffix is the block number.
+   lets mutations detect new partitions); an existing node is fine.  Once per partition and process.
+2. One multi: ``create blocks/<id>; remove blocks/<id>`` (the early deduplication probe, only when a block id
+   is given: ZNODEEXISTS on the blocks path means the block was already inserted, no lock, ``None`` is
+   returned); ``check temp/abandonable_lock-insert`` (exists); ``create block_numbers/P/block-
+   EPHEMERAL_SEQUENTIAL`` whose data is that holder's path.  The 10-digit suffix is the block number.
 
-The lock is released either by the commit multi (``unlock_ops``) or explicitly with ``unlock``; if the
-session dies both nodes vanish and the number is simply abandoned (a gap).  18.16's merge predicate regards
-a ``block-`` node as "being committed" only while its data names an existing ``temp/abandonable_lock-*``
-node, which is why the holder is kept.
+This is ClickHouse 22.11+'s form: the holder ``temp/abandonable_lock-insert`` (``…-other`` without a block
+id) is a persistent node shared by all inserts, created once, and the lock is the ephemeral ``block-`` node
+alone.  18.16 took the lock in two round trips (an ``EPHEMERAL_SEQUENTIAL`` holder
+``temp/abandonable_lock-NNNNNNNNNN`` first, then ``block-`` naming it).  Both forms mean the same to every
+version's merge predicate: a ``block-`` node is "being committed" while it exists and its data names an
+existing ``temp/abandonable_lock-*`` node; when the session dies the ``block-`` node vanishes and the number
+is abandoned (a gap).
+
+The lock is released either by the commit multi (``unlock_ops``) or explicitly with ``unlock``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replicad.errors import KeeperError, KeeperMultiError, KeeperNodeExistsError
+from replicad import stage_times
+from replicad.errors import KeeperError, KeeperMultiError, KeeperNodeExistsError, KeeperNoNodeError
 from replicad.keeper.client import Keeper
-from replicad.keeper.ops import Create, Delete, Op, Set
+from replicad.keeper.ops import Check, Create, Delete, Op, Set
 from replicad.keeper.paths import TablePaths, sequence_number
 from replicad.logging import get_logger
 from replicad.model.part_info import is_valid_partition_id
 
 log = get_logger(__name__)
 
+#: the shared persistent holders of ClickHouse 22.11+ (EphemeralLockInZooKeeper::LEGACY_LOCK_INSERT / _OTHER)
+HOLDER_INSERT = "abandonable_lock-insert"
+HOLDER_OTHER = "abandonable_lock-other"
+
 
 @dataclass(frozen=True)
 class BlockNumberLock:
     """A held block number.
 
-    ``path`` = ``block_numbers/P/block-N``, ``holder_path`` = ``temp/abandonable_lock-M``.
+    ``path`` = ``block_numbers/P/block-N``, ``holder_path`` = ``temp/abandonable_lock-…`` (its data).
+    ``shared_holder``: the holder is a persistent node of all inserts (never removed with the lock).
     """
 
     partition_id: str
     number: int
     path: str
     holder_path: str
+    shared_holder: bool = False
 
     def unlock_ops(self) -> list[Op]:
-        """The two removals that release the lock, to be appended to a commit multi (18.16 order)."""
+        """The removals that release the lock, to be appended to a commit multi (18.16 order)."""
+        if self.shared_holder:
+            return [Delete(self.path)]
         return [Delete(self.path), Delete(self.holder_path)]
 
     async def unlock(self, keeper: Keeper) -> None:
@@ -51,11 +64,13 @@ class BlockNumberLock:
 
 
 class BlockNumberAllocator:
-    """Allocates block numbers for one table, remembering which ``block_numbers/<pid>`` nodes exist."""
+    """Allocates block numbers for one table, remembering which ``block_numbers/<pid>`` nodes and holders
+    exist."""
 
     def __init__(self, paths: TablePaths) -> None:
         self._paths = paths
         self._known_partitions: set[str] = set()
+        self._known_holders: set[str] = set()
 
     async def ensure_partition(self, keeper: Keeper, partition_id: str) -> None:
         if partition_id in self._known_partitions:
@@ -69,7 +84,18 @@ class BlockNumberAllocator:
         except KeeperMultiError as e:
             if not isinstance(e.cause, KeeperNodeExistsError):
                 raise
+        stage_times.mark("zk_partition")
         self._known_partitions.add(partition_id)
+
+    async def _ensure_holder(self, keeper: Keeper, holder: str) -> None:
+        if holder in self._known_holders:
+            return
+        try:
+            await keeper.create(holder, b"")
+        except KeeperNodeExistsError:
+            pass
+        stage_times.mark("zk_holder")
+        self._known_holders.add(holder)
 
     async def allocate(
         self, keeper: Keeper, partition_id: str, block_id: str | None = None
@@ -78,38 +104,36 @@ class BlockNumberAllocator:
 
         ``None`` when ``blocks/<block_id>`` exists (a duplicate block).
         """
-        await self.ensure_partition(keeper, partition_id)
-        holder_prefix = self._paths.abandonable_lock_prefix
-        if block_id:
-            block_path = self._paths.block(block_id)
-            ops: list[Op] = [
-                Create(block_path, b""),
-                Delete(block_path),
-                Create(holder_prefix, b"", ephemeral=True, sequence=True),
-            ]
+        holder = f"{self._paths.temp}/{HOLDER_INSERT if block_id else HOLDER_OTHER}"
+        prefix = self._paths.block_number_prefix(partition_id)
+        for attempt in (0, 1):
+            await self.ensure_partition(keeper, partition_id)
+            await self._ensure_holder(keeper, holder)
+            ops: list[Op] = []
+            if block_id:
+                block_path = self._paths.block(block_id)
+                ops += [Create(block_path, b""), Delete(block_path)]
+            ops += [Check(holder, -1), Create(prefix, holder.encode(), ephemeral=True, sequence=True)]
             try:
                 results = await keeper.multi(ops)
             except KeeperMultiError as e:
-                if e.index == 0 and isinstance(e.cause, KeeperNodeExistsError):
+                if block_id and e.index == 0 and isinstance(e.cause, KeeperNodeExistsError):
                     return None
+                if attempt == 0 and isinstance(e.cause, KeeperNoNodeError) and e.index >= len(ops) - 2:
+                    # the holder or the partition's node was removed behind our back: create them again
+                    log.info("block_lock_nodes_missing", path=ops[e.index].path)
+                    self._known_holders.discard(holder)
+                    self._known_partitions.discard(partition_id)
+                    continue
                 raise KeeperError(
                     f"Cannot allocate block number in ZooKeeper: {e}", retriable=e.retriable
                 ) from e
-            holder_path = str(results[-1])
-        else:
-            holder_path = await keeper.create(holder_prefix, b"", ephemeral=True, sequence=True)
-        prefix = self._paths.block_number_prefix(partition_id)
-        try:
-            path = await keeper.create(prefix, holder_path.encode(), ephemeral=True, sequence=True)
-        except BaseException:
-            try:
-                await keeper.multi([Delete(holder_path)])
-            except KeeperError:
-                pass  # ephemeral: it goes away with the session anyway
-            raise
-        if len(path) <= len(prefix):
-            raise KeeperError(f"name of the sequential node {path!r} is shorter than its prefix")
-        return BlockNumberLock(partition_id, sequence_number(path), path, holder_path)
+            stage_times.mark("zk_lock_multi")
+            path = str(results[-1])
+            if len(path) <= len(prefix):
+                raise KeeperError(f"name of the sequential node {path!r} is shorter than its prefix")
+            return BlockNumberLock(partition_id, sequence_number(path), path, holder, shared_holder=True)
+        raise AssertionError("unreachable")
 
 
 def valid_partitions(children: list[str]) -> list[str]:

@@ -3,11 +3,14 @@
 Sequence (FACTS §4.2), for one ``tmp_insert_`` part of partition ``P`` with deduplication id ``B``:
 
 1. ``block_numbers/P`` exists (created with a ``set block_numbers`` version bump if not);
-2. ``multi[create blocks/B; remove blocks/B; create temp/abandonable_lock-]`` — ZNODEEXISTS: duplicate;
-3. ``create block_numbers/P/block-`` → block number ``N``; the part is named ``P_N_N_0`` and renamed to it
-   (pre-committed: peers may fetch it as soon as the log entry is visible);
-4. one multi: ``create blocks/B = <part>``; ``check columns v``; ``create replicas/<me>/parts/<part>`` and its
-   ``columns`` / ``checksums`` children; ``create log/log- <GET_PART>``; ``remove`` the lock's two nodes.
+2. ``multi[create blocks/B; remove blocks/B; check temp/abandonable_lock-insert; create
+   block_numbers/P/block-]`` (:mod:`replicad.keeper.block_lock`, ClickHouse 22.11+'s one-round-trip lock;
+   18.16 takes two) — ZNODEEXISTS on ``blocks/B``: duplicate; else block number ``N``; the part is named
+   ``P_N_N_0`` and renamed to it (pre-committed: peers may fetch it as soon as the log entry is visible);
+3. one multi: ``create blocks/B = <part>``; ``check columns v``; ``create replicas/<me>/parts/<part>`` and its
+   ``columns`` / ``checksums`` children; ``create log/log- <GET_PART>``; ``remove`` the lock's node.
+
+Two ZooKeeper round trips in all, where 18.16 needs three.
 
 With ``insert_quorum`` the multi also creates ``quorum/status`` and checks our ``is_active``/``host`` versions
 (:mod:`replicad.replication.quorum`); the insert returns once the quorum is reached.
@@ -27,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from replicad import stage_times
 from replicad.errors import (
     KeeperBadVersionError,
     KeeperConnectionLossError,
@@ -157,6 +161,7 @@ class PartCommitter:
             ops += quorum_commit_ops(self.paths, name, quorum)
 
         try:
+            stage_times.mark("commit_ops")
             await self.store.precommit(part.path, info)
         except BaseException:
             await _release_quietly(self.keeper, lock.unlock_ops())
@@ -165,7 +170,9 @@ class PartCommitter:
         ops += self.store.commit_ops(name)  # the zero-copy lock, in the same multi (S3 disks)
 
         try:
+            stage_times.mark("rename")
             await self.keeper.multi(ops)
+            stage_times.mark("zk_commit_multi")
         except KeeperMultiError as e:
             await self.store.rollback(name)
             failed_path = ops[e.index].path if 0 <= e.index < len(ops) else ""
@@ -202,8 +209,10 @@ class PartCommitter:
         log.info("part_committed", part=name, rows=part.rows, block_id=block_id)
         if self._on_committed is not None:
             self._on_committed(name)
+        stage_times.mark("activate")
         if quorum is not None:
             await wait_for_quorum(self.keeper, self.paths, name, quorum, quorum_timeout_s)
+            stage_times.mark("zk_quorum_wait")
         return CommitResult(name, False, lock.number)
 
 

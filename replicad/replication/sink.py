@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import pyarrow as pa
 
+from replicad import stage_times
 from replicad.datatypes import DataType
 from replicad.errors import BadInputError
 from replicad.model.block_id import block_id_from_checksums, block_id_from_token, block_token
@@ -176,6 +178,39 @@ def block_id_for(partition_id: str, checksums: Checksums, ctx: InsertContext) ->
     return bid
 
 
+def write_parts(
+    table: pa.Table,
+    schema: TableSchema,
+    layout: TableDataLayout,
+    settings: WriterSettings,
+    *,
+    fill_missing: bool = True,
+    max_partitions: int = 0,
+) -> list[tuple[str, WrittenPart]]:
+    """(blocking) Prepare one insert block, split it by partition and write each partition's part:
+    ``(partition id, written part)`` per part.  One worker-thread trip for the whole block: a small insert
+    pays one thread hand-over, not one per step.  On an error the parts already written are removed."""
+    prepared = prepare_block(table, list(schema.columns), schema.tz, fill_missing=fill_missing,
+                             defaults=schema.column_defaults)
+    stage_times.mark("prepare")
+    blocks = split_block(prepared, schema)
+    stage_times.mark("split")
+    if max_partitions and len(blocks) > max_partitions:
+        raise BadInputError(f"Too many partitions for single INSERT block (more than {max_partitions}). "
+                            "The limit is the max_partitions_per_insert_block setting: partition by a coarse "
+                            "key (a month), not a fine-grained one", code=252)
+    out: list[tuple[str, WrittenPart]] = []
+    try:
+        for block in blocks:
+            out.append((block.partition_id, write_temp_part(block, schema, layout, settings)))
+            stage_times.mark("write_part")
+    except BaseException:
+        for _pid, written in out:
+            shutil.rmtree(written.path, ignore_errors=True)
+        raise
+    return out
+
+
 async def write_block(
     table: pa.Table,
     schema: TableSchema,
@@ -186,23 +221,15 @@ async def write_block(
     fill_missing: bool = True,
 ) -> list[TempPart]:
     """Write one insert block as temporary parts (one per partition); appended to ``ctx.parts`` too."""
-    prepared = await asyncio.to_thread(
-        prepare_block, table, list(schema.columns), schema.tz, fill_missing=fill_missing,
-        defaults=schema.column_defaults,
-    )
-    blocks = await asyncio.to_thread(split_block, prepared, schema)
-    if ctx.max_partitions and len(blocks) > ctx.max_partitions:
-        raise BadInputError(f"Too many partitions for single INSERT block (more than {ctx.max_partitions}). "
-                            "The limit is the max_partitions_per_insert_block setting: partition by a coarse "
-                            "key (a month), not a fine-grained one", code=252)
+    written_parts = await asyncio.to_thread(write_parts, table, schema, layout, settings,
+                                            fill_missing=fill_missing, max_partitions=ctx.max_partitions)
     out: list[TempPart] = []
-    for block in blocks:
-        written = await asyncio.to_thread(write_temp_part, block, schema, layout, settings)
-        bid = block_id_for(block.partition_id, written.checksums, ctx)
+    for partition_id, written in written_parts:
+        bid = block_id_for(partition_id, written.checksums, ctx)
         ctx.ordinal += 1
         part = TempPart(
             path=written.path,
-            partition_id=block.partition_id,
+            partition_id=partition_id,
             rows=written.rows,
             checksums=written.checksums,
             columns_text=written.columns_text,
@@ -210,4 +237,5 @@ async def write_block(
         )
         out.append(part)
         ctx.parts.append(part)
+    stage_times.mark("block_id")
     return out

@@ -28,6 +28,7 @@ import pyarrow as pa
 from aiohttp import web
 
 from replicad import settings as settings_table
+from replicad import stage_times
 from replicad.config import Config
 from replicad.datatypes import parse_type
 from replicad.ddl import service as ddl_service
@@ -45,7 +46,7 @@ from replicad.logging import get_logger
 from replicad.memory import RELEASE_AFTER_BYTES, release_unused_memory
 from replicad.server import auth, fault_injection, http_body, staging_api, system_queries, tls
 from replicad.server import status as status_mod
-from replicad.server.formats import parse_body
+from replicad.server.formats import SMALL_BODY_BYTES, parse_body
 from replicad.server.insert_input import input_spec, spool_dir
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from replicad.server.metrics import Metrics
@@ -154,6 +155,7 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
                   ) -> web.StreamResponse:
     metrics: Metrics = request.app[STATE].metrics
     started = time.monotonic()
+    clock = stage_times.start() if request.method == "POST" else None
     name = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
     try:
         resp = await handler(request)
@@ -191,7 +193,18 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
     kind = request.get(QUERY_KIND, "")
     metrics.http_requests.labels(name, kind, str(resp.status)).inc()
     metrics.http_duration.labels(name, kind).observe(time.monotonic() - started)
+    if clock is not None:
+        _log_stages(clock)
     return resp
+
+
+def _log_stages(clock: stage_times.StageClock) -> None:
+    """The ``insert_stages`` line of an INSERT (REPLICAD_INSERT_STAGES=1; see replicad.stage_times)."""
+    stage_times.stop()
+    if not clock.marks:  # not an INSERT
+        return
+    clock.mark("finish")
+    log.info("insert_stages", wall0=round(clock.wall0, 6), us=clock.durations_us(), zk=dict(clock.zk))
 
 
 QUERY_KIND = web.RequestKey("query_kind", str)
@@ -322,6 +335,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
 
 async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: Mapping[str, Any],
                   query_id: str, prefix: bytes, headers: dict[str, str]) -> web.Response:
+    stage_times.mark("route")
     cfg = state.config
     table = (await state.require_catalog()).get(r.table)
     limit = cfg.api.max_body_bytes
@@ -337,8 +351,19 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
         if pool is not None:
             pool.enter()
         try:
-            parsed = await parse_body(http_body.request_body(request), spec, limit, prefix)
+            small = (request.content_length is not None and request.content_length <= SMALL_BODY_BYTES
+                     and request.headers.get("Content-Encoding", "").strip().lower() in ("", "identity"))
             name = str(table.name)
+            source = http_body.request_body(request)
+            if small:  # parsed whole here: bad rows count as insert errors, as when parsed during the insert
+                try:
+                    parsed = await parse_body(source, spec, limit, prefix, whole=True)
+                except ReplicadError as e:
+                    state.metrics.insert_errors.labels(name, str(e.code)).inc()
+                    raise
+            else:
+                parsed = await parse_body(source, spec, limit, prefix)
+            stage_times.mark("parse_start")
             try:
                 summary = await table.insert(parsed.batches, parsed.columns, settings)
             except ReplicadError as e:
@@ -346,6 +371,7 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
                 raise
             finally:
                 await parsed.batches.aclose()  # type: ignore[attr-defined]
+                stage_times.mark("parse_close")
                 state.metrics.body_bytes.inc(parsed.body.bytes_read)
                 if parsed.body.bytes_read >= RELEASE_AFTER_BYTES:
                     await asyncio.to_thread(release_unused_memory)
@@ -363,7 +389,9 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
     log.info("insert_done", table=name, query_id=query_id, format=r.format, rows=summary.written_rows,
              parts=summary.written_parts, deduplicated_blocks=summary.deduplicated_blocks)
     headers["X-ClickHouse-Summary"] = json.dumps(summary.header_dict(), separators=(",", ":"))
-    return web.json_response(summary.to_dict(), headers=headers)
+    resp = web.json_response(summary.to_dict(), headers=headers)
+    stage_times.mark("respond")
+    return resp
 
 
 async def _select(request: web.Request, state: ApiState, r: SelectRoute, params: Mapping[str, str],

@@ -90,14 +90,14 @@ class SyncBody(io.RawIOBase):
     def __init__(self, source: BodySource, loop: asyncio.AbstractEventLoop, limit: int,
                  prefix: bytes = b"", chunk: int = 1 << 20, *,
                  receive_timeout_s: float = DEFAULT_RECEIVE_TIMEOUT_S,
-                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, complete: bool = False) -> None:
         super().__init__()
         self._source, self._loop, self._limit, self._chunk = source, loop, limit, chunk
         self._timeout = receive_timeout_s
         self.max_line_bytes = max_line_bytes
         self._pending = bytearray(prefix)
         self.bytes_read = len(prefix)
-        self._eof = False
+        self._eof = complete  # ``prefix`` is the whole body: never ask the loop for more
         self.error: BaseException | None = None
         if self.bytes_read > limit:
             self.error = BodyTooLargeError(f"Request body is larger than api.max_body_bytes = {limit}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from typing import BinaryIO, Literal
 
@@ -100,17 +101,25 @@ def _system_zstd() -> Callable[[BytesLike, int], bytes] | None:
     compressible blocks; the system library gives byte-identical blocks to a ClickHouse on this machine."""
     try:
         lib = ctypes.CDLL("libzstd.so.1")
-        compress = lib.ZSTD_compress
+        create_cctx = lib.ZSTD_createCCtx
+        compress = lib.ZSTD_compressCCtx
         bound = lib.ZSTD_compressBound
         is_error = lib.ZSTD_isError
     except (OSError, AttributeError):
         return None
-    compress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    create_cctx.argtypes = []
+    create_cctx.restype = ctypes.c_void_p
+    compress.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                         ctypes.c_int]
     compress.restype = ctypes.c_size_t
     bound.argtypes = [ctypes.c_size_t]
     bound.restype = ctypes.c_size_t
     is_error.argtypes = [ctypes.c_size_t]
     is_error.restype = ctypes.c_uint
+    # One compression context per thread, reused: ZSTD_compress makes (and zeroes) a new one on every call,
+    # most of the cost of compressing a small block.  The output is the same (ZSTD_compress is
+    # ZSTD_compressCCtx on a fresh context); a thread's context lives as long as the process.
+    local = threading.local()
 
     def run(data: BytesLike, level: int) -> bytes:
         n = len(data)
@@ -118,11 +127,16 @@ def _system_zstd() -> Callable[[BytesLike, int], bytes] | None:
         if not isinstance(data, bytes):
             mv = _as_bytes_view(data)
             src = mv.tobytes() if mv.readonly or n == 0 else (ctypes.c_char * n).from_buffer(mv)
+        cctx = getattr(local, "cctx", None)
+        if cctx is None:
+            cctx = local.cctx = create_cctx()
+            if not cctx:
+                raise MemoryError("ZSTD_createCCtx failed")
         cap = bound(n)
         out = ctypes.create_string_buffer(cap)
-        size = compress(out, cap, src, n, level)
+        size = compress(cctx, out, cap, src, n, level)
         if is_error(size):
-            raise RuntimeError("ZSTD_compress failed")
+            raise RuntimeError("ZSTD_compressCCtx failed")
         return ctypes.string_at(out, size)
 
     return run

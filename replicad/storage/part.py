@@ -163,12 +163,18 @@ def fsync_part_files(path: str | os.PathLike[str]) -> None:
 
 
 def write_file(path: str | os.PathLike[str], data: bytes, fsync: bool, *, exclusive: bool = False) -> None:
-    """Write a whole (small) file, fsynced when ``fsync``; ``exclusive``: fail if it exists."""
-    with open(path, "xb" if exclusive else "wb") as f:
-        f.write(data)
+    """Write a whole (small) file, fsynced when ``fsync``; ``exclusive``: fail if it exists.  Plain
+    ``os`` calls: open, write, close (``open()`` adds an fstat, an ioctl and a buffered file object)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(path, flags, 0o666)  # as open(): the umask decides
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
         if fsync:
-            f.flush()
-            os.fsync(f.fileno())
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def hash_compressed_file(path: str | os.PathLike[str]) -> tuple[int, bytes, int, bytes]:

@@ -47,10 +47,18 @@ def test_quick_pieces_on_a_real_cluster(tmp_path: Path) -> None:
         assert len(packets) == 4 and all(v > 0 for v in packets.values()), packets
     by_key = {f.key: f for f in figures}
     shapes = [f"schema_{key}_rows" for key, *_rest in schemas.SCHEMAS]  # both systems took every shape
-    for key in ("insert_tsv_rows", "lag_p50", "zk_per_insert_a", "zk_per_insert_total", "fetch_mb", *shapes):
+    for key in ("insert_tsv_rows", "lag_p50", "insert_ack_p50", "insert_ack_p99", "zk_per_insert_a",
+                "zk_per_insert_total", "fetch_mb", *shapes):
         f = by_key[key]
         assert len(f.replicad) == len(f.clickhouse) == 1 and f.replicad[0] > 0 and f.clickhouse[0] > 0, f
         assert f.ratio is not None and f.verdict in ("met", "NOT met")
+    assert len(by_key["insert_cpu"].replicad) == len(by_key["insert_cpu"].clickhouse) == 1
+    # replicad's small insert stage by stage: every insert of the batch matched to its insert_stages line, the
+    # two ZooKeeper round trips (dedup probe + block number, commit) and the floor they make
+    stages = dict(ctx.sections)["replicad small insert: time per stage against the ZooKeeper floor"]
+    assert f"Over {TINY.lag_inserts} of {TINY.lag_inserts} inserts" in stages, stages
+    assert "(`zk_lock_multi`)" in stages and "(`zk_commit_multi`)" in stages and "(`write_part`)" in stages
+    assert "counted by its client): 2, all in the 2 round trips" in stages, stages
     report = Report("python -m bench --quick", dt.datetime.now(dt.UTC), figures, runs=1)
     md = report.markdown()
     assert "| Replication lag p50" in md and "cores" in md

@@ -9,8 +9,10 @@ locally, byte-identical to ClickHouse's own parts.  Counts and sums agree everyw
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -206,3 +208,49 @@ def _arrow(ids: range, month: int, tag: str) -> object:
             "v": pa.array([i * 10 for i in ids], pa.uint32()),
         }
     )
+
+
+async def test_clickhouse_leader_keeps_out_of_a_replicad_insert_in_flight(
+    clickhouse_factory: Callable[..., ClickHouseServer],
+    cluster: Cluster,
+) -> None:
+    """replicad takes an insert's block number in one multi (ClickHouse 22.11+'s form: an ephemeral ``block-``
+    node naming the shared persistent ``temp/abandonable_lock-insert``).  A ClickHouse 18.16 leader must see
+    that number as still being inserted: no merge may span it while it is held; once it is abandoned, the
+    merge may."""
+    ch1 = await asyncio.to_thread(clickhouse_factory, "ch1")
+    await ch(ch1, "CREATE DATABASE db")
+    await ch(ch1, DDL)  # ClickHouse creates the table and leads
+    rd = await cluster.start("rd", writer=LZ4)
+    await wait_for(lambda: rd.store.active_names() == [] and not rd.is_readonly, what="replicad up")
+    assert (await ch(ch1, "SELECT is_leader FROM system.replicas")).strip() == "1"
+    await ch(ch1, "INSERT INTO db.events FORMAT TSV", tsv(range(0, 10), 10, "a"))  # block 0
+    keeper = cluster.keepers["rd"]
+    lock = await rd.committer.allocator.allocate(keeper, "202610", "202610_1_2")  # an insert still writing
+    assert lock is not None and lock.number == 1
+    assert lock.holder_path.endswith("/temp/abandonable_lock-insert")
+    await ch(ch1, "INSERT INTO db.events FORMAT TSV", tsv(range(10, 20), 10, "b"))  # block 2
+    await ch(ch1, "INSERT INTO db.events FORMAT TSV", tsv(range(20, 30), 10, "c"))  # block 3
+
+    async def active() -> list[str]:
+        text = await ch(ch1, "SELECT name FROM system.parts WHERE active AND table = 'events' ORDER BY name")
+        return text.split()
+
+    # all parts: refused (block 1 in between)
+    await ch(ch1, "OPTIMIZE TABLE db.events PARTITION 202610 FINAL")
+    await ch(ch1, "OPTIMIZE TABLE db.events")  # what may be merged: 2 and 3
+    await wait_for(lambda: _async_eq(active, ["202610_0_0_0", "202610_2_3_1"]), timeout=60,
+                   what="2_3 merged, 0 kept apart", poll=0.3)
+    await asyncio.sleep(2)
+    assert await active() == ["202610_0_0_0", "202610_2_3_1"]
+    await lock.unlock(keeper)  # abandoned: the gap stays empty, a merge may span it now
+    await ch(ch1, "OPTIMIZE TABLE db.events PARTITION 202610 FINAL")
+    await wait_for(lambda: _async_eq(active, ["202610_0_3_2"]), timeout=60,
+                   what="merge over the abandoned gap", poll=0.3)
+    assert (await ch(ch1, "SELECT count() FROM db.events")).strip() == "30"
+    await rd.sync_replica()
+    assert await rd.count(None) == 30
+
+
+async def _async_eq(fn: Callable[[], Any], expected: object) -> bool:
+    return bool(await fn() == expected)

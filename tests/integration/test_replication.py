@@ -169,9 +169,10 @@ async def test_commit_writes_18_16_nodes(cluster: Cluster, keeper: Keeper) -> No
     assert mc == MinimalisticChecksums.from_checksums(checksums)
     assert (await keeper.get(paths.me.part_columns(part)))[0].decode() == COLUMNS
     assert (await keeper.get(paths.me.part(part)))[0] == b""
-    # the lock is released: no block- and no abandonable_lock- nodes left
+    # the lock is released: no block- node left; the holder is 22.11+'s shared persistent node, no
+    # ephemeral abandonable_lock-NNNNNNNNNN of 18.16's form
     assert await keeper.get_children(paths.partition_block_numbers("202611")) == []
-    assert await keeper.get_children(paths.temp) == []
+    assert await keeper.get_children(paths.temp) == ["abandonable_lock-insert"]
     # the next insert in the partition gets the next block number
     await r1.insert_table(rows([4]))
     assert "202611_1_1_0" in r1.store.active_names()
@@ -406,7 +407,7 @@ async def test_lost_commit_answer_is_settled_by_the_part_check(cluster: Cluster,
         assert retry.written_parts == 1
         assert r1.store.active_names() == ["202611_1_1_0"]  # block 0 was abandoned, its lock released
     assert await keeper.get_children(f"{ZK_PATH}/block_numbers/202611") == []
-    assert await keeper.get_children(f"{ZK_PATH}/temp") == []
+    assert await keeper.get_children(f"{ZK_PATH}/temp") == ["abandonable_lock-insert"]  # the shared holder
     assert await r1.count(None) == 2
 
 
