@@ -91,8 +91,8 @@ def clock_support() -> str | None:
 def describe_support() -> str:
     reason = clock_support()
     if reason is None:
-        return ("clock skew and drift (replicas restarted with their wall clock off, by an LD_PRELOAD shim; "
-                "monotonic clock untouched)")
+        return ("clock skew and drift (a replica restarted with its wall clock off, by an LD_PRELOAD "
+                "shim, and left so through the check; monotonic clock untouched)")
     return f"no clock skew ({reason})"
 
 
