@@ -15,6 +15,8 @@ apt:
 	command -v clickhouse-server >/dev/null 2>&1 || [ -x /usr/sbin/clickhouse-server ] || [ -x /usr/bin/clickhouse ] \
 	  || need="$$need clickhouse-server clickhouse-client"; \
 	command -v java >/dev/null 2>&1 || need="$$need default-jre-headless"; \
+	[ -x /usr/sbin/iptables ] || need="$$need iptables"; \
+	[ -x /usr/sbin/nft ] || need="$$need nftables"; \
 	if [ -n "$$need" ]; then \
 	  echo "installing Debian packages:$$need"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \

@@ -78,7 +78,8 @@ _DEFS: tuple[SettingDef, ...] = (
                "below this many free pool slots, merges are limited to small parts", check=_non_negative),
     SettingDef("old_parts_lifetime", 480, MT, "seconds an outdated part is kept before removal",
                check=_non_negative),
-    SettingDef("temporary_directories_lifetime", 86400, MT, "seconds before tmp_* directories are removed",
+    SettingDef("temporary_directories_lifetime", 86400, MT, "seconds a tmp_* directory stays untouched "
+               "(timed on the monotonic clock, not by its file times) before it is removed",
                check=_non_negative),
     SettingDef("parts_to_delay_insert", 150, MT, "partition part count that delays inserts",
                check=_positive),
@@ -162,7 +163,8 @@ _DEFS: tuple[SettingDef, ...] = (
     SettingDef("replicad_staging_record_lifetime", 259200, MT, "seconds a finished run's decision record "
                "stays in ZooKeeper", since="replicad", check=_positive),
     SettingDef("replicad_job_record_lifetime", 2592000, MT, "seconds a committed job id is remembered (a "
-               "re-run of it within this time adds nothing)", since="replicad", check=_positive),
+               "re-run of it within this time adds nothing), by ZooKeeper's clock", since="replicad",
+               check=_positive),
     # --- server-level settings ---------------------------------------------------------------------------
     SettingDef("min_compress_block_size", 65536, SRV, "flush a compressed block at a mark once this many "
                "uncompressed bytes are buffered", check=_positive),

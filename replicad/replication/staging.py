@@ -268,7 +268,7 @@ class StagingTask(BackgroundTask):
         self._cleaned_at = now
         s = self.ctx.settings
         try:
-            return await self.records.cleanup(now, s.run_record_lifetime_s, s.job_record_lifetime_s)
+            return await self.records.cleanup(s.run_record_lifetime_s, s.job_record_lifetime_s)
         except (KeeperError, ReplicadError) as e:
             log.warning("staging_cleanup_failed", error=str(e))
             return 0

@@ -188,21 +188,34 @@ class StagingRecords:
             out["pending_replicas"] = sorted({t.replica for t in pending})
         return out
 
-    async def cleanup(self, now: float, run_lifetime_s: float, job_lifetime_s: float) -> int:
+    async def zookeeper_now_ms(self) -> int:
+        """ZooKeeper's clock (ms): the modification time of a write made now (the root's empty data)."""
+        return (await self.keeper.set(self.paths.root, b"")).mtime_ms
+
+    async def cleanup(self, run_lifetime_s: float, job_lifetime_s: float) -> int:
         """Remove decision records older than their lifetime (runs: only once fully published or aborted).
-        Returns how many records were removed."""
+        Returns how many records were removed.
+
+        Ages are ZooKeeper's: a record's creation time (its znode's ctime) against the time of a write made
+        now, both from ZooKeeper's clock.  The local clock and a decision's ``time`` (the deciding replica's
+        clock) are not used: a leader whose clock is ahead would forget job ids early, and a re-run of a
+        committed job would then commit again (duplicated rows)."""
         removed = 0
         p = self.paths
         try:
             runs = await self.keeper.get_children(p.runs)
         except KeeperNoNodeError:
             return 0
+        now_ms = await self.zookeeper_now_ms()
         for run in runs:
             try:
-                decision = await self.decision(run)
+                data, stat = await self.keeper.get(p.run(run))
+                decision: RunDecision | None = RunDecision.parse(data)
+            except KeeperNoNodeError:
+                continue
             except (BadInputError, ValueError):
                 decision = None
-            if decision is None or now - decision.time < run_lifetime_s:
+            if decision is None or now_ms - stat.ctime_ms < run_lifetime_s * 1000:
                 continue
             if decision.committed:
                 status = await self.status(run)
@@ -219,7 +232,7 @@ class StagingRecords:
                 _data, stat = await self.keeper.get(f"{p.jobs}/{job}")
             except KeeperNoNodeError:
                 continue
-            if now - stat.ctime_ms / 1000.0 >= job_lifetime_s:
+            if now_ms - stat.ctime_ms >= job_lifetime_s * 1000:
                 await self.keeper.delete(f"{p.jobs}/{job}")
                 removed += 1
         return removed

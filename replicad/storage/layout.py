@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from replicad.datatypes import escape_for_file_name
@@ -69,6 +69,11 @@ class TableDataLayout:
     #: ``fsync_part_directory``: fsync a part's directory before renaming it into place and the table
     #: directory after (power-loss durability of the rename; the rename is atomic either way)
     fsync_part_directory: bool = False
+    #: ``tmp*`` name -> (its newest modification time, monotonic time it was first seen with it): how long
+    #: each temporary directory has been left untouched, measured without the wall clock
+    _tmp_seen: dict[str, tuple[float, float]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     @property
     def path(self) -> Path:
@@ -191,17 +196,39 @@ class TableDataLayout:
         )
 
     def clear_tmp_dirs(self, max_age_s: float = 0.0) -> list[str]:
-        """Remove ``tmp*`` directories not modified for ``max_age_s`` seconds (0: all); return their names."""
+        """Remove ``tmp*`` directories not modified for ``max_age_s`` seconds (0: all); return their names.
+
+        "Not modified for" is measured on the monotonic clock, across calls: a directory goes once its newest
+        modification time has stayed the same for ``max_age_s`` seconds since a call of this object first saw
+        it so (the first sighting, or a change, starts the count).  ClickHouse compares file times with the
+        wall clock instead; with a wall clock a lifetime ahead of the file times (a clock stepped forward, a
+        skewed host) that removed directories still being written: inserts failed, merges lost their output
+        and a part committed while its files were being deleted turned up broken.  Leftovers of an earlier
+        process do not need the wall clock either: start-up removes them all (``max_age_s`` = 0).
+        """
         removed: list[str] = []
-        deadline = time.time() - max_age_s
-        for name in self.tmp_dirs():
+        names = self.tmp_dirs()
+        now = time.monotonic()
+        for name in list(self._tmp_seen):
+            if name not in names:
+                del self._tmp_seen[name]
+        for name in names:
             p = self.path / name
             try:
-                if max_age_s > 0 and _dir_mtime(p) > deadline:
-                    continue
+                if max_age_s > 0:
+                    newest = _dir_mtime(p)
+                    seen = self._tmp_seen.get(name)
+                    if seen is None or seen[0] != newest:
+                        self._tmp_seen[name] = (newest, now)
+                        continue
+                    if now - seen[1] < max_age_s:
+                        continue
                 shutil.rmtree(p)
             except FileNotFoundError:
                 continue
+            except OSError:  # written to while being removed ("directory not empty"): in use after all
+                continue
+            self._tmp_seen.pop(name, None)
             removed.append(name)
         return removed
 

@@ -303,6 +303,9 @@ class PartWriter:
                 shutil.rmtree(self.path)
                 self.path.mkdir()
         self._cols: list[_Column] = []
+        #: made by the first write of PARALLEL_MIN_ROWS rows or more: a small part is written by this thread
+        #: alone (starting threads and handing work over would cost more than the work)
+        self._pool: ThreadPoolExecutor | None = None  # before abort() can run
         taken: set[str] = set()
         try:
             for name, dtype in self.columns:
@@ -312,9 +315,6 @@ class PartWriter:
             raise
         threads = self.settings.threads or (os.cpu_count() or 1)
         self._threads = min(threads, len(self._cols))
-        #: made by the first write of PARALLEL_MIN_ROWS rows or more: a small part is written by this thread
-        #: alone (starting threads and handing work over would cost more than the work)
-        self._pool: ThreadPoolExecutor | None = None
 
     # ---- writing -------------------------------------------------------------------------------------
 

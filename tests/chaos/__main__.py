@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.chaos import report, scenarios
+from tests.chaos import clock, linkfaults, report, scenarios
 from tests.chaos.ensemble import Ensemble
 from tests.chaos.netns import Network
 from tests.chaos.rig import netns_support
@@ -51,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as e:
             net, reason = None, str(e)
     if net is not None:
-        mode = (f"network namespaces (10.{net.octet}.0.0/23, one per ZooKeeper node and replica); no "
-                "netem in this kernel: no delay/loss/reorder nemesis, tbf for slow links; no clock skew")
+        mode = (f"network namespaces (10.{net.octet}.0.0/23, one per ZooKeeper node and replica); "
+                f"{linkfaults.describe_support()}, tbf for slow links; {clock.describe_support()}")
         ensemble = Ensemble(base / "zookeeper", hosts=[net.ip(f"zk{i}") for i in (1, 2, 3)],
                             prefixes=[net.prefix(f"zk{i}") for i in (1, 2, 3)])
     else:
-        mode = f"loopback only, process and disk faults ({reason}); no clock skew"
+        mode = f"loopback only, process and disk faults ({reason}); {clock.describe_support()}"
         ensemble = Ensemble(base / "zookeeper")
     say(mode)
     plants: list[scenarios.RunResult] = []

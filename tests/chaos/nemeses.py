@@ -3,8 +3,9 @@
 Each nemesis has ``inject(rig, rng)`` (returns a description of what it did) and ``heal(rig)``.  The loopback
 nemeses (process faults, flipped bytes, ZooKeeper node faults) work everywhere; ``disk_full`` needs the data
 directories on tmpfs; partitions and slow links need network namespaces (:mod:`tests.chaos.netns`).  This
-kernel has no netem: delay/loss/reorder are not available, a tbf rate limit stands in for a slow link.  Clock
-skew between replicas is not injected (it would need a per-process fake clock).
+kernel has no netem: a tbf rate limit stands in for a slow link, and link delay/loss/reorder go through a
+userspace packet queue (:mod:`tests.chaos.linkfaults`).  Clock skew between replicas: :mod:`tests.chaos.clock`
+(libfaketime).  Both register in ``ALL_NEMESES`` from :mod:`tests.chaos.scenarios`.
 """
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.chaos import checker, disk
+from tests.chaos import checker, clock, disk, linkfaults
 from tests.chaos.checker import Flip, ReplicaView, Verdict
 from tests.chaos.ensemble import Ensemble
 from tests.chaos.nemeses import (
+    ALL_NEMESES,
     DISK_NEMESES,
     LOOPBACK_NEMESES,
     NETWORK_NEMESES,
@@ -29,6 +30,7 @@ from tests.chaos.rig import PLANT_ENV, Rig
 from tests.chaos.workload import Clients, InsertOp, http_query
 
 NAMES = ["r1", "r2", "r3"]
+ALL_NEMESES.update({**clock.CLOCK_NEMESES, **linkfaults.LINK_NEMESES})  # known to run_schedule
 
 
 @dataclass
@@ -68,7 +70,9 @@ def random_run(base: Path, ensemble: Ensemble, seed: int, faults: int = 4,
     t0 = time.monotonic()
     rng = random.Random(seed)
     rig = Rig(base, ensemble, NAMES, net=net, tmpfs_mb=tmpfs_mb, clickhouse=["ch1"] if clickhouse else [])
-    available = [*LOOPBACK_NEMESES, *(DISK_NEMESES if rig.mounts else ()), *(NETWORK_NEMESES if net else ())]
+    available = [*LOOPBACK_NEMESES, *(DISK_NEMESES if rig.mounts else ()), *(NETWORK_NEMESES if net else ()),
+                 *(clock.CLOCK_NEMESES if clock.clock_support() is None else ()),
+                 *(linkfaults.available_link_nemeses() if net else ())]
     names = schedule or random_schedule(rng, faults, available)
     try:
         rig.start()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from replicad.devtools.zookeeper import available
-from tests.chaos import scenarios
+from tests.chaos import linkfaults, scenarios
 from tests.chaos.ensemble import Ensemble
 from tests.chaos.netns import Network
 from tests.chaos.rig import netns_support
@@ -79,17 +79,18 @@ def test_network_and_disk_schedule_has_no_violation(tmp_path: Path) -> None:
     reason = netns_support()
     if reason is not None:
         pytest.skip(f"no network namespaces here: {reason}")
+    schedule = [*NETWORK_SCHEDULE, *(["link_loss"] if linkfaults.link_fault_support()[0] else [])]
     net = Network(["zk1", "zk2", "zk3", *scenarios.NAMES])
     net.setup()
     e = Ensemble(tmp_path / "zk", hosts=[net.ip(f"zk{i}") for i in (1, 2, 3)],
                  prefixes=[net.prefix(f"zk{i}") for i in (1, 2, 3)])
     try:
         e.start()
-        result = scenarios.random_run(tmp_path / "run", e, seed=5, schedule=NETWORK_SCHEDULE, hold=(2.0, 3.0),
+        result = scenarios.random_run(tmp_path / "run", e, seed=5, schedule=schedule, hold=(2.0, 3.0),
                                       quiet=(0.5, 1.0), net=net, tmpfs_mb=96)
     finally:
         e.stop()
         net.teardown()
-    assert [ev.nemesis for ev in result.events] == NETWORK_SCHEDULE
+    assert [ev.nemesis for ev in result.events] == schedule
     assert result.acked_rows > 0
     assert result.verdict.violations == [], result.verdict.violations

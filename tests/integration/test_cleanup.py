@@ -25,7 +25,7 @@ FAST_CLEANUP: dict[str, Any] = {
     "cleanup_delay_period": 1,
     "cleanup_delay_period_random_add": 0,
     "old_parts_lifetime": 1,
-    "temporary_directories_lifetime": 60,
+    "temporary_directories_lifetime": 2,
 }
 
 
@@ -87,8 +87,13 @@ async def test_old_parts_and_stale_tmp_dirs_are_removed_by_the_thread(
         lambda: sorted(p.name for p in r1.layout.path.iterdir() if p.name[0].isdigit()) == ["202611_0_1_1"],
         what="the outdated sources to be removed",
     )
-    await wait_for(lambda: not stale.exists(), what="the stale temporary directory to go")
-    assert fresh.exists()  # still young: it may be a download in progress
+
+    def stale_gone() -> bool:
+        (fresh / "data.bin").write_bytes(b"x" * (time.monotonic_ns() % 97 + 1))  # a download still writing
+        return not stale.exists()
+
+    await wait_for(stale_gone, what="the stale temporary directory to go")
+    assert fresh.exists()  # still being written: it may be a download in progress
     assert sorted(await keeper.get_children(PATHS.me.parts)) == ["202611_0_1_1"]
 
 

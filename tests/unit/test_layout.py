@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -78,6 +80,37 @@ def test_clear_tmp_dirs_respects_age(tmp_path: Path) -> None:
     layout.new_tmp_dir(TMP_MERGE, "all_1_2_1")
     assert layout.clear_tmp_dirs(max_age_s=3600) == []
     assert layout.clear_tmp_dirs() == ["tmp_merge_all_1_2_1"]
+
+
+def test_tmp_dir_being_written_survives_a_wall_clock_a_day_ahead(tmp_path: Path) -> None:
+    """Regression (the chaos suite's clock_skew, a replica 26 h ahead): the cleanup compared file times with
+    the wall clock and removed temporary directories still being written (inserts failed, a part committed
+    while its files were being deleted turned up broken).  Files dated two days back are what a clock two
+    days ahead sees of a directory written just now."""
+    layout = TableDataLayout(tmp_path, "db", "t")
+    layout.create()
+    d = layout.new_tmp_dir(TMP_INSERT, "all_1_1_0")
+    (d / "id.bin").write_bytes(b"x")
+    back = time.time() - 2 * 86400
+    for p in (d / "id.bin", d):
+        os.utime(p, (back, back))
+    assert layout.clear_tmp_dirs(max_age_s=86400) == []
+    assert layout.clear_tmp_dirs(max_age_s=86400) == []
+    assert (d / "id.bin").exists()
+
+
+def test_tmp_dir_goes_once_untouched_for_the_lifetime(tmp_path: Path) -> None:
+    layout = TableDataLayout(tmp_path, "db", "t")
+    layout.create()
+    stale = layout.new_tmp_dir(TMP_MERGE, "all_1_2_1")
+    busy = layout.new_tmp_dir(TMP_FETCH, "all_3_3_0")
+    assert layout.clear_tmp_dirs(max_age_s=0.3) == []  # first seen: the count starts
+    for k in range(4):
+        time.sleep(0.1)
+        (busy / f"c{k}.bin").write_bytes(b"x")  # a download still writing
+        assert layout.clear_tmp_dirs(max_age_s=0.3) in ([], ["tmp_merge_all_1_2_1"])
+    assert not stale.exists()
+    assert busy.exists()
 
 
 def test_detach_and_remove(tmp_path: Path) -> None:
