@@ -3,14 +3,18 @@
 - ``cluster`` (function, async): an empty :class:`tests.support.table_cluster.Cluster` (in-process replicad
   replicas of ``db.events`` on the test ZooKeeper, data under ``tmp_path/<replica>``); every replica
   started through it is stopped after the test.
+- ``zk`` (function): a kazoo client on the test's ZooKeeper root with the distributed DDL queue
+  (``/clickhouse/task_queue/ddl``) made, stopped after the test.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
+from kazoo.client import KazooClient
 
 from replicad.devtools.zookeeper import ZooKeeperServer
 from tests.support.table_cluster import Cluster
@@ -23,3 +27,17 @@ async def cluster(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> A
         yield c
     finally:
         await c.close()
+
+
+DDL_QUEUE = "/clickhouse/task_queue/ddl"
+
+
+@pytest.fixture
+def zk(zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=zookeeper.hosts + zk_root)
+    client.start(15)
+    client.ensure_path(DDL_QUEUE)
+    try:
+        yield client
+    finally:
+        client.stop()

@@ -30,17 +30,6 @@ QUEUE = "/clickhouse/task_queue/ddl"
 OTHER = "other%2Dhost:9000"  # listed in every planted task; no daemon is this host
 
 
-@pytest.fixture
-def zk(zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zookeeper.hosts + zk_root)
-    client.start(15)
-    client.ensure_path(QUEUE)
-    try:
-        yield client
-    finally:
-        client.stop()
-
-
 def plant(zk: KazooClient, n: int) -> list[str]:
     """``n`` finished tasks (as an initiator and one worker leave them); their names, oldest first."""
     names = []

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,17 +23,6 @@ from tests.support.replicad_daemon import ok, query, start_daemon
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 QUEUE = "/clickhouse/task_queue/ddl"
-
-
-@pytest.fixture
-def zk(zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zookeeper.hosts + zk_root)
-    client.start(15)
-    client.ensure_path(QUEUE)
-    try:
-        yield client
-    finally:
-        client.stop()
 
 
 def esc(host: str) -> str:
