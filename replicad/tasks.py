@@ -43,6 +43,10 @@ class Outcome:
 
 IDLE = Outcome("idle")
 
+#: How long a task whose work is announced by wake-ups (a ZooKeeper watch, a local event) sleeps when idle
+#: before it looks anyway (a safety net, not the way work is found): an idle table costs next to nothing.
+IDLE_RECHECK_S = 60.0
+
 
 class BackgroundTask:
     """Base class.  Subclasses override :meth:`run_once` (and optionally :meth:`on_stop`)."""

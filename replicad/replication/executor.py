@@ -33,7 +33,7 @@ from replicad.model.queue_state import QueueState, Selected
 from replicad.replication.fetcher import NoReplicaHasPartError, PartFetcher
 from replicad.replication.part_store import PartState, PartStore
 from replicad.replication.quorum import try_mark_quorum_failed, update_quorum
-from replicad.tasks import BackgroundTask, Outcome
+from replicad.tasks import IDLE_RECHECK_S, BackgroundTask, Outcome
 
 log = get_logger(__name__)
 
@@ -151,6 +151,9 @@ class QueueExecutor(BackgroundTask):
         fields = {"started": started, "running": len(self._running), "queue_size": len(self.state)}
         if started:
             return Outcome("started_entries", did_work=False, delay_s=delay, fields=fields)
+        if delay is None and not self._running and len(self.state) == 0:
+            # nothing queued: new or finished entries and SYSTEM START … wake the task (this is a safety net)
+            delay = IDLE_RECHECK_S
         return Outcome("idle", delay_s=delay, fields=fields)
 
     def _next_retry_delay(self, now: float) -> float | None:

@@ -188,8 +188,27 @@ class MergeAssigner(BackgroundTask):
         except OSError:
             return 1 << 62
 
+    async def _nothing_to_select(self) -> bool:
+        """True when no merge could be selected whatever ZooKeeper says, so the round may skip the snapshot
+        (the ZooKeeper reads that make an idle table cost something).  Exact, not a guess: the predicate only
+        cuts the partitions into smaller ranges, and a smaller range allows no window the whole partition
+        does not (fewer parts lower the base less; every start is scanned here); only mutations need it."""
+        if self.has_mutations():
+            return False
+        parts = self.store.active()
+        if len({p.info.partition_id for p in parts}) == len(parts):  # at most one part per partition
+            return True
+        max_size = self.settings.max_source_parts_size(self._queued(), await self._free_disk())
+        if max_size <= 0:
+            return True
+        candidates = await asyncio.to_thread(_candidates, parts, time.time())
+        everything = replace(self.settings.selector, max_window_starts=max(len(candidates), 1))
+        return select_merge(candidates, lambda _l, _r: True, everything, max_size) is None
+
     async def assign_once(self) -> Assigned:
         async with self.selecting_lock:
+            if await self._nothing_to_select():
+                return Assigned(reason="nothing to merge")
             predicate = await self.load_predicate()
             queued = self._queued()
             s = self.settings
