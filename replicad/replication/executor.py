@@ -136,7 +136,10 @@ class QueueExecutor(BackgroundTask):
         started = 0
         now = time.time()
         while len(self._running) < self.max_parallel:
-            selected = self.state.select_entry_to_process(now, self._extra_check)
+            # with the fetch pool full, the fetches waiting in the queue are not even looked at (each start
+            # of an entry used to walk the whole queue: quadratic in a drain of a long backlog)
+            full = self._fetches >= self.max_parallel_fetches
+            selected = self.state.select_entry_to_process(now, self._extra_check, _PRODUCING if full else ())
             if selected is None:
                 break
             znode = selected.queue_entry.znode_name
@@ -157,8 +160,7 @@ class QueueExecutor(BackgroundTask):
         return Outcome("idle", delay_s=delay, fields=fields)
 
     def _next_retry_delay(self, now: float) -> float | None:
-        waits = [qe.retry_not_before - now for qe in self.state.entries if qe.retry_not_before > now]
-        return max(0.05, min(waits)) if waits else None
+        return self.state.next_retry_delay(now)
 
     async def _run(self, selected: Selected) -> None:
         qe = selected.queue_entry
