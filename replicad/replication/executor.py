@@ -76,7 +76,7 @@ class QueueExecutor(BackgroundTask):
         fetcher: PartFetcher,
         *,
         max_parallel: int = 16,
-        max_parallel_fetches: int = 8,
+        max_parallel_fetches: int = 16,
         period_s: float = 1.0,
         on_parts_changed: Callable[[], None] | None = None,
     ) -> None:
