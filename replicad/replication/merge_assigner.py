@@ -50,7 +50,7 @@ from replicad.replication.merge_selector import (
     select_merge,
 )
 from replicad.replication.part_store import LocalPart, PartStore
-from replicad.tasks import BackgroundTask, Outcome
+from replicad.tasks import IDLE_RECHECK_S, BackgroundTask, Outcome
 
 log = get_logger(__name__)
 
@@ -160,6 +160,9 @@ class MergeAssigner(BackgroundTask):
         self.selecting_lock = asyncio.Lock()
         self.assigned_merges = 0
         self.assigned_mutations = 0
+        #: the last round found at most one part per partition and no mutation: nothing to look at again
+        #: until woken (a new part, a mutation, leadership); parts merely ageing cannot change it
+        self._structurally_idle = False
 
     # ------------------------------------------------------------------------------------------ the task
 
@@ -174,6 +177,8 @@ class MergeAssigner(BackgroundTask):
         fields = {"entries": [e.new_part_name for e in result.entries], "reason": result.reason}
         if result.entries:
             return Outcome("assigned", did_work=True, fields=fields)
+        if self._structurally_idle:
+            return Outcome("nothing_to_merge", delay_s=IDLE_RECHECK_S, fields=fields)
         return Outcome("nothing_to_merge", fields=fields)
 
     def _queued(self) -> int:
@@ -197,6 +202,7 @@ class MergeAssigner(BackgroundTask):
             return False
         parts = self.store.active()
         if len({p.info.partition_id for p in parts}) == len(parts):  # at most one part per partition
+            self._structurally_idle = True  # only a new part (which wakes the task) can change that
             return True
         max_size = self.settings.max_source_parts_size(self._queued(), await self._free_disk())
         if max_size <= 0:
@@ -207,6 +213,7 @@ class MergeAssigner(BackgroundTask):
 
     async def assign_once(self) -> Assigned:
         async with self.selecting_lock:
+            self._structurally_idle = False
             if await self._nothing_to_select():
                 return Assigned(reason="nothing to merge")
             predicate = await self.load_predicate()
