@@ -44,6 +44,10 @@ class Outcome:
 
 IDLE = Outcome("idle")
 
+#: How long a task whose work is announced by wake-ups (a ZooKeeper watch, a local event) sleeps when idle
+#: before it looks anyway (a safety net, not the way work is found): an idle table costs next to nothing.
+IDLE_RECHECK_S = 60.0
+
 
 class BackgroundTask:
     """Base class.  Subclasses override :meth:`run_once` (and optionally :meth:`on_stop`)."""
@@ -55,6 +59,8 @@ class BackgroundTask:
         self.last_run: float | None = None  # wall-clock time of the last finished run_once
         self.last_outcome: Outcome | None = None
         self._wake = asyncio.Event()
+        #: what ``wait`` sleeps on: resolved by a wake-up (True) or by its timer (False)
+        self._waiter: asyncio.Future[bool] | None = None
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fault: Exception | None = None
@@ -73,9 +79,13 @@ class BackgroundTask:
         """Run again as soon as possible.  Safe from any thread."""
         loop = self._loop
         if loop is not None and not _in_loop(loop):
-            loop.call_soon_threadsafe(self._wake.set)
+            loop.call_soon_threadsafe(self._set_wake)
         else:
-            self._wake.set()
+            self._set_wake()
+
+    def _set_wake(self) -> None:
+        self._wake.set()
+        _resolve(self._waiter, True)
 
     def request_stop(self) -> None:
         self._stopping = True
@@ -114,14 +124,22 @@ class BackgroundTask:
                 await self.on_stop()
 
     async def wait(self, seconds: float) -> bool:
-        """Sleep until woken up or ``seconds`` passed.  Returns True when woken."""
+        """Sleep until woken up or ``seconds`` passed.  Returns True when woken.
+
+        One future and one timer handle per sleep (``asyncio.wait_for`` would add a task and more
+        callbacks): hundreds of tables' tasks sleep and wake here."""
         if self._wake.is_set():
             return True
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiter = waiter
+        timer = loop.call_later(max(seconds, 0.0), _resolve, waiter, False)
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout=max(seconds, 0.0))
-        except TimeoutError:
-            return False
-        return True
+            return await waiter
+        finally:
+            timer.cancel()
+            if self._waiter is waiter:
+                self._waiter = None
 
 
 class FunctionTask(BackgroundTask):
@@ -167,6 +185,11 @@ async def stop_in_reverse(runners: Iterable[tuple[BackgroundTask, asyncio.Task[A
     started after it has stopped."""
     for task, runner in reversed(list(runners)):
         await stop_task(task, runner, timeout_s)
+
+
+def _resolve(waiter: asyncio.Future[bool] | None, woken: bool) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(woken)
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -24,7 +24,9 @@ Rules (18.16 plus the modern refinements that matter for correctness):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import functools
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from replicad.model.log_entry import LogEntry, LogEntryType
@@ -36,6 +38,10 @@ _PRODUCING = frozenset((T.GET_PART, T.ATTACH_PART, T.MERGE_PARTS, T.MUTATE_PART,
 _RANGE_OPS = frozenset((T.DROP_RANGE, T.DROP_PART, T.REPLACE_RANGE, T.CLEAR_COLUMN, T.CLEAR_INDEX))
 _FETCHES = frozenset((T.GET_PART, T.ATTACH_PART, T.CLONE_PART_FROM_SHARD))
 _INSERTS = frozenset((T.GET_PART, T.ATTACH_PART))
+
+#: Part names parsed once: the selection compares every candidate with every future part, for every entry
+#: started (a drain of 10,000 entries spent half its CPU parsing the same few names again).
+_parse = functools.lru_cache(maxsize=1 << 14)(PartInfo.parse)
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,8 @@ class QueueEntry:
     #: GET_PART may fetch a covering part instead; tagged as a future part while executing.
     actual_new_part_name: str = ""
     removed: bool = False
+    #: counted in QueueState's waiting entries by type (queued, neither executing nor gone)
+    waiting: bool = False
 
     @property
     def type(self) -> LogEntryType:
@@ -149,6 +157,18 @@ class QueueState:
         self.min_unprocessed_insert_time = 0
         self.max_processed_insert_time = 0
         self.last_queue_update = 0.0
+        #: entries that may be selected (not executing), by type: a selection that skips some types (the
+        #: fetch pool is full) ends at once when only those wait, instead of walking the whole queue
+        self._waiting = Counter[LogEntryType]()
+        #: create_time -> inserts queued with it (min_unprocessed_insert_time without a scan per entry)
+        self._insert_times = Counter[int]()
+        #: entries that failed and wait for their back-off (the next retry without a scan of the queue)
+        self._backing_off: dict[str, QueueEntry] = {}
+
+    def _set_waiting(self, qe: QueueEntry, waiting: bool) -> None:
+        if qe.waiting != waiting:
+            qe.waiting = waiting
+            self._waiting[qe.type] += 1 if waiting else -1
 
     # -- loading --------------------------------------------------------------------------------------------
     def initialize(self, active_parts: Iterable[str]) -> None:
@@ -169,7 +189,9 @@ class QueueState:
         else:
             self.entries.append(qe)
         self._by_znode[znode_name] = qe
+        self._set_waiting(qe, True)
         if entry.type in _INSERTS and entry.create_time:
+            self._insert_times[entry.create_time] += 1
             if not self.min_unprocessed_insert_time or entry.create_time < self.min_unprocessed_insert_time:
                 self.min_unprocessed_insert_time = entry.create_time
         if now:
@@ -182,12 +204,17 @@ class QueueState:
             self.insert(znode_name, entry, now)
 
     # -- selection ------------------------------------------------------------------------------------------
-    def select_entry_to_process(self, now: float, extra_check: ExtraCheck | None = None) -> Selected | None:
+    def select_entry_to_process(
+        self, now: float, extra_check: ExtraCheck | None = None, skip: Collection[LogEntryType] = ()
+    ) -> Selected | None:
         """The first runnable entry, marked as executing (its parts become future parts) and moved to the
         end of the queue; the entries skipped on the way get their ``postpone_reason``.  ``extra_check`` may
-        veto an entry with a reason (merges cancelled, pool too small for the merge, fetch limits …)."""
+        veto an entry with a reason (merges cancelled, pool too small for the merge, fetch limits …);
+        entries of a type in ``skip`` are not looked at (the caller could not start them anyway)."""
+        if skip and all(n <= 0 or t in skip for t, n in self._waiting.items()):
+            return None
         for i, qe in enumerate(self.entries):
-            if qe.currently_executing:
+            if qe.currently_executing or (skip and qe.type in skip):
                 continue
             reason = self.postpone_reason(qe, now)
             if reason is None and extra_check is not None:
@@ -200,6 +227,8 @@ class QueueState:
             del self.entries[i]
             self.entries.append(qe)
             qe.currently_executing = True
+            self._set_waiting(qe, False)
+            self._backing_off.pop(qe.znode_name, None)
             qe.num_tries += 1
             qe.last_attempt_time = now
             qe.postpone_reason = ""
@@ -278,11 +307,11 @@ class QueueState:
                 f"Not executing log entry for part {name} because another log entry for the same part is "
                 "being processed. This shouldn't happen often."
             )
-        info = PartInfo.parse(name)
+        info = _parse(name)
         for future, znode in self.future_parts.items():
             if znode == own_znode:
                 continue
-            finfo = PartInfo.parse(future)
+            finfo = _parse(future)
             if finfo.contains(info, strict=self.new_contains):
                 return (
                     f"Not executing log entry for part {name} because it is covered by part {future} "
@@ -298,18 +327,18 @@ class QueueState:
     def _source_consumed(self, source: str, own_znode: str) -> str | None:
         """A source part that another executing entry is turning into a bigger part (merging it, or
         dropping its range) cannot be relied on: wait instead of racing for it."""
-        info = PartInfo.parse(source)
+        info = _parse(source)
         for future, znode in self.future_parts.items():
-            if znode != own_znode and not PartInfo.parse(future).is_disjoint(info):
+            if znode != own_znode and not _parse(future).is_disjoint(info):
                 return f"source part {source} overlaps part {future} that is currently executing"
         return None
 
     def _range_conflicts(self, range_name: str, own_znode: str) -> list[tuple[str, str]]:
-        info = PartInfo.parse(range_name)
+        info = _parse(range_name)
         return [
             (future, znode)
             for future, znode in self.future_parts.items()
-            if znode != own_znode and not PartInfo.parse(future).is_disjoint(info)
+            if znode != own_znode and not _parse(future).is_disjoint(info)
         ]
 
     def _head_alter_version(self) -> int | None:
@@ -348,6 +377,8 @@ class QueueState:
             qe.last_exception = error
             qe.last_exception_time = now
             qe.retry_not_before = now + self.backoff.delay(qe.type, qe.num_failures)
+            self._backing_off[qe.znode_name] = qe
+            self._set_waiting(qe, True)
             return FinishResult()
         qe.num_failures = 0
         qe.last_exception = ""
@@ -377,14 +408,32 @@ class QueueState:
 
     def _drop(self, qe: QueueEntry) -> None:
         """Take ``qe`` out of the queue (executed, or removed without execution)."""
-        self.entries = [x for x in self.entries if x is not qe]
-        self._by_znode.pop(qe.znode_name, None)
+        if self._by_znode.pop(qe.znode_name, None) is None:
+            return
+        entries = self.entries
+        for i in range(len(entries) - 1, -1, -1):  # an executed entry was moved to the end when selected
+            if entries[i] is qe:
+                del entries[i]
+                break
+        self._set_waiting(qe, False)
+        self._backing_off.pop(qe.znode_name, None)
         if qe.type in _INSERTS:
             ct = qe.entry.create_time
             if ct > self.max_processed_insert_time:
                 self.max_processed_insert_time = ct
-            times = [x.entry.create_time for x in self.entries if x.type in _INSERTS and x.entry.create_time]
-            self.min_unprocessed_insert_time = min(times) if times else 0
+            if ct:
+                left = self._insert_times[ct] - 1
+                if left > 0:
+                    self._insert_times[ct] = left
+                else:
+                    del self._insert_times[ct]
+                    if ct <= self.min_unprocessed_insert_time:
+                        self.min_unprocessed_insert_time = min(self._insert_times, default=0)
+
+    def next_retry_delay(self, now: float) -> float | None:
+        """Seconds until the first entry backing off after a failure may run again (None: none waits)."""
+        waits = [qe.retry_not_before - now for qe in self._backing_off.values() if qe.retry_not_before > now]
+        return max(0.05, min(waits)) if waits else None
 
     def remove_entry(self, znode_name: str) -> QueueEntry | None:
         """Forget an entry without executing it (its node was removed).  An executing entry is marked removed

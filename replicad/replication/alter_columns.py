@@ -64,7 +64,7 @@ from replicad.sql.ddl import (
 from replicad.sql.table_metadata import ColumnsDescription, TableMetadata
 from replicad.storage import alter_part
 from replicad.storage.part import columns_text as part_columns_text
-from replicad.tasks import IDLE, FunctionTask, Outcome
+from replicad.tasks import IDLE, IDLE_RECHECK_S, FunctionTask, Outcome
 
 log = get_logger(__name__)
 
@@ -230,7 +230,7 @@ class StructureGate:
 class TableAlter:
     """The ALTER statement and the alter task of one table replica."""
 
-    def __init__(self, replica: Any, period_s: float = 5.0) -> None:
+    def __init__(self, replica: Any, period_s: float = IDLE_RECHECK_S) -> None:
         """``replica``: the ``TableReplica`` (its spec, structure, schema, reader and fetch check are what an
         ALTER changes; the layers keep this module from naming its class)."""
         self.r = replica

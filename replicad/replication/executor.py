@@ -33,7 +33,7 @@ from replicad.model.queue_state import QueueState, Selected
 from replicad.replication.fetcher import NoReplicaHasPartError, PartFetcher
 from replicad.replication.part_store import PartState, PartStore
 from replicad.replication.quorum import try_mark_quorum_failed, update_quorum
-from replicad.tasks import BackgroundTask, Outcome
+from replicad.tasks import IDLE_RECHECK_S, BackgroundTask, Outcome
 
 log = get_logger(__name__)
 
@@ -76,7 +76,7 @@ class QueueExecutor(BackgroundTask):
         fetcher: PartFetcher,
         *,
         max_parallel: int = 16,
-        max_parallel_fetches: int = 8,
+        max_parallel_fetches: int = 16,
         period_s: float = 1.0,
         on_parts_changed: Callable[[], None] | None = None,
     ) -> None:
@@ -136,7 +136,10 @@ class QueueExecutor(BackgroundTask):
         started = 0
         now = time.time()
         while len(self._running) < self.max_parallel:
-            selected = self.state.select_entry_to_process(now, self._extra_check)
+            # with the fetch pool full, the fetches waiting in the queue are not even looked at (each start
+            # of an entry used to walk the whole queue: quadratic in a drain of a long backlog)
+            full = self._fetches >= self.max_parallel_fetches
+            selected = self.state.select_entry_to_process(now, self._extra_check, _PRODUCING if full else ())
             if selected is None:
                 break
             znode = selected.queue_entry.znode_name
@@ -151,11 +154,13 @@ class QueueExecutor(BackgroundTask):
         fields = {"started": started, "running": len(self._running), "queue_size": len(self.state)}
         if started:
             return Outcome("started_entries", did_work=False, delay_s=delay, fields=fields)
+        if delay is None and not self._running and len(self.state) == 0:
+            # nothing queued: new or finished entries and SYSTEM START … wake the task (this is a safety net)
+            delay = IDLE_RECHECK_S
         return Outcome("idle", delay_s=delay, fields=fields)
 
     def _next_retry_delay(self, now: float) -> float | None:
-        waits = [qe.retry_not_before - now for qe in self.state.entries if qe.retry_not_before > now]
-        return max(0.05, min(waits)) if waits else None
+        return self.state.next_retry_delay(now)
 
     async def _run(self, selected: Selected) -> None:
         qe = selected.queue_entry

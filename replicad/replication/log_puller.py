@@ -29,7 +29,7 @@ from replicad.keeper.ops import Create, Op, Set
 from replicad.keeper.paths import TablePaths, basename, pad_index, sequence_number
 from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry, LogEntryType
-from replicad.tasks import BackgroundTask, Outcome
+from replicad.tasks import IDLE_RECHECK_S, BackgroundTask, Outcome
 
 log = get_logger(__name__)
 
@@ -176,7 +176,7 @@ class LogPuller:
 class QueueUpdatingTask(BackgroundTask):
     """Runs ``LogPuller.pull`` whenever the ``log/`` watch fires (and every ``period_s`` as a safety net)."""
 
-    def __init__(self, name: str, puller: LogPuller, period_s: float = 10.0) -> None:
+    def __init__(self, name: str, puller: LogPuller, period_s: float = IDLE_RECHECK_S) -> None:
         super().__init__(name, period_s)
         self.puller = puller
         puller.wake = self.wakeup

@@ -50,7 +50,7 @@ from replicad.replication.merge_selector import (
     select_merge,
 )
 from replicad.replication.part_store import LocalPart, PartStore
-from replicad.tasks import BackgroundTask, Outcome
+from replicad.tasks import IDLE_RECHECK_S, BackgroundTask, Outcome
 
 log = get_logger(__name__)
 
@@ -160,6 +160,9 @@ class MergeAssigner(BackgroundTask):
         self.selecting_lock = asyncio.Lock()
         self.assigned_merges = 0
         self.assigned_mutations = 0
+        #: the last round found at most one part per partition and no mutation: nothing to look at again
+        #: until woken (a new part, a mutation, leadership); parts merely ageing cannot change it
+        self._structurally_idle = False
 
     # ------------------------------------------------------------------------------------------ the task
 
@@ -174,6 +177,8 @@ class MergeAssigner(BackgroundTask):
         fields = {"entries": [e.new_part_name for e in result.entries], "reason": result.reason}
         if result.entries:
             return Outcome("assigned", did_work=True, fields=fields)
+        if self._structurally_idle:
+            return Outcome("nothing_to_merge", delay_s=IDLE_RECHECK_S, fields=fields)
         return Outcome("nothing_to_merge", fields=fields)
 
     def _queued(self) -> int:
@@ -188,8 +193,29 @@ class MergeAssigner(BackgroundTask):
         except OSError:
             return 1 << 62
 
+    async def _nothing_to_select(self) -> bool:
+        """True when no merge could be selected whatever ZooKeeper says, so the round may skip the snapshot
+        (the ZooKeeper reads that make an idle table cost something).  Exact, not a guess: the predicate only
+        cuts the partitions into smaller ranges, and a smaller range allows no window the whole partition
+        does not (fewer parts lower the base less; every start is scanned here); only mutations need it."""
+        if self.has_mutations():
+            return False
+        parts = self.store.active()
+        if len({p.info.partition_id for p in parts}) == len(parts):  # at most one part per partition
+            self._structurally_idle = True  # only a new part (which wakes the task) can change that
+            return True
+        max_size = self.settings.max_source_parts_size(self._queued(), await self._free_disk())
+        if max_size <= 0:
+            return True
+        candidates = await asyncio.to_thread(_candidates, parts, time.time())
+        everything = replace(self.settings.selector, max_window_starts=max(len(candidates), 1))
+        return select_merge(candidates, lambda _l, _r: True, everything, max_size) is None
+
     async def assign_once(self) -> Assigned:
         async with self.selecting_lock:
+            self._structurally_idle = False
+            if await self._nothing_to_select():
+                return Assigned(reason="nothing to merge")
             predicate = await self.load_predicate()
             queued = self._queued()
             s = self.settings

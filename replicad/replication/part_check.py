@@ -51,7 +51,7 @@ from replicad.replication.part_store import LocalPart, PartState, PartStore
 from replicad.replication.quorum import fail_quorum_for_part
 from replicad.storage.checksums import Checksums, MinimalisticChecksums, PartHeader
 from replicad.storage.part import PartDirectory
-from replicad.tasks import BackgroundTask, Outcome
+from replicad.tasks import IDLE_RECHECK_S, BackgroundTask, Outcome
 
 log = get_logger(__name__)
 
@@ -182,7 +182,7 @@ class PartCheckThread(BackgroundTask):
 
     async def run_once(self) -> Outcome:
         if not self.pending:
-            return Outcome("idle")
+            return Outcome("idle", delay_s=IDLE_RECHECK_S)  # enqueue() wakes the task
         if self.is_readonly():
             return Outcome("readonly", delay_s=1.0, fields={"pending": len(self.pending)})
         now = time.monotonic()

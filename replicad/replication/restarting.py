@@ -66,7 +66,7 @@ class RestartingThread(BackgroundTask):
         startup: Callable[[], Awaitable[None]],
         queue_state: QueueState | None = None,
         on_restarted: Callable[[], None] = lambda: None,
-        period_s: float = 1.0,
+        period_s: float = 10.0,  # a safety net: every session state change wakes the task
     ) -> None:
         super().__init__(name, period_s)
         self.keeper = keeper

@@ -42,7 +42,7 @@ from replicad.storage.merge import merge_parts
 from replicad.storage.part import PartDirectory
 from replicad.storage.staging_area import StagedPart, StagingArea, link_part
 from replicad.storage.writer import WriterSettings
-from replicad.tasks import IDLE, BackgroundTask, Outcome
+from replicad.tasks import IDLE_RECHECK_S, BackgroundTask, Outcome
 
 log = get_logger(__name__)
 _link_counter = itertools.count(1)
@@ -136,10 +136,11 @@ class StagingTask(BackgroundTask):
         ctx = self.ctx
         runs = await asyncio.to_thread(ctx.area.runs)
         if ctx.is_readonly():
-            return Outcome("readonly", delay_s=1.0) if runs else IDLE
+            return Outcome("readonly", delay_s=1.0) if runs else Outcome("idle", delay_s=IDLE_RECHECK_S)
         cleaned = await self._cleanup_records()
-        if not runs:
-            return Outcome("cleaned_records", fields={"removed": cleaned}) if cleaned else IDLE
+        if not runs:  # stage() wakes the task; the leader's record cleanup runs at most once a minute anyway
+            return Outcome("idle" if not cleaned else "cleaned_records", delay_s=IDLE_RECHECK_S,
+                           fields={"removed": cleaned} if cleaned else {})
         published = dropped = 0
         now = time.time()
         for run in runs:
@@ -324,7 +325,9 @@ class TableStaging:
     async def stage(
         self, stage: StageId, batches: AsyncIterator[pa.RecordBatch], columns: list[str] | None
     ) -> StagedBatch:
-        return await stage_insert(self.ctx, stage, batches, columns)
+        staged = await stage_insert(self.ctx, stage, batches, columns)
+        self.task.wakeup()  # the task polls for the run's decision while runs are staged
+        return staged
 
     async def commit(self, job_id: str, run: str, tasks: list[StagedTask]) -> dict[str, Any]:
         answer = await self.records.commit(job_id, run, tasks)

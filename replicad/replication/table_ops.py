@@ -35,6 +35,7 @@ from replicad.replication.merge_predicate import MergePredicate, load_merge_pred
 from replicad.replication.mutations import (
     MutationsState,
     clear_old_mutations,
+    count_finished,
     create_mutation,
     storage_commands,
     wait_for_mutation,
@@ -43,7 +44,7 @@ from replicad.replication.table_context import TableContext
 from replicad.service import ExecuteResult, Statement, StatementKind
 from replicad.storage.merge import TableKeys
 from replicad.storage.mutate import compile_commands
-from replicad.tasks import BackgroundTask, FunctionTask, Outcome
+from replicad.tasks import IDLE_RECHECK_S, BackgroundTask, FunctionTask, Outcome
 
 if TYPE_CHECKING:
     from replicad.keeper.client import Keeper
@@ -141,12 +142,12 @@ class TableOperations:
             on_assigned=r.queue_updating.wakeup,
             enqueue_part_check=r.enqueue_part_check,
         )
-        self.election = FunctionTask(f"{name}:leader_election", self._check_leader, period_s=5.0)
+        self.election = FunctionTask(f"{name}:leader_election", self._check_leader, period_s=IDLE_RECHECK_S)
         self.mutations_updating = FunctionTask(
-            f"{name}:mutations_updating", self._update_mutations, period_s=10.0
+            f"{name}:mutations_updating", self._update_mutations, period_s=IDLE_RECHECK_S
         )
         self.mutations_finalizing = FunctionTask(
-            f"{name}:mutations_finalizing", self._finalize_mutations, period_s=5.0
+            f"{name}:mutations_finalizing", self._finalize_mutations, period_s=IDLE_RECHECK_S
         )
         self.leader.wake = self.election.wakeup
         self.leader.on_change.append(self._on_leader_change)
@@ -246,6 +247,9 @@ class TableOperations:
         if self.leader.is_leader:  # 18.16's cleanup thread does this on the leader
             keep = int(r.spec.settings.get("finished_mutations_to_keep", 100))
             await clear_old_mutations(r.keeper, r.paths, self.mutations, keep)
+            # records still to remove (another replica's mutation_pointer lags): look again soon; with
+            # nothing to remove the task sleeps until woken (no ZooKeeper reads for an idle table)
+            again = again or 0 < keep < count_finished(self.mutations)
         return Outcome("mutations_pending", delay_s=5.0) if again else None
 
     # ------------------------------------------------------------------------------------------ statements

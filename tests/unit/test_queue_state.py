@@ -291,3 +291,39 @@ def test_random_walk_no_conflicting_execution(
         for e in running_entries:
             assert not (set(e.source_parts) & names), e
         assert set(q.future_parts.values()) <= set(executing)
+
+
+def test_skipped_types_end_the_selection_and_the_bookkeeping_follows_every_path() -> None:
+    """The executor skips fetches while its fetch pool is full: a selection finds a waiting DROP_RANGE behind
+    them, returns None at once when only skipped types wait, and the counts survive failures, retries, removal
+    and success (a count gone wrong would make the executor stop starting entries)."""
+    G = LogEntryType.GET_PART
+    q = q_with(get("1_1_1_0", t=100), get("2_2_2_0", t=101), get("3_3_3_0", t=101))
+    assert q.select_entry_to_process(now=1, skip={G}) is None
+    assert all(qe.num_postponed == 0 for qe in q.entries)  # not even looked at
+    q.insert("queue-0000000009", drop("4_0_9_999999999"))
+    s = q.select_entry_to_process(now=1, skip={G})
+    assert s is not None and s.entry.type is LogEntryType.DROP_RANGE
+    assert q.select_entry_to_process(now=1, skip={G}) is None
+    q.finish("queue-0000000009", success=True, now=2)
+    first = q.select_entry_to_process(now=2)
+    assert first is not None and first.entry.new_part_name == "1_1_1_0"
+    q.finish(first.queue_entry.znode_name, success=False, now=2, error="boom")  # back-off: 1 s
+    assert q.next_retry_delay(2.0) == 1.0  # BackoffSettings' initial_s
+    assert q.select_entry_to_process(now=2, skip={G}) is None
+    second = q.select_entry_to_process(now=2)
+    assert second is not None and second.entry.new_part_name == "2_2_2_0"
+    assert q.min_unprocessed_insert_time == 100
+    q.remove_entry("queue-0000000002")  # removed without execution (its node was deleted)
+    q.finish(second.queue_entry.znode_name, success=True, now=3)
+    assert q.min_unprocessed_insert_time == 100 and q.max_processed_insert_time == 101
+    assert q.select_entry_to_process(now=2.5) is None  # the failed one still backs off
+    again = q.select_entry_to_process(now=3.5, skip={LogEntryType.MERGE_PARTS})
+    assert again is not None and again.entry.new_part_name == "1_1_1_0" and q.next_retry_delay(3.5) is None
+    q.finish(again.queue_entry.znode_name, success=True, now=4)
+    assert len(q) == 0 and q.min_unprocessed_insert_time == 0
+    assert q.select_entry_to_process(now=5, skip={G}) is None and q.select_entry_to_process(now=5) is None
+    q.insert("queue-0000000010", get("5_5_5_0", t=50))
+    assert q.min_unprocessed_insert_time == 50
+    s5 = q.select_entry_to_process(now=6, skip={LogEntryType.DROP_RANGE})
+    assert s5 is not None and s5.entry.new_part_name == "5_5_5_0"
