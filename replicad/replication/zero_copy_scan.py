@@ -122,5 +122,7 @@ class OrphanScan(BackgroundTask):
             orphans = [k for k in orphans if stem_of(disk.relative_key(k) or "") not in still]
             await disk.client.delete(orphans)
             self.deleted_total += len(orphans)
-            log.warning("zero_copy_orphans_deleted", count=len(orphans), disk=disk.name)
+            instances = sorted({stem_of(disk.relative_key(k) or "") or k for k in orphans})
+            log.warning("zero_copy_orphans_deleted", count=len(orphans), disk=disk.name,
+                        instances=len(instances), examples=instances[:5])
         return ScanResult(len(objects), len(locked), sorted(orphans), foreign)
