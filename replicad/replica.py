@@ -139,7 +139,8 @@ class TableReplica:
             scan_period = float(spec.settings.get("remote_fs_orphan_scan_period_s", 0))
             if self.store.remote.zero_copy and scan_period > 0:
                 grace = float(spec.settings.get("remote_fs_orphan_scan_grace_s", DEFAULT_GRACE_S))
-                self.tasks["zero_copy_orphan_scan"] = OrphanScan(self.store.remote, scan_period, grace_s=grace)
+                self.tasks["zero_copy_orphan_scan"] = OrphanScan(self.store.remote, scan_period,
+                                                                 grace_s=grace)
         #: statements other modules implement (OPTIMIZE, ALTER … DELETE/UPDATE, DROP PARTITION …)
         self.statement_handlers: dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]] = {
             **self.admin.handlers()}

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from replicad import fault_plant
 from replicad.errors import (
+    KeeperError,
     KeeperNodeExistsError,
     KeeperNoNodeError,
     KeeperNotEmptyError,
@@ -91,6 +92,11 @@ class ZeroCopyLocks:
         self.root = root.rstrip("/") or "/"
         self.disk_type = disk_type
         self.table_shared_id = ""
+        #: ephemeral fetch leaves whose removal failed (connection loss): the session that owns them may
+        #: survive the reconnect, so they would stay — blocking our next fetch of the part and keeping its
+        #: objects alive forever.  Removed again by :meth:`release_leaked` and by the next lock attempt.
+        self.leaked: set[str] = set()
+        self._leak_mutex = asyncio.Lock()
 
     @property
     def base(self) -> str:
@@ -165,6 +171,9 @@ class ZeroCopyLocks:
             stat = await self.keeper.exists(leaf)
             if stat is not None and not stat.ephemeral_owner:
                 return False
+            if leaf in self.leaked:  # our own earlier fetch's leaf, whose removal failed: remove it now
+                await self.release_leaked()
+                return await self.lock_temporary(part, unique_id, attempts - 1)
             if attempts <= 1:
                 raise ZeroCopyLockLostError(f"part {part}: an ephemeral lock {leaf} exists already") from None
             # another fetch of ours is ending (its lock goes with it) or it just went: try again
@@ -173,10 +182,32 @@ class ZeroCopyLocks:
         return True
 
     async def release_temporary(self, part: str, unique_id: str) -> None:
+        """Remove a fetch's ephemeral leaf.  Never raises: a removal that fails (connection loss) is
+        remembered and retried (:meth:`release_leaked`), so a failed fetch's clean-up always completes."""
+        leaf = self.leaf_path(part, unique_id)
         try:
-            await self.keeper.delete(self.leaf_path(part, unique_id))
+            await self.keeper.delete(leaf)
         except KeeperNoNodeError:
             pass
+        except KeeperError as e:
+            self.leaked.add(leaf)
+            log.warning("zero_copy_temporary_lock_leaked", leaf=leaf, error=str(e))
+
+    async def release_leaked(self) -> int:
+        """Retry removing the ephemeral leaves whose removal failed; returns how many are still left.  Only
+        ephemeral leaves are removed (a persistent leaf of the same path is a committed part's lock)."""
+        async with self._leak_mutex:  # one at a time: a leaf removed here may be created again right after
+            for leaf in sorted(self.leaked):
+                try:
+                    stat = await self.keeper.exists(leaf)
+                    if stat is not None and stat.ephemeral_owner:
+                        await self.keeper.delete(leaf, version=stat.version)
+                    self.leaked.discard(leaf)
+                except KeeperNoNodeError:
+                    self.leaked.discard(leaf)
+                except KeeperError as e:
+                    log.warning("zero_copy_temporary_lock_still_leaked", leaf=leaf, error=str(e))
+            return len(self.leaked)
 
     async def unlock(self, part: str, unique_id: str) -> bool:
         """Remove this replica's leaf; True only when this call then removed the id node itself, i.e. no

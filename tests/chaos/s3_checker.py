@@ -212,7 +212,7 @@ class Snapshot:
 
 
 def snapshot(bucket: Bucket, client: Any, zk: Any, base: str, replicas: Sequence[S3Replica],
-             orphan_age_s: float) -> Snapshot:
+             orphan_age_s: float, now: float | None = None) -> Snapshot:
     """One pass of every S3 check.  Orphans younger than ``orphan_age_s`` are not counted yet."""
     snap = Snapshot()
     before = bucket.listing(client)  # orphans: listed before the metadata is read
@@ -269,7 +269,7 @@ def snapshot(bucket: Bucket, client: Any, zk: Any, base: str, replicas: Sequence
                                              f"objects, e.g. {gone[0]}"))
     for part, id_node in empty:
         snap.notes.append(f"id node {part}/{id_node} has no lock leaf (its objects are kept)")
-    now = time.time()
+    now = time.time() if now is None else now
     unreferenced = [k for k in before if k not in referenced and k in after]
     orphans = sorted(k for k in unreferenced if now - before[k][1] >= orphan_age_s)
     snap.young_orphans = len(unreferenced) - len(orphans)
