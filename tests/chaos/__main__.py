@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                 plants.append(r)
             if args.s3:
                 plants.append(s3_runs.plant(base, ensemble, say))
+        if args.s3:  # first: an interrupted session (SIGTERM) still reports them
+            runs += s3_runs.runs(base, ensemble, range(args.seed + args.runs + args.mixed,
+                                                       args.seed + args.runs + args.mixed + args.s3),
+                                 args.faults, net, args.tmpfs_mb, say)
         for seed in range(args.seed, args.seed + args.runs):
             t0 = time.monotonic()
             r = scenarios.random_run(base / f"seed-{seed}", ensemble, seed, args.faults, net=net,
@@ -83,10 +87,6 @@ def main(argv: list[str] | None = None) -> int:
             for k, d in r.verdict.violations:
                 say(f"  {k}: {d}")
             runs.append(r)
-        if args.s3:
-            runs += s3_runs.runs(base, ensemble, range(args.seed + args.runs + args.mixed,
-                                                       args.seed + args.runs + args.mixed + args.s3),
-                                 args.faults, net, args.tmpfs_mb, say)
         ensemble.stop()
         if net is not None:
             net.teardown()

@@ -82,7 +82,7 @@ def render(runs: Sequence[RunResult], plants: Sequence[RunResult], *, seed: int,
     out += ["", "## Runs", "",
             "| seed | variant | faults | inserts | acked rows | indeterminate | admin ops | violations | "
             "recovery s | duration s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in runs:
+    for r in sorted(runs, key=lambda r: r.seed):
         recovery = r.verdict.recovery_s if r.verdict.recovery_s is not None else ">60"
         faults = ", ".join(e.nemesis for e in r.events)
         out.append(f"| {r.seed} | {r.variant} | {faults} | {len(r.inserts)} | {r.acked_rows} | "
