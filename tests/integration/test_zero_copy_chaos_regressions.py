@@ -9,6 +9,9 @@ a real S3-compatible server (moto).
 * seed 102 (kill -9 during a mutation, then a ZooKeeper partition): the mover's lock multi for a local part
   timed out but had been applied; the mover rolled back (deleting the fresh objects) and left a lock leaf
   for an instance it no longer had.
+* seed 103 (DROP PARTITION while two replicas were fetching a new part): the last holder let go while the
+  fetches held ephemeral leaves, so it kept the objects; the fetches ended, the id node stayed with no leaf,
+  and the orphan scan counted its instance as locked: the objects were kept for good.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Check, Op
 from replicad.replica import TableReplica
 from replicad.replication.zero_copy import RemoteParts
+from replicad.replication.zero_copy_scan import OrphanScan
 from tests.support.s3_server import S3Server
 from tests.support.table_cluster import Cluster, rows, sorted_rows, wait_for
 
@@ -135,3 +139,28 @@ async def test_a_mover_lock_multi_applied_despite_a_timeout_is_kept(
     assert {remote(r1).disk.full_key(k) for k in meta.keys()} == keys  # its objects are all there
     assert r1.mover.moved_total == 1
     assert await sorted_rows(r1) == expected
+
+
+async def test_an_instance_whose_last_lock_was_a_fetch_is_deleted_by_the_orphan_scan(
+    cluster: Cluster, keeper: Keeper, s3: S3Server
+) -> None:
+    s3.client("empty", PREFIX)
+    r1 = await start(cluster, s3, "r1", "empty")
+    await r1.insert_table(rows(range(100)))
+    [part] = r1.store.active_names()
+    locks = remote(r1).locks
+    assert locks is not None
+    uid = remote(r1).instances[part].unique_id
+    fetch_leaf = locks.leaf_path(part, uid, "r9")
+    await keeper.create(fetch_leaf, b"", ephemeral=True)  # another replica's fetch is under way
+    assert not await remote(r1).release(part)  # r1 lets go: not the last holder, the objects stay
+    await keeper.delete(fetch_leaf)  # the fetch ends (or its replica dies): nobody holds the instance
+    assert await keeper.exists(locks.id_path(part, uid)) is not None  # an id node without a leaf
+    keys = {o.key for o in s3.client("empty", PREFIX).list_sync(PREFIX)}
+    assert keys  # kept: nobody will ever delete them but the scan
+    scan = OrphanScan(remote(r1), 60, grace_s=0)
+    result = await scan.scan()
+    assert set(result.orphans) == keys
+    # (r1's mover may upload its still active local part again meanwhile: a new instance, other keys)
+    assert not keys & {o.key for o in s3.client("empty", PREFIX).list_sync(PREFIX)}
+    assert await keeper.exists(locks.id_path(part, uid)) is None
