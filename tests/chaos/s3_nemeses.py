@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from tests.chaos.disk import disk_parts
 from tests.chaos.nemeses import ALL_NEMESES, Nemesis
-from tests.chaos.rig import Rig
+from tests.chaos.rig import TABLE_ZK_PATH, Rig
 from tests.chaos.s3_checker import EXCLUSIVE_LOCK, zero_copy_base
 from tests.chaos.workload import CHECKED_PARTITIONS, TABLE, http_query
 
@@ -66,7 +66,7 @@ class KillMerging(Nemesis):
         zk = KazooClient(hosts=rig.ensemble.hosts, timeout=10)
         zk.start(30)
         try:
-            base = zero_copy_base(zk, rig.chroot, "/clickhouse/tables/01/t")
+            base = zero_copy_base(zk, rig.chroot, TABLE_ZK_PATH)
             seen = set(zk.get_children(base)) if base and zk.exists(base) else set()
 
             def optimize() -> None:
