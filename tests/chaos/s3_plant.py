@@ -13,6 +13,7 @@ import random
 import time
 from pathlib import Path
 
+from tests.chaos.checker import ReplicaView, served_parts
 from tests.chaos.ensemble import Ensemble
 from tests.chaos.nemeses import flip_byte
 from tests.chaos.netns import Network
@@ -39,11 +40,16 @@ def delete_shared_objects(base: Path, ensemble: Ensemble, planted: bool = True,
             assert flip is not None, "no part to flip"
             rig.start(["r1"])
             detached = rig.table_dir("r1") / "detached"
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             while time.monotonic() < deadline:  # reading every column makes r1 notice the broken part
                 http_query(rig.url("r1"), f"SELECT * FROM {TABLE} FORMAT TabSeparated", timeout=10)
                 if detached.is_dir() and any(part in d.name for d in detached.iterdir()):
                     break
+                time.sleep(0.5)
+            # judged once r1 has let go of its copy and has the part again (the S3 check stops at once when
+            # its first look finds nothing: the release must be over by then)
+            view = ReplicaView("r1", rig.url("r1"), rig.table_dir("r1"))
+            while time.monotonic() < deadline + 30 and part not in served_parts(view):
                 time.sleep(0.5)
             rig.heal()
             healed_at = time.monotonic()
