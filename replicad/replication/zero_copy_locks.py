@@ -92,9 +92,10 @@ class ZeroCopyLocks:
         self.root = root.rstrip("/") or "/"
         self.disk_type = disk_type
         self.table_shared_id = ""
-        #: ephemeral fetch leaves whose removal failed (connection loss): the session that owns them may
-        #: survive the reconnect, so they would stay — blocking our next fetch of the part and keeping its
-        #: objects alive forever.  Removed again by :meth:`release_leaked` and by the next lock attempt.
+        #: ephemeral nodes of ours (fetch leaves, exclusive locks) whose removal failed (connection loss): the
+        #: session that owns them may survive the reconnect, so they would stay — blocking our next fetch or
+        #: merge of the part and keeping its objects alive.  Removed by :meth:`release_leaked` (the mover
+        #: calls it each period) and by the next attempt to take the same node.
         self.leaked: set[str] = set()
         self._leak_mutex = asyncio.Lock()
 
@@ -243,20 +244,34 @@ class ZeroCopyLocks:
             await self.keeper.create(path, self.replica.encode(), ephemeral=True)
             return None
         except KeeperNodeExistsError:
+            if path in self.leaked:  # ours, from a merge whose release failed: remove it, take it again
+                await self.release_leaked()
+                if path not in self.leaked:
+                    return await self.try_exclusive(part)
             try:
                 return (await self.keeper.get(path))[0].decode() or "?"
             except KeeperNoNodeError:
                 return await self.try_exclusive(part)
 
     async def release_exclusive(self, part: str) -> None:
+        """Never raises for a lost connection: the lock is remembered and removed later
+        (:meth:`release_leaked`).  Left in place while its session survives the reconnect, it makes every
+        replica — its holder included — postpone the merge or mutation for good."""
+        path = f"{self.part_path(part)}/{EXCLUSIVE_LOCK}"
         try:
-            await self.keeper.delete(f"{self.part_path(part)}/{EXCLUSIVE_LOCK}")
+            await self.keeper.delete(path)
         except KeeperNoNodeError:
             pass
+        except KeeperError as e:
+            self.leaked.add(path)
+            log.warning("zero_copy_exclusive_lock_leaked", path=path, error=str(e))
+            return
         try:
             await self.keeper.delete(self.part_path(part))
         except (KeeperNotEmptyError, KeeperNoNodeError):
             pass
+        except KeeperError:
+            pass  # an empty <part> node is harmless
 
     async def remove_base_if_empty(self) -> None:
         """The table's lock tree goes with its last replica (other replicas' leaves keep it)."""

@@ -12,6 +12,10 @@ a real S3-compatible server (moto).
 * seed 103 (DROP PARTITION while two replicas were fetching a new part): the last holder let go while the
   fetches held ephemeral leaves, so it kept the objects; the fetches ended, the id node stayed with no leaf,
   and the orphan scan counted its instance as locked: the objects were kept for good.
+* seed 35 (kill -9 of every replica, a ZooKeeper partition, local copies wiped): a mutation stayed postponed
+  on every replica ("zero-copy exclusive lock is held by …"); an exclusive lock whose removal failed on a
+  lost connection stays while its session survives the reconnect, and nobody — its holder included — makes
+  the part.  (The run's data was not kept: this is the shape the symptom fits; the leak itself is shown.)
 """
 
 from __future__ import annotations
@@ -164,3 +168,29 @@ async def test_an_instance_whose_last_lock_was_a_fetch_is_deleted_by_the_orphan_
     # (r1's mover may upload its still active local part again meanwhile: a new instance, other keys)
     assert not keys & {o.key for o in s3.client("empty", PREFIX).list_sync(PREFIX)}
     assert await keeper.exists(locks.id_path(part, uid)) is None
+
+
+async def test_an_exclusive_lock_whose_removal_failed_is_taken_again(
+    cluster: Cluster, keeper: Keeper, s3: S3Server
+) -> None:
+    s3.client("excl", PREFIX)
+    r1 = await start(cluster, s3, "r1", "excl")
+    locks = remote(r1).locks
+    assert locks is not None
+    assert await locks.try_exclusive("all_1_2_1") is None  # r1 merges all_1_2_1
+    flaky = FlakyDeletes(locks.keeper, "/part_exclusive_lock")
+    locks.keeper = flaky  # type: ignore[assignment]
+    await locks.release_exclusive("all_1_2_1")  # the connection is lost: not removed (and no error)
+    assert len(flaky.failed) == 1
+    path = f"{locks.part_path('all_1_2_1')}/part_exclusive_lock"
+    assert await keeper.exists(path) is not None  # still there: its session is alive
+    assert await locks.try_exclusive("all_1_2_1") is None  # r1 takes it again instead of waiting for itself
+    await locks.release_exclusive("all_1_2_1")
+    assert await keeper.exists(path) is None
+    # a leaked one is also removed by the mover's next run, before anyone asks for it
+    assert await locks.try_exclusive("all_3_4_1") is None
+    flaky.failed.clear()
+    await locks.release_exclusive("all_3_4_1")
+    await r1.mover.run_once()
+    assert await keeper.exists(f"{locks.part_path('all_3_4_1')}/part_exclusive_lock") is None
+    assert locks.leaked == set()
