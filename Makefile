@@ -51,12 +51,14 @@ unit: venv
 integration: deps
 	$(BIN)/python -m pytest -q tests/integration
 
-# the fault suite (tests/chaos): planted-bug proofs, then RUNS random schedules from SEED; writes RELIABILITY.md
+# the fault suite (tests/chaos): planted-bug proofs, then RUNS random schedules from SEED (MIXED more with a
+# ClickHouse 18.16 member, S3 more with the table on an S3 disk, zero-copy); writes RELIABILITY.md
 SEED ?= 1
 RUNS ?= 3
 MIXED ?= 0
+S3 ?= 0
 chaos: deps
-	$(BIN)/python -m tests.chaos --seed $(SEED) --runs $(RUNS) --mixed $(MIXED)
+	$(BIN)/python -m tests.chaos --seed $(SEED) --runs $(RUNS) --mixed $(MIXED) --s3 $(S3)
 
 run: deps
 	$(BIN)/python -m scripts.run_cluster

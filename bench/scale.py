@@ -371,10 +371,10 @@ def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSi
             ctx.say(f"scale clients: {system} {c} clients: {rate / 1e3:.0f} k rows/s")
 
 
-def run(ctx: Context, quick: bool, plot_path: Path | None) -> list[Figure]:
+def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | None = None) -> list[Figure]:
     from bench import scale_plot
 
-    sz = ScaleSizes.quick() if quick else ScaleSizes()
+    sz = sizes or (ScaleSizes.quick() if quick else ScaleSizes())
     curves = {
         "idle_cpu": Curve("idle_cpu", "Idle CPU (2 replicas' processes)", "replicated tables", "% of a core",
                           higher_is_better=False),

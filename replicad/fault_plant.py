@@ -7,7 +7,9 @@ the shipped units) switches on:
   :data:`ACK_BEFORE_COMMIT_DELAY_S` later in the background (a crash meanwhile loses acknowledged rows);
 * ``skip_fetch_checksum`` — DataPartsExchange neither checks file hashes when sending nor when receiving;
 * ``drop_log_entry`` — the first GET_PART entry pulled from the shared log is skipped (the log pointer still
-  moves past it), so this replica never fetches that part.
+  moves past it), so this replica never fetches that part;
+* ``delete_shared_objects`` — a replica letting go of a zero-copy part instance deletes its S3 objects even
+  though other replicas still hold lock leaves on it (the last-lock rule skipped).
 
 Each switch is read once, at import.
 """
@@ -20,7 +22,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 ENV_VAR = "REPLICAD_FAULT_PLANT"
-PLANTS = frozenset({"ack_before_commit", "skip_fetch_checksum", "drop_log_entry"})
+PLANTS = frozenset({"ack_before_commit", "skip_fetch_checksum", "drop_log_entry", "delete_shared_objects"})
 ACK_BEFORE_COMMIT_DELAY_S = 3.0
 
 _ACTIVE = frozenset(p.strip() for p in os.environ.get(ENV_VAR, "").split(",") if p.strip()) & PLANTS

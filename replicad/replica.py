@@ -56,7 +56,7 @@ from replicad.replication.sink import InsertContext
 from replicad.replication.staging import StagingContext, StagingSettings, TableStaging
 from replicad.replication.table_ops import TableOperations
 from replicad.replication.zero_copy_moves import PartMover
-from replicad.replication.zero_copy_scan import OrphanScan
+from replicad.replication.zero_copy_scan import DEFAULT_GRACE_S, OrphanScan
 from replicad.service import (
     ExecuteResult,
     InsertSettings,
@@ -136,7 +136,9 @@ class TableReplica:
             self.tasks["zero_copy_mover"] = self.mover
             scan_period = float(spec.settings.get("remote_fs_orphan_scan_period_s", 0))
             if self.store.remote.zero_copy and scan_period > 0:
-                self.tasks["zero_copy_orphan_scan"] = OrphanScan(self.store.remote, scan_period)
+                grace = float(spec.settings.get("remote_fs_orphan_scan_grace_s", DEFAULT_GRACE_S))
+                self.tasks["zero_copy_orphan_scan"] = OrphanScan(self.store.remote, scan_period,
+                                                                 grace_s=grace)
         #: statements other modules implement (OPTIMIZE, ALTER … DELETE/UPDATE, DROP PARTITION …)
         self.statement_handlers: dict[StatementKind, Callable[[Statement], Awaitable[ExecuteResult]]] = {
             **self.admin.handlers()}

@@ -186,6 +186,9 @@ _DEFS: tuple[SettingDef, ...] = (
                check=lambda v: None if str(v).startswith("/") else "must be an absolute ZooKeeper path"),
     SettingDef("remote_fs_orphan_scan_period_s", 0, MT, "seconds between scans of the S3 disk for objects no "
                "lock or local part references (0 = off)", since="replicad", check=_non_negative),
+    SettingDef("remote_fs_orphan_scan_grace_s", 3600, MT, "seconds an unreferenced object must have existed "
+               "before the orphan scan deletes it (longer than any upload-to-commit)", since="replicad",
+               check=_positive),
     # --- query-level settings (also accepted in the HTTP URL) --------------------------------------------
     SettingDef("max_insert_block_size", 1048576, Q, "rows per insert block (one block_id each)",
                check=lambda v: None if 0 < v <= 100_000_000 else "must be in 1..100000000"),

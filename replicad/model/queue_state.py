@@ -449,12 +449,19 @@ class QueueState:
         self, range_name: str, current_znode: str
     ) -> tuple[list[str], list[str]]:
         """For an executing DROP_RANGE/REPLACE_RANGE: remove the entries that only produce parts inside the
-        range.  Returns (removed znode names, those among them still executing — wait for them)."""
+        range.  Returns (removed znode names, those among them still executing — wait for them).
+
+        Only entries pulled before the range's own entry (a smaller queue znode: queue znodes follow the log)
+        are removed.  One pulled after it was logged after the drop: an insert that took its block number
+        before the drop and committed after it (its part is kept by the replicas that ran the drop before
+        that GET_PART was logged, so every replica keeps it), or a mutation of such a part.  Removing it
+        only on a replica that pulled both entries at once made the replicas diverge (found by the chaos
+        suite's S3 runs; ClickHouse fixed the same race in #94123)."""
         info = PartInfo.parse(range_name)
         removed: list[str] = []
         waiting: list[str] = []
         for qe in list(self.entries):
-            if qe.znode_name == current_znode:
+            if qe.znode_name == current_znode or (current_znode and qe.znode_name > current_znode):
                 continue
             e = qe.entry
             doomed = False

@@ -22,7 +22,9 @@ import posixpath
 import uuid
 from dataclasses import dataclass
 
+from replicad import fault_plant
 from replicad.errors import (
+    KeeperError,
     KeeperNodeExistsError,
     KeeperNoNodeError,
     KeeperNotEmptyError,
@@ -90,6 +92,12 @@ class ZeroCopyLocks:
         self.root = root.rstrip("/") or "/"
         self.disk_type = disk_type
         self.table_shared_id = ""
+        #: ephemeral nodes of ours (fetch leaves, exclusive locks) whose removal failed (connection loss): the
+        #: session that owns them may survive the reconnect, so they would stay — blocking our next fetch or
+        #: merge of the part and keeping its objects alive.  Removed by :meth:`release_leaked` (the mover
+        #: calls it each period) and by the next attempt to take the same node.
+        self.leaked: set[str] = set()
+        self._leak_mutex = asyncio.Lock()
 
     @property
     def base(self) -> str:
@@ -164,6 +172,9 @@ class ZeroCopyLocks:
             stat = await self.keeper.exists(leaf)
             if stat is not None and not stat.ephemeral_owner:
                 return False
+            if leaf in self.leaked:  # our own earlier fetch's leaf, whose removal failed: remove it now
+                await self.release_leaked()
+                return await self.lock_temporary(part, unique_id, attempts - 1)
             if attempts <= 1:
                 raise ZeroCopyLockLostError(f"part {part}: an ephemeral lock {leaf} exists already") from None
             # another fetch of ours is ending (its lock goes with it) or it just went: try again
@@ -172,10 +183,32 @@ class ZeroCopyLocks:
         return True
 
     async def release_temporary(self, part: str, unique_id: str) -> None:
+        """Remove a fetch's ephemeral leaf.  Never raises: a removal that fails (connection loss) is
+        remembered and retried (:meth:`release_leaked`), so a failed fetch's clean-up always completes."""
+        leaf = self.leaf_path(part, unique_id)
         try:
-            await self.keeper.delete(self.leaf_path(part, unique_id))
+            await self.keeper.delete(leaf)
         except KeeperNoNodeError:
             pass
+        except KeeperError as e:
+            self.leaked.add(leaf)
+            log.warning("zero_copy_temporary_lock_leaked", leaf=leaf, error=str(e))
+
+    async def release_leaked(self) -> int:
+        """Retry removing the ephemeral leaves whose removal failed; returns how many are still left.  Only
+        ephemeral leaves are removed (a persistent leaf of the same path is a committed part's lock)."""
+        async with self._leak_mutex:  # one at a time: a leaf removed here may be created again right after
+            for leaf in sorted(self.leaked):
+                try:
+                    stat = await self.keeper.exists(leaf)
+                    if stat is not None and stat.ephemeral_owner:
+                        await self.keeper.delete(leaf, version=stat.version)
+                    self.leaked.discard(leaf)
+                except KeeperNoNodeError:
+                    self.leaked.discard(leaf)
+                except KeeperError as e:
+                    log.warning("zero_copy_temporary_lock_still_leaked", leaf=leaf, error=str(e))
+            return len(self.leaked)
 
     async def unlock(self, part: str, unique_id: str) -> bool:
         """Remove this replica's leaf; True only when this call then removed the id node itself, i.e. no
@@ -190,7 +223,9 @@ class ZeroCopyLocks:
         try:
             await self.keeper.delete(self.id_path(part, unique_id))
             last = True
-        except (KeeperNotEmptyError, KeeperNoNodeError):
+        except KeeperNotEmptyError:
+            last = fault_plant.planted("delete_shared_objects")  # test-only planted bug: others hold it
+        except KeeperNoNodeError:
             pass
         try:
             await self.keeper.delete(self.part_path(part))
@@ -209,20 +244,34 @@ class ZeroCopyLocks:
             await self.keeper.create(path, self.replica.encode(), ephemeral=True)
             return None
         except KeeperNodeExistsError:
+            if path in self.leaked:  # ours, from a merge whose release failed: remove it, take it again
+                await self.release_leaked()
+                if path not in self.leaked:
+                    return await self.try_exclusive(part)
             try:
                 return (await self.keeper.get(path))[0].decode() or "?"
             except KeeperNoNodeError:
                 return await self.try_exclusive(part)
 
     async def release_exclusive(self, part: str) -> None:
+        """Never raises for a lost connection: the lock is remembered and removed later
+        (:meth:`release_leaked`).  Left in place while its session survives the reconnect, it makes every
+        replica — its holder included — postpone the merge or mutation for good."""
+        path = f"{self.part_path(part)}/{EXCLUSIVE_LOCK}"
         try:
-            await self.keeper.delete(f"{self.part_path(part)}/{EXCLUSIVE_LOCK}")
+            await self.keeper.delete(path)
         except KeeperNoNodeError:
             pass
+        except KeeperError as e:
+            self.leaked.add(path)
+            log.warning("zero_copy_exclusive_lock_leaked", path=path, error=str(e))
+            return
         try:
             await self.keeper.delete(self.part_path(part))
         except (KeeperNotEmptyError, KeeperNoNodeError):
             pass
+        except KeeperError:
+            pass  # an empty <part> node is harmless
 
     async def remove_base_if_empty(self) -> None:
         """The table's lock tree goes with its last replica (other replicas' leaves keep it)."""

@@ -19,7 +19,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 
-from replicad.errors import KeeperError, ReplicadError
+from replicad.errors import (
+    KeeperConnectionLossError,
+    KeeperError,
+    KeeperOperationTimeoutError,
+    KeeperSessionExpiredError,
+    ReplicadError,
+)
 from replicad.keeper.ops import Check, Op
 from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
@@ -31,6 +37,12 @@ from replicad.replication.zero_copy_locks import EXCLUSIVE_LOCK
 from replicad.tasks import IDLE, BackgroundTask, Outcome
 
 log = get_logger(__name__)
+
+DECIDE_ATTEMPTS = 30  # one a second: how long an unknown lock-multi outcome is looked into
+
+
+class _Undecided(ReplicadError):
+    """The lock multi's outcome stays unknown (ZooKeeper does not answer)."""
 
 TMP_MOVE = "tmp-move_"
 
@@ -51,6 +63,8 @@ class PartMover(BackgroundTask):
         return [p for p in self.store.active() if p.name not in self.remote.instances]
 
     async def run_once(self) -> Outcome:
+        if self.remote.locks is not None and self.remote.locks.leaked:
+            await self.remote.locks.release_leaked()  # fetch locks whose removal failed (connection loss)
         todo = self.pending()
         if not todo:
             return IDLE
@@ -83,6 +97,33 @@ class PartMover(BackgroundTask):
                 await locks.release_exclusive(name)
             except KeeperError as e:
                 log.warning("zero_copy_exclusive_release_failed", part=name, error=str(e))
+
+    async def _commit(self, name: str, ops: list[Op]) -> None:
+        """The lock multi.  When its outcome is unknown (connection loss, timeout, expired session) our leaf
+        decides: present and persistent, the multi was applied (return); absent, it was not (raise, the
+        caller rolls back).  Without an answer for :data:`DECIDE_ATTEMPTS` tries: :class:`_Undecided`.
+        (Rolling back an applied multi deleted the objects of a fresh instance whose lock leaf stayed — a
+        lock without a part, found by the chaos suite's S3 run, seed 102.)"""
+        locks = self.remote.locks
+        instance = self.remote.instances.get(name)
+        assert locks is not None and instance is not None
+        try:
+            await locks.keeper.multi(ops)
+            return
+        except (KeeperConnectionLossError, KeeperOperationTimeoutError, KeeperSessionExpiredError) as e:
+            unknown = e
+        leaf = locks.leaf_path(name, instance.unique_id)
+        for _ in range(DECIDE_ATTEMPTS):
+            try:
+                stat = await locks.keeper.exists(leaf)
+            except KeeperError:
+                await asyncio.sleep(1.0)
+                continue
+            if stat is not None and not stat.ephemeral_owner:
+                log.info("zero_copy_move_committed_despite_error", part=name, error=str(unknown))
+                return
+            raise unknown
+        raise _Undecided(f"part {name}: cannot tell whether its lock was committed ({unknown})") from unknown
 
     async def _other_holder(self, name: str) -> str | None:
         locks = self.remote.locks
@@ -125,7 +166,7 @@ class PartMover(BackgroundTask):
         try:
             await self.remote.prepare_commit(name, part.path)
             ops: list[Op] = [Check(self.paths.me.part(name), -1), *self.remote.commit_ops(name)]
-            await locks.keeper.multi(ops)
+            await self._commit(name, ops)
         except BaseException:
             await self.remote.rollback(name)
             raise
@@ -139,7 +180,10 @@ class PartMover(BackgroundTask):
         ops: list[Op] = [Check(self.paths.me.part(name), -1), *self.remote.commit_ops(name)]
         try:
             if len(ops) > 1:
-                await self.remote.locks.keeper.multi(ops)  # type: ignore[union-attr]
+                await self._commit(name, ops)
+        except _Undecided:
+            await self.remote.forget(name)  # objects and maybe a lock left: the orphan scan's (or a leak)
+            raise
         except BaseException:
             await self.remote.rollback(name)
             raise

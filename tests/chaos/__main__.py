@@ -1,6 +1,7 @@
 """``make chaos SEED=… RUNS=…``: the planted-bug proofs, then RUNS random schedules, then RELIABILITY.md.
 
     python -m tests.chaos --seed 1 --runs 5 [--faults 4] [--out RELIABILITY.md] [--no-plants] [--keep]
+                          [--mixed M] [--s3 K]
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.chaos import clock, linkfaults, report, scenarios
+from tests.chaos import clock, linkfaults, report, s3_runs, scenarios
 from tests.chaos.ensemble import Ensemble
 from tests.chaos.netns import Network
 from tests.chaos.rig import netns_support
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mixed", type=int, default=0,
                     help="extra runs (after RUNS) with a ClickHouse 18.16 member, on loopback")
     ap.add_argument("--tmpfs-mb", type=int, default=96, help="replica data on tmpfs of this size (0: no)")
+    ap.add_argument("--s3", type=int, default=0,
+                    help="extra runs (seeds after the mixed ones) with the table on an S3 disk (zero-copy)")
     args = ap.parse_args(argv)
     # SIGTERM (make interrupted, a timeout) leaves through the clean-up: namespaces, bridge, mounts, processes
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.loopback:
         reason = "--loopback given"
     if reason is None:
-        net = Network(["zk1", "zk2", "zk3", *scenarios.NAMES])
+        net = Network(["zk1", "zk2", "zk3", *scenarios.NAMES, *(["s3"] if args.s3 else [])])
         try:
             net.setup()
         except RuntimeError as e:
@@ -68,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
                 r = scenario(base / f"plant-{name}", ensemble, True)
                 say(f"plant {name}: violations {sorted(r.verdict.kinds()) or 'NONE (not caught!)'}")
                 plants.append(r)
+            if args.s3:
+                plants.append(s3_runs.plant(base, ensemble, say))
+        if args.s3:  # first: an interrupted session (SIGTERM) still reports them
+            runs += s3_runs.runs(base, ensemble, range(args.seed + args.runs + args.mixed,
+                                                       args.seed + args.runs + args.mixed + args.s3),
+                                 args.faults, net, args.tmpfs_mb, say)
         for seed in range(args.seed, args.seed + args.runs):
             t0 = time.monotonic()
             r = scenarios.random_run(base / f"seed-{seed}", ensemble, seed, args.faults, net=net,
@@ -99,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         if net is not None:
             net.teardown()
         command = f"make chaos SEED={args.seed} RUNS={args.runs} MIXED={args.mixed}"
+        command += f" S3={args.s3}" if args.s3 else ""
         report.write(args.out, report.render(runs, plants, seed=args.seed, faults=args.faults, mode=mode,
                                              command=command))
         say(f"wrote {args.out}")

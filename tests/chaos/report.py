@@ -35,6 +35,7 @@ def render(runs: Sequence[RunResult], plants: Sequence[RunResult], *, seed: int,
         "the independent checker (tests/chaos/checker.py: HTTP, ZooKeeper, files on disk; no replicad "
         "code) judges.",
         "",
+        *_s3_paragraph(runs),
         "## Planted bugs (the checker must catch each)",
         "",
         "| plant | caught | violations reported |",
@@ -81,7 +82,7 @@ def render(runs: Sequence[RunResult], plants: Sequence[RunResult], *, seed: int,
     out += ["", "## Runs", "",
             "| seed | variant | faults | inserts | acked rows | indeterminate | admin ops | violations | "
             "recovery s | duration s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in runs:
+    for r in sorted(runs, key=lambda r: r.seed):
         recovery = r.verdict.recovery_s if r.verdict.recovery_s is not None else ">60"
         faults = ", ".join(e.nemesis for e in r.events)
         out.append(f"| {r.seed} | {r.variant} | {faults} | {len(r.inserts)} | {r.acked_rows} | "
@@ -100,6 +101,23 @@ def render(runs: Sequence[RunResult], plants: Sequence[RunResult], *, seed: int,
             out.append(f"- **{k}**: {d}")
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _s3_paragraph(runs: Sequence[RunResult]) -> list[str]:
+    if not any(r.variant.startswith("s3") for r in runs):
+        return []
+    return [
+        "The `s3 zero-copy` runs (`make chaos S3=K`) put the same table on an S3 disk (a moto server in "
+        "its own network namespace, or on loopback) with `allow_remote_fs_zero_copy_replication`, a short "
+        "`old_parts_lifetime` and an orphan scan every few seconds; besides the suite's nemeses they draw "
+        "from partition_s3, pause_s3, kill_merging (kill -9 of the replica holding a merged part's "
+        "exclusive lock) and wipe_local (the local copies removed: parts are read back from the bucket). "
+        "The checker's S3 half (tests/chaos/s3_checker.py: boto3, the local metadata files, ZooKeeper) "
+        "then requires: every object of an active or locked part present (`s3_lost`), every active part "
+        "locked (`s3_unlocked`), every lock matching a part instance on its replica (`s3_lock`), and no "
+        "object left unreferenced once the orphan scan's grace has passed (`s3_orphan`).",
+        "",
+    ]
 
 
 def write(path: Path, text: str) -> None:

@@ -81,8 +81,10 @@ def mount_tmpfs(path: Path, size_mb: int) -> str | None:
 class Rig:
     def __init__(self, base: Path, ensemble: Ensemble, names: Sequence[str],
                  env: Mapping[str, Mapping[str, str]] | None = None, net: Network | None = None,
-                 tmpfs_mb: int = 0, clickhouse: Sequence[str] = ()) -> None:
-        """``clickhouse``: names of ClickHouse 18.16 members besides the replicad ``names`` (loopback)."""
+                 tmpfs_mb: int = 0, clickhouse: Sequence[str] = (), ddl: str = DDL,
+                 config: Mapping[str, Any] | None = None) -> None:
+        """``clickhouse``: names of ClickHouse 18.16 members besides the replicad ``names`` (loopback);
+        ``ddl``: the table of the replicad members (db.t); ``config``: extra top-level config sections."""
         self.base = base
         self.ensemble = ensemble
         self.names = [*names, *clickhouse]
@@ -95,6 +97,7 @@ class Rig:
         self._ensure_chroot()
         self.daemons: dict[str, Any] = {}
         self.paused: set[str] = set()
+        self.s3: Any = None  # the S3 member of an S3 run (tests.chaos.s3_member.S3Member)
         for name in self.clickhouse_names:
             assert net is None, "ClickHouse 18.16 members listen on loopback only"
             self.daemons[name] = ClickHouseMember(base, name, ensemble.hosts, self.chroot, DDL,
@@ -105,7 +108,8 @@ class Rig:
                 if self.tmpfs_reason is None:
                     self.mounts.append(base / name / "data")
             cfg = replica_config(name, str(base / name / "data"), ensemble.hosts + self.chroot, free_port(),
-                                 free_port(), tables=[DDL])
+                                 free_port(), tables=[ddl])
+            cfg.update(config or {})
             cfg["zookeeper"]["session_timeout_s"] = SESSION_TIMEOUT_S
             if net is not None:  # addresses off loopback need users; the test network is private to the rig
                 cfg["api"]["listen_host"] = net.ip(name)

@@ -10,6 +10,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.chaos import checker, clock, disk, linkfaults
 from tests.chaos.checker import Flip, ReplicaView, Verdict
@@ -28,6 +29,9 @@ from tests.chaos.nemeses import (
 from tests.chaos.netns import Network
 from tests.chaos.rig import PLANT_ENV, Rig
 from tests.chaos.workload import Clients, InsertOp, http_query
+
+if TYPE_CHECKING:
+    from tests.chaos.s3_member import S3Member
 
 NAMES = ["r1", "r2", "r3"]
 ALL_NEMESES.update({**clock.CLOCK_NEMESES, **linkfaults.LINK_NEMESES})  # known to run_schedule
@@ -64,16 +68,21 @@ def _judge(rig: Rig, inserts: list[InsertOp], healed_at: float, flips: list[Flip
 def random_run(base: Path, ensemble: Ensemble, seed: int, faults: int = 4,
                schedule: list[str] | None = None, hold: tuple[float, float] = (2.0, 6.0),
                quiet: tuple[float, float] = (1.0, 3.0), net: Network | None = None,
-               tmpfs_mb: int = 0, clickhouse: bool = False) -> RunResult:
+               tmpfs_mb: int = 0, clickhouse: bool = False, s3: S3Member | None = None) -> RunResult:
     """Three replicas, insert clients and an admin client, ``faults`` nemeses picked by ``seed`` among those
-    the rig supports (``net``: network namespaces; ``tmpfs_mb``: data directories on tmpfs)."""
+    the rig supports (``net``: network namespaces; ``tmpfs_mb``: data directories on tmpfs; ``s3``: a started
+    :class:`~tests.chaos.s3_member.S3Member`: the table on its S3 disk, S3 nemeses and checks too)."""
     t0 = time.monotonic()
     rng = random.Random(seed)
-    rig = Rig(base, ensemble, NAMES, net=net, tmpfs_mb=tmpfs_mb, clickhouse=["ch1"] if clickhouse else [])
+    rig = Rig(base, ensemble, NAMES, net=net, tmpfs_mb=tmpfs_mb, clickhouse=["ch1"] if clickhouse else [],
+              **(s3.rig_options() if s3 is not None else {}))
     available = [*LOOPBACK_NEMESES, *(DISK_NEMESES if rig.mounts else ()), *(NETWORK_NEMESES if net else ()),
                  *(clock.CLOCK_NEMESES if clock.clock_support() is None else ()),
                  *(linkfaults.available_link_nemeses() if net else ())]
     names = schedule or random_schedule(rng, faults, available)
+    if s3 is not None:
+        rig.s3 = s3
+        names = schedule or s3.schedule(rng, faults, available)
     try:
         rig.start()
         urls = {n: rig.url(n) for n in rig.names}
@@ -89,6 +98,9 @@ def random_run(base: Path, ensemble: Ensemble, seed: int, faults: int = 4,
             clients.stop()
         verdict = _judge(rig, clients.inserts, healed_at, flipper.flips)
         variant = "mixed (ClickHouse 18.16)" if clickhouse else "netns" if net is not None else "loopback"
+        if s3 is not None:
+            s3.judge(rig, verdict)
+            variant = s3.variant
         return RunResult(f"seed {seed}", seed, verdict, events, clients.inserts, len(clients.admin_ops),
                          round(time.monotonic() - t0, 1), variant)
     finally:
@@ -218,4 +230,5 @@ PLANTS = {"ack_before_commit": ack_before_commit, "skip_fetch_checksum": skip_fe
           "drop_log_entry": drop_log_entry}
 #: the violation kinds each planted bug must produce (at least one of them)
 PLANT_EXPECTS = {"ack_before_commit": {"lost"}, "skip_fetch_checksum": {"corruption", "diverged"},
-                 "drop_log_entry": {"lost", "diverged"}}
+                 "drop_log_entry": {"lost", "diverged"},
+                 "delete_shared_objects": {"s3_lost"}}  # tests/chaos/s3_plant.py (make chaos S3=K)

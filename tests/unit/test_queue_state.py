@@ -95,12 +95,31 @@ def test_drop_range_goes_first_and_waits_for_conflicts() -> None:
     g = q.get("queue-0000000010")
     assert g is not None and "covered by part all_0_3_999999999" in g.postpone_reason
     removed, waiting = q.remove_part_producing_ops_in_range("all_0_3_999999999", "queue-0000000009")
-    assert removed == ["queue-0000000010"] and waiting == []
+    assert removed == [] and waiting == []  # queue-10 was logged after the drop (see below)
     q.finish("queue-0000000009", success=True, now=6)
     q.finish("queue-0000000001", success=True, now=6)
     assert q.current_parts.parts() == ["all_5_5_0"]
-    assert q.virtual_parts.parts() == ["all_5_5_0"]
-    assert len(q) == 0
+    later = q.select_entry_to_process(now=7)
+    assert later is not None and later.entry.new_part_name == "all_2_2_0"
+
+
+def test_drop_range_keeps_entries_logged_after_it() -> None:
+    """Regression (the chaos suite's S3 runs): an insert took block 6, DROP PARTITION took block 7 and logged
+    the range ..._0_6_999999999, then the insert committed and logged GET_PART ..._6_6_0 (and a mutation of
+    it).  Replicas that ran the drop before those entries were logged keep the part; a replica that pulled
+    all three at once (it was down) must keep it too, or the replicas diverge.  Entries logged before the
+    drop are still removed."""
+    q = q_with(get("all_1_1_0"), get("all_2_2_0"))  # queue-0, queue-1: before the drop
+    q.insert("queue-0000000002", drop("all_0_6_999999999"))
+    q.insert("queue-0000000003", get("all_6_6_0"))  # logged after the drop
+    first = q.select_entry_to_process(now=1)
+    assert first is not None and first.entry.type is LogEntryType.DROP_RANGE
+    removed, waiting = q.remove_part_producing_ops_in_range("all_0_6_999999999", "queue-0000000002")
+    assert removed == ["queue-0000000000", "queue-0000000001"] and waiting == []
+    q.finish("queue-0000000002", success=True, now=2)
+    nxt = q.select_entry_to_process(now=3)
+    assert nxt is not None and nxt.entry.new_part_name == "all_6_6_0"
+    assert [e.znode_name for e in q.entries] == ["queue-0000000003"]
 
 
 def test_removed_executing_entry_is_forgotten_on_finish() -> None:
