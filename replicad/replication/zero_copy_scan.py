@@ -125,11 +125,13 @@ class OrphanScan(BackgroundTask):
 
         disk = self.remote.disk
         # objects first: an instance uploaded after the listing cannot be judged by it
-        objects = await disk.client.list(disk.prefix)
+        objects, server_now = await disk.client.list_with_clock(disk.prefix)
         empty: dict[str, list[str]] = {}
         locked = await self._locked_stems(empty)
         referenced = await asyncio.to_thread(self._referenced_stems_sync)
-        now = time.time()
+        # ages on the S3 server's clock (it stamped LastModified): a replica whose own clock runs a day ahead
+        # must not take an upload in flight for an old orphan (seen possible under the chaos clock nemesis)
+        now = server_now if server_now is not None else time.time()
         by_stem: dict[str, list[tuple[str, float]]] = {}
         foreign = 0
         for o in objects:

@@ -5,6 +5,7 @@ downloads, HEAD, listing and batched deletes, with botocore's retries.  Every ca
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ class ObjectInfo:
     key: str
     size: int
     mtime: float = 0.0  # LastModified, seconds since the epoch
+
+
+#: a listing: the objects, and the S3 server's time when it began (None when the server did not say)
+Listing = tuple[list[ObjectInfo], float | None]
 
 
 def _translate(e: Exception, what: str) -> S3Error:
@@ -147,15 +152,24 @@ class S3Client:
         return int(answer["ContentLength"])
 
     def list_sync(self, prefix: str) -> list[ObjectInfo]:
+        return self.list_with_clock_sync(prefix)[0]
+
+    def list_with_clock_sync(self, prefix: str) -> Listing:
+        """The objects under ``prefix``, and the S3 server's own time when the listing began (its first
+        answer's ``Date`` header, 1 s resolution; None when absent): object ages are judged on the clock that
+        stamped ``LastModified``, never on this machine's, which may be off."""
         out: list[ObjectInfo] = []
+        server_now: float | None = None
         try:
             pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
             for page in pages:
+                if server_now is None:
+                    server_now = _server_time(page)
                 out += [ObjectInfo(o["Key"], int(o["Size"]), o["LastModified"].timestamp())
                         for o in page.get("Contents", ())]
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
             raise _translate(e, f"list of {prefix!r}") from e
-        return out
+        return out, server_now
 
     def delete_sync(self, keys: Iterable[str]) -> int:
         """Delete objects in batches of at most 1000; a missing key is not an error.  Returns the count."""
@@ -195,5 +209,17 @@ class S3Client:
     async def list(self, prefix: str) -> list[ObjectInfo]:
         return await asyncio.to_thread(self.list_sync, prefix)
 
+    async def list_with_clock(self, prefix: str) -> Listing:
+        return await asyncio.to_thread(self.list_with_clock_sync, prefix)
+
     async def delete(self, keys: Iterable[str]) -> int:
         return await asyncio.to_thread(self.delete_sync, list(keys))
+
+
+def _server_time(answer: Any) -> float | None:
+    """The ``Date`` header of a boto3 answer as seconds since the epoch, None when missing or malformed."""
+    try:
+        date = answer["ResponseMetadata"]["HTTPHeaders"]["date"]
+        return float(email.utils.parsedate_to_datetime(str(date)).timestamp())
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None

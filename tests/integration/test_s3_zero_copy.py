@@ -9,6 +9,7 @@ import asyncio
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from replicad.keeper.client import Keeper
 from replicad.model.remote_metadata import RemoteMetadata
 from replicad.replica import TableReplica
-from replicad.replication import merge_executor
+from replicad.replication import merge_executor, zero_copy_scan
 from replicad.replication.zero_copy import RemoteParts
 from replicad.replication.zero_copy_scan import OrphanScan
 from replicad.service import Statement, StatementKind
@@ -419,6 +420,29 @@ async def test_orphan_scan_deletes_only_unlocked_unreferenced_objects(
     assert bucket_keys(s3, bucket) == live | {"data/foreign-object"}
     assert await sorted_rows(r2) == await sorted_rows(r1)
     assert (await scan.run_once()).name == "scanned"  # nothing left to delete
+
+
+async def test_orphan_scan_judges_ages_on_the_s3_clock_not_a_skewed_local_one(
+    cluster: Cluster, s3: S3Server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica whose clock runs a day ahead sees every object as a day old.  An upload still on its way to
+    its commit (objects in the bucket, no lock, no metadata yet) must stay: its age is what the S3 server's
+    clock, which stamped it, says.  Judged on the local clock, it was deleted at once."""
+    r1 = await start(cluster, s3, bucket, "r1")
+    await r1.insert_table(rows(range(10)))
+    [part] = r1.store.active_names()
+    disk = remote(r1).disk
+    in_flight = tmp_path / "in-flight" / part
+    in_flight.parent.mkdir()
+    await asyncio.to_thread(disk.offload_sync, r1.layout.part_path(part), in_flight)
+    uploading = {disk.full_key(k) for k in disk.read_metadata_sync(in_flight).keys()}
+    real_time = time.time
+    monkeypatch.setattr(zero_copy_scan.time, "time", lambda: real_time() + 86400)  # the replica's clock
+    scan = OrphanScan(remote(r1), 60, grace_s=600)
+    assert (await scan.scan()).orphans == []
+    assert uploading <= bucket_keys(s3, bucket)
+    monkeypatch.setattr(zero_copy_scan.time, "time", real_time)
+    assert set((await OrphanScan(remote(r1), 60, grace_s=0).scan()).orphans) == uploading  # really orphans
 
 
 async def test_race_two_movers_at_once(
