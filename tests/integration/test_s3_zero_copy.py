@@ -264,6 +264,14 @@ async def shared_part_then_r2_killed(cluster: Cluster, s3: S3Server, bucket: str
     await r1.insert_table(rows(range(30)))
     [part] = r1.store.active_names()
     await wait_for(lambda: r2.store.active_names() == [part], what="r2 fetched the part")
+
+    def shared() -> bool:  # r2 holds r1's very instance (an in-process kill cannot stop an upload's thread)
+        mine, theirs = remote(r1).instances.get(part), remote(r2).instances.get(part)
+        if mine is None or theirs is None:
+            return False
+        return theirs.committed and theirs.unique_id == mine.unique_id
+
+    await wait_for(shared, what="r2 shares r1's instance")
     await cluster.kill("r2")
     return r1, part
 
@@ -281,7 +289,7 @@ async def test_race_replica_removed_while_holding_locks(
     assert [(p, last) for p, _i, last in released] == [(part, False)]  # r1 still holds it: objects stay
     assert bucket_keys(s3, bucket) == referenced_keys(r1)
     assert await remote(r1).release(part)  # r1 is now the last holder: it deletes
-    assert bucket_keys(s3, bucket) == set()
+    assert bucket_keys(s3, bucket) == set(), f"left behind: {sorted(bucket_keys(s3, bucket))}"
     assert await locks.leaves() == []
 
 
