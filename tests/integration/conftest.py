@@ -3,6 +3,8 @@
 - ``cluster`` (function, async): an empty :class:`tests.support.table_cluster.Cluster` (in-process replicad
   replicas of ``db.events`` on the test ZooKeeper, data under ``tmp_path/<replica>``); every replica
   started through it is stopped after the test.
+- ``s3`` (module): a moto S3 server on loopback (tests/support/s3_server.py); ``chaos_ensemble`` (module): the
+  fault suite's 3-node ZooKeeper ensemble (skips without ZooKeeper).
 - ``zk`` (function): a kazoo client on the test's ZooKeeper root with the distributed DDL queue
   (``/clickhouse/task_queue/ddl``) made, stopped after the test.
 """
@@ -16,7 +18,9 @@ import pytest
 import pytest_asyncio
 from kazoo.client import KazooClient
 
-from replicad.devtools.zookeeper import ZooKeeperServer
+from replicad.devtools.zookeeper import ZooKeeperServer, available
+from tests.chaos.ensemble import Ensemble
+from tests.support.s3_server import S3Server
 from tests.support.table_cluster import Cluster
 
 
@@ -41,3 +45,24 @@ def zk(zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[KazooClient]:
         yield client
     finally:
         client.stop()
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server.start(tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def chaos_ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
+    if not available():
+        pytest.skip("ZooKeeper (and Java) are not installed")
+    e = Ensemble(tmp_path_factory.mktemp("chaos-zk"))
+    e.start()
+    try:
+        yield e
+    finally:
+        e.stop()

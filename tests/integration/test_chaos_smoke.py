@@ -4,9 +4,6 @@ must end with no violation.  ``make chaos`` runs the long randomized version."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,40 +13,23 @@ from tests.chaos import linkfaults, scenarios
 from tests.chaos.ensemble import Ensemble
 from tests.chaos.netns import Network
 from tests.chaos.rig import netns_support
+from tests.support.isolation import replicad_modules_imported_by
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
-    if not available():
-        pytest.skip("ZooKeeper (and Java) are not installed")
-    e = Ensemble(tmp_path_factory.mktemp("chaos-zk"))
-    e.start()
-    try:
-        yield e
-    finally:
-        e.stop()
-
-
 def test_checker_does_not_import_replicad() -> None:
-    code = ("import sys, tests.chaos.checker, tests.chaos.disk, tests.chaos.workload; "
-            "bad = sorted(m for m in sys.modules if m == 'replicad' or m.startswith('replicad.')); "
-            "print(bad); sys.exit(1 if bad else 0)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert replicad_modules_imported_by("tests.chaos.checker", "tests.chaos.disk",
+                                        "tests.chaos.workload") == []
 
 
 @pytest.mark.parametrize("plant", sorted(scenarios.PLANTS))
-def test_planted_bug_is_reported(plant: str, ensemble: Ensemble, tmp_path: Path) -> None:
-    result = scenarios.PLANTS[plant](tmp_path, ensemble, True)
+def test_planted_bug_is_reported(plant: str, chaos_ensemble: Ensemble, tmp_path: Path) -> None:
+    result = scenarios.PLANTS[plant](tmp_path, chaos_ensemble, True)
     assert result.verdict.kinds() & scenarios.PLANT_EXPECTS[plant], result.verdict.violations
 
 
-def test_fixed_schedule_has_no_violation(ensemble: Ensemble, tmp_path: Path) -> None:
-    result = scenarios.random_run(tmp_path, ensemble, seed=7,
+def test_fixed_schedule_has_no_violation(chaos_ensemble: Ensemble, tmp_path: Path) -> None:
+    result = scenarios.random_run(tmp_path, chaos_ensemble, seed=7,
                                   schedule=["kill_one", "pause_one", "zk_leader_kill", "flip_part"],
                                   hold=(1.0, 2.0), quiet=(0.5, 1.0))
     assert [e.nemesis for e in result.events] == ["kill_one", "pause_one", "zk_leader_kill", "flip_part"]
@@ -58,10 +38,10 @@ def test_fixed_schedule_has_no_violation(ensemble: Ensemble, tmp_path: Path) -> 
     assert result.verdict.recovery_s is not None and result.verdict.recovery_s < 60
 
 
-def test_merge_over_a_broken_part_recovers(ensemble: Ensemble, tmp_path: Path) -> None:
+def test_merge_over_a_broken_part_recovers(chaos_ensemble: Ensemble, tmp_path: Path) -> None:
     """Regression: a merge that cannot read a corrupted source part used to fail forever (the queue never
     drained); the part must be reported broken, moved to detached/ and the merged part fetched."""
-    result, flip = scenarios.merge_over_broken_part(tmp_path, ensemble)
+    result, flip = scenarios.merge_over_broken_part(tmp_path, chaos_ensemble)
     assert result.verdict.violations == [], result.verdict.violations
     detached = tmp_path / "r1" / "data" / "data" / "db" / "t" / "detached"
     assert any(flip.part in d.name for d in detached.iterdir()), sorted(p.name for p in detached.iterdir())

@@ -10,7 +10,6 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +31,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 ZERO_COPY: dict[str, Any] = {"storage_policy": "s3", "allow_remote_fs_zero_copy_replication": 1}
 PREFIX = "data/"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = S3Server.start(tmp_path_factory.mktemp("moto"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ a real S3-compatible server (moto).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,15 +37,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 ZERO_COPY: dict[str, Any] = {"storage_policy": "s3", "allow_remote_fs_zero_copy_replication": 1}
 PREFIX = "data/"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = S3Server.start(tmp_path_factory.mktemp("moto"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def start(cluster: Cluster, s3: S3Server, name: str, bucket: str = "leak") -> TableReplica:
