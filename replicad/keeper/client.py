@@ -1,4 +1,4 @@
-"""Async facade over kazoo — the only module of replicad that imports kazoo.
+"""Async facade over kazoo — with replicad.keeper.handler, the only code of replicad importing kazoo.
 
 kazoo keeps its own connection and callback threads.  Every request is issued with kazoo's
 ``*_async`` call (non-blocking: it only queues the request and pokes kazoo's socket pair); its
@@ -44,7 +44,7 @@ from kazoo.exceptions import (
     SessionMovedError,
     ZookeeperError,
 )
-from kazoo.handlers.threading import AsyncResult, KazooTimeoutError, SequentialThreadingHandler
+from kazoo.handlers.threading import AsyncResult, KazooTimeoutError
 from kazoo.protocol.states import KazooState, WatchedEvent
 from kazoo.protocol.states import ZnodeStat as _KazooStat
 
@@ -60,6 +60,7 @@ from replicad.errors import (
     KeeperOperationTimeoutError,
     KeeperSessionExpiredError,
 )
+from replicad.keeper.handler import LoopHandoff, PollHandler
 from replicad.keeper.ops import (
     Check,
     Create,
@@ -74,7 +75,6 @@ from replicad.keeper.ops import (
     WatchEventType,
     ZnodeStat,
 )
-from replicad.keeper.poll import poll_select
 from replicad.keeper.session import SessionEvents, SessionTracker
 from replicad.keeper.watches import ChildrenWatch
 
@@ -97,46 +97,6 @@ T = TypeVar("T")
 
 #: Requests kept in flight at once by the pipelined helpers (get_many, recursive delete, ...).
 PIPELINE_WINDOW = 1000
-
-
-class _LoopHandoff:
-    """A request's answer callback that only hands the result to the asyncio loop (never blocks): kazoo may
-    run it on the thread that read the answer instead of queueing it for its completion thread."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[[AsyncResult], None]) -> None:
-        self.fn = fn
-
-    def __call__(self, result: AsyncResult) -> None:
-        self.fn(result)
-
-
-class _Result(AsyncResult):
-    """kazoo's AsyncResult, running :class:`_LoopHandoff` callbacks at once on the answering thread: one
-    thread wake-up less per request (connection thread → loop, not connection → completion thread → loop)."""
-
-    def _do_callbacks(self) -> None:
-        callbacks: list[Any] = self._callbacks
-        for callback in callbacks:
-            if isinstance(callback, _LoopHandoff) or not self._handler.running:
-                try:
-                    callback(self)
-                except Exception:  # never break kazoo's connection thread
-                    log.exception("keeper_answer_callback_failed")
-            else:
-                self._handler.completion_queue.put(functools.partial(callback, self))
-
-
-class _PollHandler(SequentialThreadingHandler):
-    """kazoo's threading handler, its connection thread waiting with poll(2) (see replicad.keeper.poll), its
-    results handing answers straight to the loop (:class:`_Result`)."""
-
-    def select(self, *args: Any, **kwargs: Any) -> Any:
-        return poll_select(*args, **kwargs)
-
-    def async_result(self) -> AsyncResult:
-        return _Result(self)
 
 
 def _stat(s: _KazooStat) -> ZnodeStat:
@@ -196,7 +156,7 @@ class Keeper(SessionTracker):
         self._zk = KazooClient(
             hosts=host_list + self.chroot,
             timeout=session_timeout_s,
-            handler=_PollHandler(),
+            handler=PollHandler(),
             connection_retry={
                 "max_tries": -1,
                 "delay": 0.05,
@@ -336,7 +296,7 @@ class Keeper(SessionTracker):
         fut: asyncio.Future[Any] = loop.create_future()
         started = time.monotonic()
         result = start()
-        result.rawlink(_LoopHandoff(lambda r: self._answered(fut, r, what, kind, started)))
+        result.rawlink(LoopHandoff(lambda r: self._answered(fut, r, what, kind, started)))
         return fut
 
     def _answered(self, fut: asyncio.Future[Any], result: AsyncResult, what: str, kind: str,
