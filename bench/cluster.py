@@ -229,6 +229,18 @@ def zk_recved_by_port(zk: ZooKeeperServer) -> dict[int, int]:
     return out
 
 
+def part_ctimes_ms(kz: KazooClient, table_path: str, replica: str) -> dict[str, int]:
+    """Creation times (ZooKeeper's clock, ms) of ``replica``'s ``parts/<name>`` znodes under ``table_path``
+    (seen from the server's root): when each part was committed there (inserted, fetched or merged)."""
+    parts = f"{table_path}/replicas/{replica}/parts"
+    out: dict[str, int] = {}
+    for name in kz.get_children(parts):
+        stat = kz.exists(f"{parts}/{name}")
+        if stat is not None:
+            out[name] = int(stat.ctime)
+    return out
+
+
 # ---- HTTP
 
 
@@ -524,13 +536,7 @@ class BenchCluster:
         if self._kazoo is None:
             self._kazoo = KazooClient(hosts=self.zk.hosts)
             self._kazoo.start(15)
-        parts = f"{pair.zk_table_path(table)}/replicas/{replica.name}/parts"
-        out: dict[str, int] = {}
-        for name in self._kazoo.get_children(parts):
-            stat = self._kazoo.exists(f"{parts}/{name}")
-            if stat is not None:
-                out[name] = int(stat.ctime)
-        return out
+        return part_ctimes_ms(self._kazoo, pair.zk_table_path(table), replica.name)
 
     def disk_free_gb(self) -> float:
         return shutil.disk_usage(self.work_dir).free / 1e9

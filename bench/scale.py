@@ -46,6 +46,7 @@ from bench.cluster import (
     System,
     cpu_seconds,
     make_events,
+    part_ctimes_ms,
     tcp_peer_ports,
     to_tsv_fast,
     with_month,
@@ -165,14 +166,9 @@ class ScaleSet:
                 s.wait_ready()
 
     def stop(self) -> None:
-        for r in self.replicas:
-            r.http.close()
-        for s in self.servers:
+        for i in range(len(self.servers)):
             with contextlib.suppress(Exception):
-                if isinstance(s, Daemon):
-                    s.stop(timeout=30)
-                else:
-                    s.stop()
+                self.stop_server(i)
 
     def stop_server(self, i: int) -> None:
         self.replicas[i].http.close()
@@ -270,16 +266,6 @@ def tables_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSiz
                     f"ZooKeeper {zkr.points[system][-1].value:.1f} requests/s")
 
 
-def part_ctimes(kz: KazooClient, table_path: str, replica: str) -> dict[str, int]:
-    parts = f"{table_path}/replicas/{replica}/parts"
-    out: dict[str, int] = {}
-    for name in kz.get_children(parts):
-        stat = kz.exists(f"{parts}/{name}")
-        if stat is not None:
-            out[name] = int(stat.ctime)
-    return out
-
-
 def replicas_curve(system: System, zk: ZooKeeperServer, kz: KazooClient, ctx: Context, sz: ScaleSizes,
                    lag: Curve) -> None:
     with scale_set(system, zk, ctx.work_dir / "scale-replicas", max(sz.replicas)) as s:
@@ -294,8 +280,8 @@ def replicas_curve(system: System, zk: ZooKeeperServer, kz: KazooClient, ctx: Co
                 for r in s.replicas[1:k]:
                     wait_count(r, table, expected, timeout=120, poll_s=0.01)
             path = s.table_zk_path(table)
-            origin = part_ctimes(kz, path, "r0")
-            others = [part_ctimes(kz, path, f"r{j}") for j in range(1, k)]
+            origin = part_ctimes_ms(kz, path, "r0")
+            others = [part_ctimes_ms(kz, path, f"r{j}") for j in range(1, k)]
             lags = [max(o[p] for o in others) - t for p, t in origin.items() if all(p in o for o in others)]
             value = statistics.median(lags) if lags else float("nan")
             lag.points.setdefault(system, []).append(Point(k, value))
