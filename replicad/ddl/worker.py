@@ -307,7 +307,14 @@ class DDLWorker(BackgroundTask):
     # ---- cleanup -------------------------------------------------------------------------------------
 
     async def _cleanup(self, path: str, names: list[str]) -> None:
-        now_ms = time.time() * 1000
+        # Ages on ZooKeeper's clock: a task's ctime against the mtime of a write made now (the queue node's
+        # empty data, which no reader uses). The local clock may be far off: a daemon a week ahead would
+        # delete every task at once, one behind would keep them for good.
+        try:
+            now_ms = (await self.keeper.set(path, b"")).mtime_ms
+        except KeeperError as e:
+            log.warning("ddl_task_cleanup_failed", task="", error=str(e))
+            return
         excess = max(0, len(names) - self.settings.max_tasks_in_queue)
         for i, name in enumerate(names):
             task = f"{path}/{name}"

@@ -22,6 +22,7 @@ from replicad.ddl.entry import DDLEntry
 from replicad.devtools.daemon import Daemon
 from replicad.devtools.ports import free_port
 from replicad.devtools.zookeeper import ZooKeeperServer
+from tests.chaos import clock
 from tests.support.replicad_daemon import log_events, start_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -57,11 +58,12 @@ def settles_at(zk: KazooClient, expected: set[str], timeout: float = 30.0, stabl
     assert queue(zk) == expected
 
 
-def daemons(tmp_path: Path, zookeeper: ZooKeeperServer, zk_root: str, n: int, **ddl: Any) -> list[Daemon]:
+def daemons(tmp_path: Path, zookeeper: ZooKeeperServer, zk_root: str, n: int,
+            env: dict[str, str] | None = None, first: int = 1, **ddl: Any) -> list[Daemon]:
     out = []
-    for i in range(n):
+    for i in range(first - 1, first - 1 + n):
         port = free_port()
-        out.append(start_daemon(tmp_path, zookeeper, zk_root, f"rd{i + 1}", extra={
+        out.append(start_daemon(tmp_path, zookeeper, zk_root, f"rd{i + 1}", env=env, extra={
             "clusters": {"c": [{"replicas": [f"127.0.0.1:{port}"], "internal_replication": True}]},
             "distributed_ddl": {"host": "127.0.0.1", "port": port, "path": QUEUE,
                                 "cleanup_delay_period": 0, **ddl}}))
@@ -140,3 +142,29 @@ def test_tasks_older_than_task_max_lifetime_are_removed(
     [newest] = plant(zk, 1)
     settles_at(zk, {young, newest})  # the worker has gone: the expired task goes too
     assert zk.exists(f"{QUEUE}/{young}") is not None
+
+
+def test_task_ages_are_judged_on_zookeepers_clock(
+    zk: KazooClient, zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path,
+    stopper: Callable[[list[Daemon]], list[Daemon]],
+) -> None:
+    """A daemon whose wall clock runs 8 days ahead (the chaos suite's clock shim) keeps tasks younger than the
+    default week; one 8 days behind still removes tasks past a 4 s lifetime."""
+    if clock.clock_support() is not None:
+        pytest.skip(str(clock.clock_support()))
+    lib = clock.shim()
+    assert lib is not None
+    ahead = stopper(daemons(tmp_path, zookeeper, zk_root, 1, env=clock._env(lib, 8 * 86400.0, 1.0)))
+    tasks = plant(zk, 3)
+    tasks += plant(zk, 1)  # a change of the queue after the first ones: the cleaner runs again
+    settles_at(zk, set(tasks), stable_s=3.0)
+    assert deleted_by(ahead) == []
+    ahead[0].kill()
+
+    behind = stopper(daemons(tmp_path, zookeeper, zk_root, 1, env=clock._env(lib, -8 * 86400.0, 1.0),
+                             first=2, task_max_lifetime=4))
+    ctime_s = zk.exists(f"{QUEUE}/{tasks[-1]}").ctime / 1000
+    time.sleep(max(0.0, ctime_s + 4 + 1.2 - time.time()))
+    [young] = plant(zk, 1)
+    settles_at(zk, {young})
+    assert sorted(deleted_by(behind)) == sorted(tasks)
