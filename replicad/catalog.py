@@ -24,6 +24,7 @@ from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
 from replicad.replica import ReplicaEnv, TableReplica, TableSpec
+from replicad.replication.alter_columns import refuse_plain_column_comments
 from replicad.replication.fetcher import FetchCredentials
 from replicad.server.interserver import InterserverServer
 from replicad.server.parts_exchange import InterserverExchange
@@ -157,6 +158,7 @@ class ReplicaCatalog:
     async def create_table(self, statement: Statement) -> TableService:
         """CREATE TABLE from a client: as 18.16's CREATE (not ATTACH), a replica name that already exists in
         ZooKeeper is refused (code 253), so a client cannot take over another replica's identity."""
+        refuse_plain_column_comments(parse_create_table(statement.text))
         return await self.create_from_ddl(statement.text, if_not_exists=statement.if_exists, new_replica=True)
 
     async def drop_table(self, statement: Statement) -> None:

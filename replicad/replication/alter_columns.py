@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from replicad.errors import (
+    BadInputError,
     KeeperBadVersionError,
     KeeperMultiError,
     KeeperNoNodeError,
@@ -156,12 +157,26 @@ def apply_column_commands(table: TableDef, commands: Sequence[Any]) -> TableDef:
                                 "is not supported by replicad", code=NOT_IMPLEMENTED)
         if c.comment and not c.default_kind and (old is None or (old.comment, old.default_kind) != (
                 c.comment, c.default_kind)):
-            raise ReplicadError(
-                f"A comment on column {c.name}, which has no DEFAULT/MATERIALIZED/ALIAS expression, is not "
-                "set by replicad: a ClickHouse 18.16 replica reads such a column of the columns znode as no "
-                "column at all and drops it from its parts (its own COMMENT COLUMN does the same); only "
-                "columns with an expression take a comment", code=NOT_IMPLEMENTED)
+            raise _plain_comment_error(c.name)
     return new
+
+
+def _plain_comment_error(name: str) -> ReplicadError:
+    """The client's statement is what cannot be carried out: a 400 with ClickHouse's code 48."""
+    return BadInputError(
+        f"A comment on column {name}, which has no DEFAULT/MATERIALIZED/ALIAS expression, is not "
+        "set by replicad: a ClickHouse 18.16 replica reads such a column of the columns znode as no "
+        "column at all and drops it from its parts (its own COMMENT COLUMN does the same); only "
+        "columns with an expression take a comment", code=NOT_IMPLEMENTED)
+
+
+def refuse_plain_column_comments(table: TableDef) -> None:
+    """A client's CREATE of a replicated table: the same refusal as an ALTER's (48) for a comment on a column
+    without an expression, since the ``columns`` znode it would write loses that column on 18.16 replicas."""
+    if table.replicated:
+        for c in table.columns:
+            if c.comment and not c.default_kind:
+                raise _plain_comment_error(c.name)
 
 
 def table_with_columns(table: TableDef, columns_text: str) -> TableDef:

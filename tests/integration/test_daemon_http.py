@@ -426,6 +426,11 @@ def test_select_and_statement_errors(daemon: Daemon) -> None:
         (query(daemon.url, "CREATE TABLE db.plain (k UInt8) ENGINE = MergeTree ORDER BY k", post=True), 400,
          48, "ReplicatedMergeTree"),
         (query(daemon.url, ddl("db.err"), post=True), 400, 57, "already exists"),
+        # a comment on a plain column: a columns znode line 18.16 reads as no column (alter_columns)
+        (query(daemon.url, "CREATE TABLE db.cm (k UInt8, s String COMMENT 'x') ENGINE = "
+               "ReplicatedMergeTree('/clickhouse/tables/cm', '{replica}') ORDER BY k", post=True), 400, 48,
+         "column s, which has no DEFAULT"),
+        (query(daemon.url, "SELECT count() FROM db.cm"), 404, 60, "db.cm"),  # the refused CREATE made nothing
         (query(daemon.url, "SELECT 1", no_such_setting=1), 400, 115, "no_such_setting"),
     ]
     for r, status, code, fragment in cases:

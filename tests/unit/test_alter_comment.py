@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from replicad.errors import ReplicadError
-from replicad.replication.alter_columns import apply_column_commands
+from replicad.replication.alter_columns import apply_column_commands, refuse_plain_column_comments
 from replicad.sql.ddl import TableDef, parse_create_table
 from replicad.sql.statements import Alter, parse_statement
 
@@ -63,3 +63,14 @@ def test_comment_column_errors() -> None:
     assert "`name` String\n" in alter(with_plain, "COMMENT COLUMN name ''").columns_text()
     # and an unrelated ALTER keeps it
     assert "`name` String\t\t\\'c\\'\n" in alter(with_plain, "ADD COLUMN z UInt8").columns_text()
+
+
+def test_create_with_a_comment_on_a_plain_column_is_refused() -> None:
+    with pytest.raises(ReplicadError) as e:
+        refuse_plain_column_comments(parse_create_table(
+            "CREATE TABLE db.t (id Int32, name String COMMENT 'who') "
+            "ENGINE = ReplicatedMergeTree('/t', 'r') ORDER BY id"))
+    assert e.value.code == 48 and "column name" in str(e.value)
+    refuse_plain_column_comments(TABLE)  # comments on columns with an expression only: fine
+    refuse_plain_column_comments(parse_create_table(  # a local table writes no columns znode
+        "CREATE TABLE db.t (id Int32, name String COMMENT 'who') ENGINE = MergeTree ORDER BY id"))
