@@ -205,18 +205,22 @@ class QueueState:
 
     # -- selection ------------------------------------------------------------------------------------------
     def select_entry_to_process(
-        self, now: float, extra_check: ExtraCheck | None = None, skip: Collection[LogEntryType] = ()
+        self, now: float, extra_check: ExtraCheck | None = None, skip: Collection[LogEntryType] = (),
+        mono: float | None = None,
     ) -> Selected | None:
         """The first runnable entry, marked as executing (its parts become future parts) and moved to the
         end of the queue; the entries skipped on the way get their ``postpone_reason``.  ``extra_check`` may
         veto an entry with a reason (merges cancelled, pool too small for the merge, fetch limits …);
-        entries of a type in ``skip`` are not looked at (the caller could not start them anyway)."""
+        entries of a type in ``skip`` are not looked at (the caller could not start them anyway).  ``now`` is
+        the wall clock shown in the entries' times; ``mono``, when given, is the clock the back-off after a
+        failure is judged on (the daemon passes the monotonic clock: a wall clock stepped back must not hold
+        the retries for as long)."""
         if skip and all(n <= 0 or t in skip for t, n in self._waiting.items()):
             return None
         for i, qe in enumerate(self.entries):
             if qe.currently_executing or (skip and qe.type in skip):
                 continue
-            reason = self.postpone_reason(qe, now)
+            reason = self.postpone_reason(qe, now if mono is None else mono)
             if reason is None and extra_check is not None:
                 reason = extra_check(qe.entry)
             if reason is not None:
@@ -362,7 +366,8 @@ class QueueState:
         return None
 
     # -- outcomes -------------------------------------------------------------------------------------------
-    def finish(self, znode_name: str, *, success: bool, now: float, error: str = "") -> FinishResult:
+    def finish(self, znode_name: str, *, success: bool, now: float, error: str = "",
+               mono: float | None = None) -> FinishResult:
         """Record the end of an execution.  On success the entry leaves the queue (the caller removes its
         node) and its parts become current; on failure it stays, with back-off."""
         qe = self._executing.pop(znode_name, None)
@@ -376,7 +381,8 @@ class QueueState:
             qe.num_failures += 1
             qe.last_exception = error
             qe.last_exception_time = now
-            qe.retry_not_before = now + self.backoff.delay(qe.type, qe.num_failures)
+            gate = now if mono is None else mono
+            qe.retry_not_before = gate + self.backoff.delay(qe.type, qe.num_failures)
             self._backing_off[qe.znode_name] = qe
             self._set_waiting(qe, True)
             return FinishResult()

@@ -134,12 +134,13 @@ class QueueExecutor(BackgroundTask):
         if self._undeleted:
             await self._delete_leftover_nodes()
         started = 0
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
         while len(self._running) < self.max_parallel:
             # with the fetch pool full, the fetches waiting in the queue are not even looked at (each start
             # of an entry used to walk the whole queue: quadratic in a drain of a long backlog)
             full = self._fetches >= self.max_parallel_fetches
-            selected = self.state.select_entry_to_process(now, self._extra_check, _PRODUCING if full else ())
+            selected = self.state.select_entry_to_process(now, self._extra_check, _PRODUCING if full else (),
+                                                          mono=mono)
             if selected is None:
                 break
             znode = selected.queue_entry.znode_name
@@ -148,7 +149,7 @@ class QueueExecutor(BackgroundTask):
             task = asyncio.get_running_loop().create_task(self._run(selected), name=f"queue-entry:{znode}")
             self._running[znode] = task
             started += 1
-        delay = self._next_retry_delay(now)
+        delay = self._next_retry_delay(mono)
         if self._undeleted:
             delay = min(delay, 1.0) if delay is not None else 1.0
         fields = {"started": started, "running": len(self._running), "queue_size": len(self.state)}
@@ -184,7 +185,7 @@ class QueueExecutor(BackgroundTask):
             self._running.pop(znode, None)
             if not ok:
                 self.failed_total += 1
-                self.state.finish(znode, success=False, now=time.time(), error=error)
+                self.state.finish(znode, success=False, now=time.time(), error=error, mono=time.monotonic())
             self.wakeup()
         if ok:
             await self._on_success(znode)

@@ -346,3 +346,19 @@ def test_skipped_types_end_the_selection_and_the_bookkeeping_follows_every_path(
     assert q.min_unprocessed_insert_time == 50
     s5 = q.select_entry_to_process(now=6, skip={LogEntryType.DROP_RANGE})
     assert s5 is not None and s5.entry.new_part_name == "5_5_5_0"
+
+
+def test_back_off_is_judged_on_the_monotonic_clock_when_given() -> None:
+    """The daemon passes the monotonic clock as ``mono``: a wall clock stepped back an hour after a failure
+    must not hold the retry for an hour (nor one stepped forward skip the back-off); the wall clock still
+    stamps the entry's times."""
+    q = q_with(get("1_1_1_0", t=100))
+    wall, mono = 2_000_000_000.0, 50.0
+    first = q.select_entry_to_process(now=wall, mono=mono)
+    assert first is not None
+    q.finish(first.queue_entry.znode_name, success=False, now=wall, error="boom", mono=mono)  # back-off 1 s
+    qe = first.queue_entry
+    assert qe.last_exception_time == wall and q.next_retry_delay(mono) == 1.0
+    assert q.select_entry_to_process(now=wall + 86400, mono=mono + 0.5) is None  # wall jumped a day ahead
+    again = q.select_entry_to_process(now=wall - 3600, mono=mono + 1.1)  # wall stepped back an hour
+    assert again is not None and again.queue_entry.last_attempt_time == wall - 3600
