@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 import pyarrow as pa
 from aiohttp import web
 
-from replicad import settings as settings_table
 from replicad import stage_times
 from replicad.config import Config
 from replicad.datatypes import parse_type
@@ -270,10 +269,10 @@ def _query_id(given: str | None) -> str:
     return given
 
 
-def _check_query_size(text: str, given: Mapping[str, Any]) -> None:
-    """ClickHouse's ``max_query_size``: the statement (for INSERT, the text before the data) is refused when
-    longer, before it is parsed."""
-    limit = int(given.get("max_query_size", settings_table.SETTINGS["max_query_size"].default))
+def _check_query_size(text: str, config: Config, given: Mapping[str, Any]) -> None:
+    """ClickHouse's ``max_query_size`` (the URL's, else the config's ``settings:``): the statement (for
+    INSERT, the text before the data) is refused when longer, before it is parsed."""
+    limit = int(query_setting(config, given, "max_query_size"))
     if _is_insert(text):
         text = text.split("\n", 1)[0]
     size = len(text.encode("utf-8", "replace")) if len(text) * 4 > limit else len(text)
@@ -308,7 +307,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
         extra = await _read_rest(http_body.request_body(request), b"")
         if extra.strip():
             text = text + "\n" + extra
-    _check_query_size(text, given)
+    _check_query_size(text, state.config, given)
     headers = {"X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Server-Display-Name": state.config.replica}
     system = await system_queries.answer(text, system_queries.ServerContext(
         state.config, params.get("database") or "default", state.started_at), state.require_catalog)

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +161,18 @@ def test_order_by_holds_a_bounded_number_of_rows(daemon: Daemon) -> None:
     assert everything.text == f"{n}\n"
     full = ok(query(daemon.url, "SELECT k FROM db.sorted ORDER BY k DESC LIMIT 2"))  # default cap: 1 GiB
     assert full.text == f"{n - 1}\n{n - 2}\n"
+
+
+def test_max_query_size_from_the_config(zookeeper: ZooKeeperServer, tmp_path: Path) -> None:
+    """The config's ``settings: {max_query_size: …}`` is the limit when the URL gives none (the URL wins)."""
+    from tests.support.replicad_daemon import make_chroot
+
+    d = start_daemon(tmp_path, zookeeper, make_chroot(zookeeper, "qsize"), "r1", tables=[DDL],
+                     wait_table=TABLE, settings={"max_query_size": 1000})
+    try:
+        sql = f"SELECT count() FROM {TABLE} WHERE k IN ({','.join(['1'] * 600)})"  # 1,230 bytes
+        assert_client_error(request(d.url, "/", sql.encode()), 62)
+        assert ok(request(d.url, "/?max_query_size=2000", sql.encode())).text == "0\n"
+        assert ok(request(d.url, "/", f"SELECT count() FROM {TABLE}".encode())).text == "0\n"
+    finally:
+        d.kill()
