@@ -158,6 +158,10 @@ class CompressedResponse(web.StreamResponse):
             await super().write(out)
 
     async def write_eof(self, data: bytes | bytearray | memoryview = b"") -> None:
+        # aiohttp ends every answer with write_eof once more after the handler's own: the compressor is
+        # flushed once (a second flush raises "compressor object already finished")
+        if self._eof_sent:
+            return
         if data:
             await self.write(data)
         tail = self._flush()
