@@ -1,7 +1,7 @@
 """``make chaos SEED=… RUNS=…``: the planted-bug proofs, then RUNS random schedules, then RELIABILITY.md.
 
     python -m tests.chaos --seed 1 --runs 5 [--faults 4] [--out RELIABILITY.md] [--no-plants] [--keep]
-                          [--mixed M] [--s3 K]
+                          [--mixed M] [--s3 K] [--schedule kill_all,wipe_local,…]
 """
 
 from __future__ import annotations
@@ -38,7 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmpfs-mb", type=int, default=96, help="replica data on tmpfs of this size (0: no)")
     ap.add_argument("--s3", type=int, default=0,
                     help="extra runs (seeds after the mixed ones) with the table on an S3 disk (zero-copy)")
+    ap.add_argument("--schedule", default="",
+                    help="comma-separated nemeses for every run instead of the seed's draw (to replay a "
+                         "failing run's schedule: the seed still drives the timing and the workload)")
     args = ap.parse_args(argv)
+    schedule = [n.strip() for n in args.schedule.split(",") if n.strip()] or None
+    unknown = [n for n in schedule or () if n not in scenarios.ALL_NEMESES]
+    if unknown:
+        ap.error(f"unknown nemeses {unknown}; known: {', '.join(sorted(scenarios.ALL_NEMESES))}")
     # SIGTERM (make interrupted, a timeout) leaves through the clean-up: namespaces, bridge, mounts, processes
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
@@ -76,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.s3:  # first: an interrupted session (SIGTERM) still reports them
             runs += s3_runs.runs(base, ensemble, range(args.seed + args.runs + args.mixed,
                                                        args.seed + args.runs + args.mixed + args.s3),
-                                 args.faults, net, args.tmpfs_mb, say)
+                                 args.faults, net, args.tmpfs_mb, say, schedule)
         for seed in range(args.seed, args.seed + args.runs):
             t0 = time.monotonic()
             r = scenarios.random_run(base / f"seed-{seed}", ensemble, seed, args.faults, net=net,
-                                     tmpfs_mb=args.tmpfs_mb)
+                                     tmpfs_mb=args.tmpfs_mb, schedule=schedule)
             say(f"seed {seed}: {', '.join(e.nemesis for e in r.events)}; {r.acked_rows} acked rows, "
                 f"{r.indeterminate} indeterminate, recovery {r.verdict.recovery_s} s, "
                 f"{len(r.verdict.violations)} violations ({time.monotonic() - t0:.0f} s)")
@@ -96,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             ensemble.start()
             first = args.seed + args.runs
             for seed in range(first, first + args.mixed):
-                r = scenarios.random_run(base / f"mixed-{seed}", ensemble, seed, args.faults, clickhouse=True)
+                r = scenarios.random_run(base / f"mixed-{seed}", ensemble, seed, args.faults, clickhouse=True,
+                                         schedule=schedule)
                 faults = ", ".join(e.nemesis for e in r.events)
                 say(f"seed {seed} (mixed): {faults}; {r.acked_rows} acked rows, "
                     f"recovery {r.verdict.recovery_s} s, {len(r.verdict.violations)} violations")
@@ -109,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             net.teardown()
         command = f"make chaos SEED={args.seed} RUNS={args.runs} MIXED={args.mixed}"
         command += f" S3={args.s3}" if args.s3 else ""
+        command += f" SCHEDULE={','.join(schedule)}" if schedule else ""
         report.write(args.out, report.render(runs, plants, seed=args.seed, faults=args.faults, mode=mode,
                                              command=command))
         say(f"wrote {args.out}")

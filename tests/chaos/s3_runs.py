@@ -24,13 +24,14 @@ def plant(base: Path, ensemble: Ensemble, say: Callable[[str], None]) -> scenari
 
 
 def runs(base: Path, ensemble: Ensemble, seeds: Iterable[int], faults: int, net: Network | None,
-         tmpfs_mb: int, say: Callable[[str], None]) -> list[scenarios.RunResult]:
+         tmpfs_mb: int, say: Callable[[str], None], schedule: list[str] | None = None,
+         ) -> list[scenarios.RunResult]:
     out = []
     for seed in seeds:
         t0 = time.monotonic()
         with S3Member(base / f"s3-{seed}" / "moto", net) as s3:
             r = scenarios.random_run(base / f"s3-{seed}", ensemble, seed, faults, net=net, tmpfs_mb=tmpfs_mb,
-                                     s3=s3)
+                                     s3=s3, schedule=schedule)
         faults_done = ", ".join(e.nemesis for e in r.events)
         say(f"seed {seed} ({r.variant}): {faults_done}; {r.acked_rows} acked rows, "
             f"recovery {r.verdict.recovery_s} s, {len(r.verdict.violations)} violations "
