@@ -134,12 +134,22 @@ async def wait_for_quorum(
             await asyncio.wait_for(changed.wait(), timeout=min(remaining, 1.0))
         except TimeoutError:
             pass
+    # The status node is gone: the quorum was reached, or the others gave up on it while we were away (no
+    # active holder: quorum/failed_parts, the block id removed, our part detached when we re-activate).
+    # 18.16 looks only at is_active, whose re-created node has the same text (and version 0) after a lost
+    # session: our re-activation also rewrote ``host``, so its version tells it.
     try:
         value, _ = await keeper.get(paths.me.is_active)
     except KeeperNoNodeError:
         value = b""
-    if value != pre.is_active_value:
+    host = await keeper.exists(paths.me.host)
+    if value != pre.is_active_value or host is None or host.version != pre.host_version:
         raise UnknownInsertStatusError("Replica become inactive while waiting for quorum", code=254)
+    if await keeper.exists(f"{paths.quorum_failed_parts}/{part_name}") is not None:
+        raise UnknownInsertStatusError(
+            f"Unknown status, client must retry. Reason: the quorum for part {part_name} was marked failed "
+            "(no other replica could fetch it); the part will not be kept and the insert may be retried",
+            code=319)
 
 
 def parallel_status_path(paths: TablePaths, part_name: str) -> str:
