@@ -322,16 +322,9 @@ class TableReplica:
         self.executor.wakeup()
 
     def _on_parts_changed(self) -> None:
-        # An executed entry may have made parts outdated.  They are removable after old_parts_lifetime; only
-        # when that comes before the next periodic run is the cleanup woken (ClickHouse wakes it only after
-        # dropping parts): waking it after every fetch cost ZooKeeper reads and a directory scan per insert.
-        s = self.cleanup.settings
-        if s.old_parts_lifetime <= s.cleanup_delay_period:
-            self.cleanup.wakeup()
-
-    def _on_local_commit(self, _name: str) -> None:
-        # Our own GET_PART will come back through the log; nothing to fetch for it.
-        self.queue_updating.wakeup()
+        # An executed entry may have made parts outdated (waking the cleanup after every fetch cost ZooKeeper
+        # reads and a directory scan per insert: see CleanupThread.parts_outdated).
+        self.cleanup.parts_outdated()
 
     def enqueue_part_check(self, name: str, delay_s: float = 0.0) -> None:
         self.part_check.enqueue(name, delay_s)

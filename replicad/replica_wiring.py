@@ -49,8 +49,6 @@ class ReplicaHooks(Protocol):
 
     def enqueue_part_check(self, name: str, delay_s: float = 0.0) -> None: ...
 
-    def _on_local_commit(self, name: str) -> None: ...
-
     def _on_pulled(self, entries: list[LogEntry]) -> None: ...
 
     def _refresh_zk_summary(self) -> Awaitable[None]: ...
@@ -118,7 +116,6 @@ def build_collaborators(
         columns_version=lambda: hooks.structure.columns_version if hooks.structure else 0,
         tz=env.tz,
         enqueue_part_check=hooks.enqueue_part_check,
-        on_committed=hooks._on_local_commit,
     )
     fetcher = PartFetcher(keeper, paths, store, table_columns_text=spec.columns_text,
                           credentials=env.credentials, min_bytes_to_fsync=fsync_fetched,

@@ -317,6 +317,16 @@ class CleanupThread(BackgroundTask):
         self.stats = CleanupStats()
         self._block_ctimes: dict[str, int] = {}
 
+    def parts_outdated(self) -> None:
+        """Parts just became outdated (a merge, a fetch of a covering part, an executed entry).  They are
+        removable only after ``old_parts_lifetime``, so the cleanup is woken only when that comes before its
+        next periodic run (ClickHouse wakes it only after dropping parts).  Waking it after every merge cost a
+        whole cleanup round (the children of ``blocks/`` and ``log/``, every replica's pointers) per merge,
+        that is one per four or five small inserts."""
+        s = self.settings
+        if s.old_parts_lifetime <= s.cleanup_delay_period:
+            self.wakeup()
+
     def _next_delay(self) -> float:
         s = self.settings
         return s.cleanup_delay_period + random.uniform(0.0, s.cleanup_delay_period_random_add)

@@ -74,6 +74,8 @@ class TempPart:
     checksums: Checksums
     columns_text: str
     block_id: str  # "" = no deduplication
+    #: the writer's sum of its files' sizes (None: not known, as for a part taken from a directory)
+    bytes_on_disk: int | None = None
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,8 @@ class PartCommitter:
 
         try:
             stage_times.mark("commit_ops")
-            await self.store.precommit(part.path, info)
+            await self.store.precommit(part.path, info,
+                                     (part.checksums, part.columns_text, part.rows, part.bytes_on_disk))
         except BaseException:
             await _release_quietly(self.keeper, lock.unlock_ops())
             await _remove_tmp(part.path)

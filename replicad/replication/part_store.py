@@ -26,6 +26,7 @@ from replicad.storage.part import PartDirectory
 if TYPE_CHECKING:
     from replicad.keeper.ops import Op
     from replicad.replication.zero_copy import RemoteParts
+    from replicad.storage.checksums import Checksums
 
 log = get_logger(__name__)
 
@@ -157,8 +158,11 @@ class PartStore:
 
     # ---------------------------------------------------------------------------------------- changes
 
-    async def precommit(self, tmp_dir: Path, info: PartInfo) -> LocalPart:
-        """Rename a finished temporary directory to the part's name; the part becomes servable."""
+    async def precommit(self, tmp_dir: Path, info: PartInfo,
+                        written: tuple[Checksums, str, int, int | None] | None = None) -> LocalPart:
+        """Rename a finished temporary directory to the part's name; the part becomes servable.  ``written``:
+        the (checksums, columns.txt text, rows, bytes on disk) its writer produced, taken instead of reading
+        them back."""
         name = info.name
         existing = self._parts.get(name)
         if existing is not None and existing.state is not PartState.OUTDATED:
@@ -168,6 +172,8 @@ class PartStore:
 
         def commit() -> PartDirectory:  # rename, and read its metadata files in the same worker-thread trip
             path = self.layout.commit(tmp_dir, name)
+            if written is not None:
+                return PartDirectory.at(path).known(*written)
             try:
                 return PartDirectory.at(path).preload()
             except BaseException:  # unreadable: it must not stay behind under the part's name

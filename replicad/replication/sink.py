@@ -234,6 +234,7 @@ async def write_block(
             checksums=written.checksums,
             columns_text=written.columns_text,
             block_id=bid,
+            bytes_on_disk=written.bytes_on_disk,
         )
         out.append(part)
         ctx.parts.append(part)

@@ -208,7 +208,7 @@ class TableOperations:
             self.assigner.wakeup()
 
     def _on_part_made(self) -> None:
-        self.replica.cleanup.wakeup()
+        self.replica.cleanup.parts_outdated()  # the merged-away sources are outdated now
         self.mutations_finalizing.wakeup()
         if self.leader.is_leader:
             self.assigner.wakeup()

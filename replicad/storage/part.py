@@ -244,6 +244,16 @@ class PartDirectory:
                 pass
         return self
 
+    def known(self, checksums: Checksums, columns_text: str, rows: int,
+              bytes_on_disk: int | None = None) -> PartDirectory:
+        """The metadata a writer just wrote into this directory, taken as read (no file is opened, none is
+        stat-ed): a fresh part need not read back its own checksums.txt, columns.txt and count.txt."""
+        cache = self.__dict__  # where cached_property keeps its values
+        cache["checksums"], cache["columns_text"], cache["rows"] = checksums, columns_text, rows
+        if bytes_on_disk is not None:
+            cache["bytes_on_disk"] = bytes_on_disk
+        return self
+
     # ---- metadata files ------------------------------------------------------------------------------
 
     @cached_property

@@ -4,6 +4,7 @@ stopped in reverse.  No ZooKeeper: the keeper is never started."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from replicad.catalog import spec_from_ddl
@@ -65,3 +66,19 @@ async def test_stop_asks_the_tasks_to_stop_in_reverse_start_order(tmp_path: Path
         task.request_stop = (lambda k: lambda: asked.append(k))(key)  # type: ignore[method-assign]
     await replica.stop()
     assert asked == list(reversed(replica.tasks))
+
+
+def test_a_merge_or_an_executed_entry_wakes_the_cleanup_only_when_parts_fall_due(tmp_path: Path) -> None:
+    replica = make_replica(tmp_path)
+    cleanup = replica.cleanup
+    replica.ops._on_part_made()  # the merged-away parts are removable only after old_parts_lifetime (480 s)
+    replica._on_parts_changed()
+    assert not cleanup._wake.is_set()
+    cleanup.settings = replace(cleanup.settings, old_parts_lifetime=1.0)  # due before the next periodic round
+    replica.ops._on_part_made()
+    assert cleanup._wake.is_set()
+
+
+def test_a_local_commit_leaves_our_own_log_entry_to_the_log_watch(tmp_path: Path) -> None:
+    replica = make_replica(tmp_path)
+    assert replica.committer._on_committed is None  # no second pull per insert beside the watch's
