@@ -240,9 +240,14 @@ def _parse_block(mv: memoryview, pos: int, file_name: str, file_offset: int) -> 
     return _decode_payload(code, body[HEADER_SIZE:], dsize, file_name, file_offset), body_end
 
 
-def read_block(data: BytesLike, offset: int = 0, file_name: str = "") -> tuple[bytes, int]:
-    """Verify and decompress the block starting at ``offset``; return (payload, offset of the next block)."""
-    return _parse_block(_as_bytes_view(data), offset, file_name, offset)
+def read_block(
+    data: BytesLike, offset: int = 0, file_name: str = "", file_offset: int | None = None
+) -> tuple[bytes, int]:
+    """Verify and decompress the block starting at ``offset``; return (payload, offset of the next block).
+
+    Errors name ``file_offset`` (default ``offset``): where ``data`` starts in the file, plus ``offset``."""
+    where = offset if file_offset is None else file_offset + offset
+    return _parse_block(_as_bytes_view(data), offset, file_name, where)
 
 
 def iter_blocks(data: BytesLike, file_name: str = "") -> Iterator[tuple[int, bytes]]:
