@@ -15,7 +15,13 @@ import os
 from pathlib import Path
 
 from replicad.errors import CorruptedDataError
-from replicad.storage.compression import BLOCK_OVERHEAD, CHECKSUM_SIZE, HEADER_SIZE, MAX_BLOCK_SIZE, read_block
+from replicad.storage.compression import (
+    BLOCK_OVERHEAD,
+    CHECKSUM_SIZE,
+    HEADER_SIZE,
+    MAX_BLOCK_SIZE,
+    read_block,
+)
 
 Position = tuple[int, int]
 

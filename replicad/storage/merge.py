@@ -37,8 +37,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from replicad.datatypes import DataType
 from replicad.datatypes.composite import take_rows
@@ -46,6 +47,7 @@ from replicad.errors import CorruptedDataError
 from replicad.sql.expressions import Expr, compile_expression, compile_key
 from replicad.sql.expressions_ast import Function, Literal
 from replicad.sql.partition import PartitionKey
+from replicad.storage.block import numpy_sort_key, sort_indices
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
@@ -375,13 +377,47 @@ def _merge(
         if len(pieces) == 1:
             yield pieces[0]
             continue
-        table = pa.concat_tables([t for t, _ in pieces])
+        table = _concat_tables([t for t, _ in pieces])
         cols = [pa.concat_arrays([k[i] for _, k in pieces]) for i in range(len(keys.sorting))]
-        order = pc.sort_indices(
-            pa.table({f"k{i}": c for i, c in enumerate(cols)}),
-            sort_keys=[(f"k{i}", "ascending", "at_end") for i in range(len(cols))],
-        )
-        yield take_rows(table, order), [c.take(order) for c in cols]
+        order = pa.array(_merge_order(cols), pa.int64())
+        merged = take_rows(table, order)
+        sorted_keys = [_sorted_key(e, c, merged, keys, order)
+                       for e, c in zip(keys.sorting, cols, strict=True)]
+        yield merged, sorted_keys
+
+
+def _merge_order(cols: Sequence[pa.Array]) -> npt.NDArray[np.int64]:
+    """The stable ORDER BY permutation of concatenated sorted runs.  Numeric keys (strings as their ranks)
+    go to numpy's stable sorts (timsort: it finds the runs, O(n log runs)); others to pyarrow."""
+    numeric = [numpy_sort_key(c) for c in cols]
+    if any(k is None for k in numeric):
+        return sort_indices(cols)
+    if len(numeric) == 1:
+        return np.argsort(numeric[0], kind="stable").astype(np.int64, copy=False)
+    return np.lexsort([k for k in reversed(numeric) if k is not None]).astype(np.int64, copy=False)
+
+
+def _concat_tables(tables: Sequence[pa.Table]) -> pa.Table:
+    """``tables`` one after the other, every column one contiguous array (the merged batch is taken
+    from it: a chunked column would be combined first, one more copy)."""
+    first = tables[0]
+    columns = [
+        pa.concat_arrays([chunk for t in tables for chunk in t.column(i).chunks])
+        for i in range(first.num_columns)
+    ]
+    return pa.Table.from_arrays(columns, schema=first.schema)
+
+
+def _sorted_key(e: Expr, key: pa.Array, merged: pa.Table, keys: TableKeys, order: pa.Array) -> pa.Array:
+    """A sorting-key array in merged order: a plain column's is the merged column (no second take)."""
+    if e.text in keys.types:
+        i = merged.schema.get_field_index(e.text)
+        if i >= 0:
+            col = merged.column(i)
+            arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+            if arr.type == key.type:
+                return arr
+    return key.take(order)
 
 
 def merge_parts(
