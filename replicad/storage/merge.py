@@ -30,7 +30,7 @@ import os
 import queue
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -159,6 +159,23 @@ class TableKeys:
                 table = table.set_column(table.schema.get_field_index(c), c, self.computed(c, table))
         return table
 
+    def raw_columns(self, readers: Sequence[PartReader]) -> frozenset[str]:
+        """Columns a merge can copy still serialized (``PartReader.read_granules``' ``raw``): no key,
+        partition or DEFAULT expression reads them, and every source stores them alike
+        (:meth:`PartReader.raw_width`).  None when a source lacks a column with a DEFAULT (the
+        expression is computed from the decoded columns)."""
+        if any(self.missing_with_defaults(r) for r in readers):
+            return frozenset()
+        read = {c for e in (*self.sorting, *self.primary) for c in e.columns} | set(self.partition.columns)
+        out = set()
+        for name, _t in self.columns:
+            if name in read:
+                continue
+            widths = {r.raw_width(name) for r in readers}
+            if len(widths) == 1 and None not in widths:
+                out.add(name)
+        return frozenset(out)
+
     @cached_property
     def partition_types(self) -> list[DataType]:
         return self.partition.result_types(self.types, self.tz)
@@ -199,6 +216,7 @@ class TableKeys:
         tmp_dir: Path,
         settings: WriterSettings,
         partition_value: list[tuple[DataType, object]] | None,
+        raw_columns: Collection[str] = (),
     ) -> PartWriter:
         names = [e.text for e in self.primary]
         key_types = {
@@ -212,6 +230,7 @@ class TableKeys:
             key_types=key_types,
             minmax_columns=self.partition.columns if partition_value is not None else (),
             partition_value=partition_value,
+            raw_columns=raw_columns,
         )
 
     def primary_arrays(
@@ -332,6 +351,7 @@ def merged_batches(
     keys: TableKeys,
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
     read_threads: int = 0,
+    raw: Collection[str] = (),
 ) -> Iterator[tuple[pa.Table, list[pa.Array]]]:
     """The rows of ``readers`` (each sorted) merged by the sorting key, as (batch, sorting-key arrays).
 
@@ -341,18 +361,22 @@ def merged_batches(
     """
     pool = ThreadPoolExecutor(read_threads, thread_name_prefix="merge-read") if read_threads > 0 else None
     try:
-        yield from _merge(readers, keys, granules_per_batch, pool)
+        yield from _merge(readers, keys, granules_per_batch, pool, raw)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _merge(
-    readers: Sequence[PartReader], keys: TableKeys, granules_per_batch: int, pool: ThreadPoolExecutor | None
+    readers: Sequence[PartReader],
+    keys: TableKeys,
+    granules_per_batch: int,
+    pool: ThreadPoolExecutor | None,
+    raw: Collection[str],
 ) -> Iterator[tuple[pa.Table, list[pa.Array]]]:
     names = [n for n, _ in keys.columns]
     sources = [
-        _Source(i, r.iter_batches(names, granules_per_batch), keys, pool, keys.missing_with_defaults(r))
+        _Source(i, r.iter_batches(names, granules_per_batch, raw), keys, pool, keys.missing_with_defaults(r))
         for i, r in enumerate(readers)
     ]
     if not keys.sorting:
@@ -389,12 +413,12 @@ def _merge(
 def _merge_order(cols: Sequence[pa.Array]) -> npt.NDArray[np.int64]:
     """The stable ORDER BY permutation of concatenated sorted runs.  Numeric keys (strings as their ranks)
     go to numpy's stable sorts (timsort: it finds the runs, O(n log runs)); others to pyarrow."""
-    numeric = [numpy_sort_key(c) for c in cols]
-    if any(k is None for k in numeric):
+    numeric = [k for k in (numpy_sort_key(c) for c in cols) if k is not None]
+    if len(numeric) != len(cols):
         return sort_indices(cols)
     if len(numeric) == 1:
         return np.argsort(numeric[0], kind="stable").astype(np.int64, copy=False)
-    return np.lexsort([k for k in reversed(numeric) if k is not None]).astype(np.int64, copy=False)
+    return np.lexsort(numeric[::-1]).astype(np.int64, copy=False)
 
 
 def _concat_tables(tables: Sequence[pa.Table]) -> pa.Table:
@@ -452,13 +476,15 @@ def merge_parts(
         for part in parts:
             readers.append(PartReader(part, keys.types, index_granularity=settings.index_granularity))
 
+        raw = keys.raw_columns(readers)
+
         def produce() -> Iterator[tuple[pa.Table, dict[str, pa.Array]]]:
-            for batch, sort_keys in merged_batches(readers, keys, granules_per_batch, read_threads):
+            for batch, sort_keys in merged_batches(readers, keys, granules_per_batch, read_threads, raw):
                 yield batch, keys.primary_arrays(batch, sort_keys)
 
         batches = ahead(produce(), prefetch)
         try:
-            with keys.writer(Path(tmp_dir), settings, partition_value) as writer:
+            with keys.writer(Path(tmp_dir), settings, partition_value, raw) as writer:
                 for batch, pk in batches:
                     writer.write(batch, pk)
                 return writer.finish()
