@@ -24,6 +24,8 @@ from replicad.storage.compression import (
 )
 
 Position = tuple[int, int]
+_MIN_READ = 4096
+_READ_SLACK = 1024
 
 
 class CompressedFile:
@@ -34,6 +36,7 @@ class CompressedFile:
         except FileNotFoundError:
             raise CorruptedDataError(f"part {part_name}: no data file {path.name}") from None
         self._fd: int | None = None
+        self._read_size = _MIN_READ  # bytes read at a block's offset (header and, usually, the body)
         self._cache: tuple[int, bytes, int] | None = None  # (offset, payload, next offset)
 
     @property
@@ -57,10 +60,16 @@ class CompressedFile:
         c = self._cache
         if c is not None and c[0] == offset:
             return c[1], c[2]
-        csize, _dsize = self._header(offset)
-        # a bad size is reported by read_block (which sees the header); read no more than the file holds
-        size = CHECKSUM_SIZE + csize if HEADER_SIZE <= csize <= MAX_BLOCK_SIZE else BLOCK_OVERHEAD
-        raw = self._pread(min(size, self.size - offset), offset)
+        # One read for header and body when the block is no bigger than the previous one (+ slack): the
+        # blocks of a stream are of similar sizes.  A bad size is reported by read_block.
+        raw = self._pread(min(self._read_size, self.size - offset), offset)
+        if len(raw) >= BLOCK_OVERHEAD:
+            csize = int.from_bytes(raw[CHECKSUM_SIZE + 1:CHECKSUM_SIZE + 5], "little")
+            size = CHECKSUM_SIZE + csize if HEADER_SIZE <= csize <= MAX_BLOCK_SIZE else BLOCK_OVERHEAD
+            size = min(size, self.size - offset)
+            if size > len(raw):
+                raw += self._pread(size - len(raw), offset + len(raw))
+            self._read_size = max(size + _READ_SLACK, _MIN_READ)
         payload, used = read_block(raw, 0, self.path.name, offset)
         nxt = offset + used
         self._cache = (offset, payload, nxt)

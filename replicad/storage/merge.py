@@ -4,7 +4,8 @@
 ``granules_per_batch`` granules at a time (:class:`~replicad.storage.reader.PartReader`), and each round
 
 1. takes the *frontier*: the smallest "last pending key" over the sources, with the source number as
-   tie-break (``(F, m)``);
+   tie-break (``(F, m)``); when that round would exceed ``max_round_rows``, a smaller frontier — the key
+   of an earlier pending row of source ``m``, which then gives only the rows up to it;
 2. cuts every source's pending rows at the frontier by binary search on its (sorted) keys — rows ``<= F``
    from sources numbered below ``m``, everything pending from ``m``, rows ``< F`` from the others;
 3. concatenates the cut prefixes in source order and sorts them by the sorting key with a *stable*
@@ -54,6 +55,9 @@ from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
 
 #: granules read from each source per batch (4 × 8192 rows; with read-ahead two batches per source)
 DEFAULT_GRANULES_PER_BATCH = 4
+#: rows merged per round at most (when one pivot row can bound it): the merged batch and its copies.  Sources
+#: whose keys advance in step would otherwise give rounds of every source's whole batch at once.
+MAX_ROUND_ROWS = 65536
 
 
 class TableSchemaLike(Protocol):
@@ -331,7 +335,10 @@ class _Source:
         return self.pending > 0
 
     def last_key(self) -> _Key:
-        return _KeyView(self.sort_keys)[self.pending - 1]
+        return self.key_at(self.pending - 1)
+
+    def key_at(self, i: int) -> _Key:
+        return _KeyView(self.sort_keys)[i]
 
     def cut(self, frontier: _Key, inclusive: bool) -> int:
         view = _KeyView(self.sort_keys)
@@ -352,6 +359,7 @@ def merged_batches(
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
     read_threads: int = 0,
     raw: Collection[str] = (),
+    max_round_rows: int = MAX_ROUND_ROWS,
 ) -> Iterator[tuple[pa.Table, list[pa.Array]]]:
     """The rows of ``readers`` (each sorted) merged by the sorting key, as (batch, sorting-key arrays).
 
@@ -361,7 +369,7 @@ def merged_batches(
     """
     pool = ThreadPoolExecutor(read_threads, thread_name_prefix="merge-read") if read_threads > 0 else None
     try:
-        yield from _merge(readers, keys, granules_per_batch, pool, raw)
+        yield from _merge(readers, keys, granules_per_batch, pool, raw, max_round_rows)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -373,6 +381,7 @@ def _merge(
     granules_per_batch: int,
     pool: ThreadPoolExecutor | None,
     raw: Collection[str],
+    max_round_rows: int,
 ) -> Iterator[tuple[pa.Table, list[pa.Array]]]:
     names = [n for n, _ in keys.columns]
     sources = [
@@ -393,16 +402,25 @@ def _merge(
             yield s.take(s.pending)
             continue
         frontier, m = min((s.last_key(), s.index) for s in active)
+        pivot = sources[m]
+        cuts = _cuts(active, frontier, m, pivot.pending)
+        total = sum(cuts)
+        while total > max_round_rows and _cuts_of(active, cuts, m) > 1:
+            # A smaller frontier: a prefix of the pivot source, every other source cut at its last key
+            # (each source below m still ends above it, so the order stays ClickHouse's).
+            j = _cuts_of(active, cuts, m)
+            j = max(1, min(j - 1, j * max_round_rows // total))
+            cuts = _cuts(active, pivot.key_at(j - 1), m, j)
+            total = sum(cuts)
         pieces: list[tuple[pa.Table, list[pa.Array]]] = []
-        for s in active:
-            n = s.pending if s.index == m else s.cut(frontier, inclusive=s.index < m)
+        for s, n in zip(active, cuts, strict=True):
             if n:
                 pieces.append(s.take(n))
         if len(pieces) == 1:
             yield pieces[0]
             continue
         table = _concat_tables([t for t, _ in pieces])
-        cols = [pa.concat_arrays([k[i] for _, k in pieces]) for i in range(len(keys.sorting))]
+        cols = [_concat_key(e, [k[i] for _, k in pieces], table, keys) for i, e in enumerate(keys.sorting)]
         order = pa.array(_merge_order(cols), pa.int64())
         merged = take_rows(table, order)
         sorted_keys = [_sorted_key(e, c, merged, keys, order)
@@ -421,6 +439,16 @@ def _merge_order(cols: Sequence[pa.Array]) -> npt.NDArray[np.int64]:
     return np.lexsort(numeric[::-1]).astype(np.int64, copy=False)
 
 
+def _cuts(active: Sequence[_Source], frontier: _Key, m: int, pivot_rows: int) -> list[int]:
+    """Rows each active source gives to a round ending at ``frontier`` (ties: sources below ``m`` first);
+    the pivot source ``m`` gives ``pivot_rows``."""
+    return [pivot_rows if s.index == m else s.cut(frontier, inclusive=s.index < m) for s in active]
+
+
+def _cuts_of(active: Sequence[_Source], cuts: Sequence[int], m: int) -> int:
+    return next(n for s, n in zip(active, cuts, strict=True) if s.index == m)
+
+
 def _concat_tables(tables: Sequence[pa.Table]) -> pa.Table:
     """``tables`` one after the other, every column one contiguous array (the merged batch is taken
     from it: a chunked column would be combined first, one more copy)."""
@@ -430,6 +458,17 @@ def _concat_tables(tables: Sequence[pa.Table]) -> pa.Table:
         for i in range(first.num_columns)
     ]
     return pa.Table.from_arrays(columns, schema=first.schema)
+
+
+def _concat_key(e: Expr, pieces: list[pa.Array], table: pa.Table, keys: TableKeys) -> pa.Array:
+    """A sorting-key array of the round: a plain column's is the concatenated column (no second copy)."""
+    if e.text in keys.types:
+        i = table.schema.get_field_index(e.text)
+        if i >= 0:
+            col = table.column(i)
+            if col.num_chunks == 1 and col.type == pieces[0].type:
+                return col.chunk(0)
+    return pa.concat_arrays(pieces)
 
 
 def _sorted_key(e: Expr, key: pa.Array, merged: pa.Table, keys: TableKeys, order: pa.Array) -> pa.Array:
@@ -453,6 +492,7 @@ def merge_parts(
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
     prefetch: int = 1,
     read_threads: int = 2,
+    max_round_rows: int = MAX_ROUND_ROWS,
 ) -> WrittenPart:
     """Merge the parts in ``source_dirs`` (in part order: by block number) into a new part in ``tmp_dir``.
 
@@ -479,7 +519,8 @@ def merge_parts(
         raw = keys.raw_columns(readers)
 
         def produce() -> Iterator[tuple[pa.Table, dict[str, pa.Array]]]:
-            for batch, sort_keys in merged_batches(readers, keys, granules_per_batch, read_threads, raw):
+            for batch, sort_keys in merged_batches(readers, keys, granules_per_batch, read_threads, raw,
+                                                   max_round_rows):
                 yield batch, keys.primary_arrays(batch, sort_keys)
 
         batches = ahead(produce(), prefetch)

@@ -268,6 +268,7 @@ class PartReader:
         #: per column read, the stand-in type that follows the part's serialization (serialization.json)
         self._serial = {n: serialization_of(n, t, info) for n, t in opened.items()}
         self._streams: dict[str, _StreamReader] = {}
+        self._raw_widths: dict[str, int | None] = {}
         self._compact: CompactData | None = None
         if self.layout.compact is not None:
             names = [n for n, _t in self.part.column_types]
@@ -389,6 +390,11 @@ class PartReader:
         """Whether column ``name`` can be read *serialized* (``raw`` of :meth:`read_granules`): its bytes
         per row (0 for String), or None.  Only one-stream columns of a Wide part, stored with the
         requested type: fixed-width types that are not Nullable, and String."""
+        if name not in self._raw_widths:
+            self._raw_widths[name] = self._raw_width(name)
+        return self._raw_widths[name]
+
+    def _raw_width(self, name: str) -> int | None:
         dtype = self.part_columns.get(name)
         if dtype is None or self._compact is not None or name in self._cast:
             return None

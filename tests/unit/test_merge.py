@@ -84,16 +84,17 @@ row_strategy = st.tuples(
     granules=st.integers(1, 3),
     prefetch=st.integers(0, 2),
     read_threads=st.integers(0, 2),
+    max_round_rows=st.sampled_from([1, 3, 17, 65536]),
 )
 def test_merge_is_stable_sorted_concatenation(
     tmp_path_factory: pytest.TempPathFactory, parts: list[list[tuple[int, int, bytes, float]]], order_by: str,
-    granules: int, prefetch: int, read_threads: int,
+    granules: int, prefetch: int, read_threads: int, max_round_rows: int,
 ) -> None:
     tmp = tmp_path_factory.mktemp("merge")
     sch = schema(order_by)
     sources = [write_part(tmp / f"p{i}", sch, rows_table(rows)) for i, rows in enumerate(parts)]
-    merged = merge_parts(sources, tmp / "merged", sch, SETTINGS,
-                         granules_per_batch=granules, prefetch=prefetch, read_threads=read_threads)
+    merged = merge_parts(sources, tmp / "merged", sch, SETTINGS, granules_per_batch=granules,
+                         prefetch=prefetch, read_threads=read_threads, max_round_rows=max_round_rows)
 
     # expected: every source's rows (as stored), concatenated in source order, stable-sorted by key
     stored = [PartReader(p).read().to_pylist() for p in sources]
@@ -124,9 +125,10 @@ def test_batching_and_prefetch_do_not_change_bytes(tmp_path: Path) -> None:
                  float(rng.normal())) for _ in range(n)]
         sources.append(write_part(tmp_path / f"p{i}", sch, rows_table(rows), WriterSettings(fsync=False)))
     results = {
-        (g, pf, rt): merge_parts(sources, tmp_path / f"m{g}_{pf}_{rt}", sch, WriterSettings(fsync=False),
-                                 granules_per_batch=g, prefetch=pf, read_threads=rt).checksums
-        for g in (1, 2, 8, 100) for pf in (0, 1) for rt in (0, 2)
+        (g, pf, rt, mr): merge_parts(sources, tmp_path / f"m{g}_{pf}_{rt}_{mr}", sch,
+                                     WriterSettings(fsync=False), granules_per_batch=g, prefetch=pf,
+                                     read_threads=rt, max_round_rows=mr).checksums
+        for g in (1, 2, 8, 100) for pf in (0, 1) for rt in (0, 2) for mr in (100, 65536)
     }
     assert len({c.to_bytes() for c in results.values()}) == 1
 
