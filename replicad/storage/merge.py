@@ -303,6 +303,7 @@ class _Source:
         self.table: pa.Table | None = None
         self.sort_keys: list[pa.Array] = []
         self.exhausted = False
+        self._low_water = 0
         self._ahead: Future[tuple[pa.Table, list[pa.Array]] | None] | None = (
             pool.submit(self._read) if pool is not None else None
         )
@@ -318,9 +319,13 @@ class _Source:
     def pending(self) -> int:
         return 0 if self.table is None else self.table.num_rows
 
-    def fill(self) -> bool:
-        """Make sure rows are pending unless the source is exhausted; True if rows are pending."""
-        if self.pending == 0 and not self.exhausted:
+    def fill(self, top_up: bool = False) -> bool:
+        """Make sure rows are pending unless the source is exhausted; True if rows are pending.
+
+        With ``top_up`` the next batch is also appended when fewer than a quarter of a batch's rows are
+        pending: a remainder that small would otherwise make a round of its own (a few rows, the whole
+        per-round cost)."""
+        while not self.exhausted and (self.pending == 0 or (top_up and self.pending < self._low_water)):
             if self._ahead is not None:
                 item = self._ahead.result()
                 self._ahead = self._pool.submit(self._read) if item is not None and self._pool else None
@@ -328,10 +333,17 @@ class _Source:
                 item = self._read()
             if item is None:
                 self.exhausted = True
-                self.table = None
-                self.sort_keys = []
-            else:
+            elif self.table is None or self.pending == 0:
                 self.table, self.sort_keys = item
+                self._low_water = item[0].num_rows // 4
+            else:
+                table, sort_keys = item
+                self.table = pa.concat_tables([self.table, table])  # chunked: no copy
+                self.sort_keys = [pa.chunked_array([*_chunks(a), *_chunks(b)], a.type)
+                                  for a, b in zip(self.sort_keys, sort_keys, strict=True)]
+        if self.pending == 0:
+            self.table = None
+            self.sort_keys = []
         return self.pending > 0
 
     def last_key(self) -> _Key:
@@ -394,7 +406,7 @@ def _merge(
                 yield s.take(s.pending)
         return
     while True:
-        active = [s for s in sources if s.fill()]
+        active = [s for s in sources if s.fill(top_up=True)]
         if not active:
             return
         if len(active) == 1:
@@ -439,6 +451,10 @@ def _merge_order(cols: Sequence[pa.Array]) -> npt.NDArray[np.int64]:
     return np.lexsort(numeric[::-1]).astype(np.int64, copy=False)
 
 
+def _chunks(a: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    return list(a.chunks) if isinstance(a, pa.ChunkedArray) else [a]
+
+
 def _cuts(active: Sequence[_Source], frontier: _Key, m: int, pivot_rows: int) -> list[int]:
     """Rows each active source gives to a round ending at ``frontier`` (ties: sources below ``m`` first);
     the pivot source ``m`` gives ``pivot_rows``."""
@@ -468,7 +484,7 @@ def _concat_key(e: Expr, pieces: list[pa.Array], table: pa.Table, keys: TableKey
             col = table.column(i)
             if col.num_chunks == 1 and col.type == pieces[0].type:
                 return col.chunk(0)
-    return pa.concat_arrays(pieces)
+    return pa.concat_arrays([c for p in pieces for c in _chunks(p)])
 
 
 def _sorted_key(e: Expr, key: pa.Array, merged: pa.Table, keys: TableKeys, order: pa.Array) -> pa.Array:
