@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO, Literal
 
 import lz4.block
-import numpy as np
+import pyarrow as pa
 import zstandard
 
 from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
@@ -217,7 +217,7 @@ class _BlockBuffer(threading.local):
     def get(self, size: int) -> tuple[bytearray, int]:
         if len(self.buf) < size:
             self.buf = bytearray(max(size, 2 * len(self.buf)))
-            self.address = np.frombuffer(self.buf, np.uint8).ctypes.data
+            self.address = pa.py_buffer(self.buf).address
         return self.buf, self.address
 
 
@@ -243,8 +243,8 @@ class BlockCompressor:
         compress, bound = self._into
         cap = bound(n)
         buf, address = self._buffers.get(BLOCK_OVERHEAD + cap)
-        src = np.frombuffer(data, np.uint8)  # no copy, read-only buffers too
-        size = compress(src.ctypes.data, n, address + BLOCK_OVERHEAD, cap)
+        src = pa.py_buffer(data)  # no copy, read-only buffers too; keeps ``data`` alive during the call
+        size = compress(src.address, n, address + BLOCK_OVERHEAD, cap)
         end = BLOCK_OVERHEAD + size
         _HEADER.pack_into(buf, CHECKSUM_SIZE, self._code, HEADER_SIZE + size, n)
         view = memoryview(buf)
