@@ -4,7 +4,7 @@ A mark is a position ``(offset of a compressed block in the file, offset in its 
 :meth:`CompressedFile.read_between` decompresses only the blocks between two marks, keeping the last
 block decompressed (consecutive reads of one stream usually start in it).
 
-Blocks are read with ``pread`` (one header read and one block read each), not memory-mapped: the pages of
+Blocks are read with ``pread`` (usually one read for header and body), not memory-mapped: the pages of
 a mapped file count in the process's resident set as long as they stay mapped, so a merge of many
 parts would hold all of its compressed input in RSS; read blocks are freed once decompressed.
 """

@@ -14,7 +14,13 @@
 4. hands the rows to :class:`~replicad.storage.writer.PartWriter`, whose output does not depend on
    where the batches are cut.
 
-Memory is bounded by one batch per source plus the batch being written, not by the part sizes.  The
+A source whose pending rows fall under a quarter of a batch is topped up with its next batch first (a
+remainder that small would make a round of its own).  Columns no key, partition or DEFAULT expression reads
+(fixed-width non-Nullable types and String) travel still serialized — ``PartReader.read_granules(raw=...)``
+to ``PartWriter(raw_columns=...)`` — and are never decoded or encoded.
+
+Memory is bounded by about a batch and a quarter per source plus the round being written (at most
+``max_round_rows``), not by the part sizes.  The
 merged part is a function of the source rows, their order and the writer settings only, so every replica
 (and 18.16 itself, with the same compression method) produces the same bytes.  18.16 picks its Vertical
 algorithm for >= 11 non-key columns and >= 131072 rows; the rows and granules it writes are the same, so

@@ -17,7 +17,7 @@ refused with :class:`UnsupportedPartFormatError` naming it.  :func:`incompatibil
 why 18.16 could not load a part.
 
 Memory is bounded by the batch: :meth:`PartReader.iter_batches` decompresses only the blocks that
-hold the requested granules (found through the marks) from a memory-mapped ``.bin``.
+hold the requested granules (found through the marks), read from the ``.bin`` with ``pread``.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def incompatibilities_with_18_16(part: PartDirectory) -> list[str]:
 
 
 class _StreamReader:
-    """One substream's ``.bin`` (memory-mapped) and marks."""
+    """One substream's ``.bin`` (read block by block) and marks."""
 
     def __init__(self, part: PartDirectory, stem: str, layout: _Layout, file: str) -> None:
         self.stem = stem
