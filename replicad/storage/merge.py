@@ -34,15 +34,13 @@ from __future__ import annotations
 
 import math
 import os
-import queue
-import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Collection, Generator, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -56,6 +54,7 @@ from replicad.sql.expressions_ast import Function, Literal
 from replicad.sql.partition import PartitionKey
 from replicad.storage.block import numpy_sort_key, sort_indices
 from replicad.storage.part import PartDirectory
+from replicad.storage.read_ahead import ahead
 from replicad.storage.reader import PartReader
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
 
@@ -563,60 +562,3 @@ def merge_parts(
     finally:
         for r in readers:
             r.close()
-
-
-_T = TypeVar("_T")
-_DONE = object()
-
-
-def ahead(items: Iterator[_T], depth: int) -> Generator[_T, None, None]:
-    """``items``, produced in a helper thread up to ``depth`` items ahead (``depth`` 0: in this thread).
-
-    An exception in the producer is re-raised here; leaving the loop early stops the producer.
-    """
-    if depth <= 0:
-        try:
-            yield from items
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-        return
-    q: queue.Queue[object] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            for item in items:
-                if not put(item):
-                    return
-            put(_DONE)
-        except BaseException as e:  # handed to the consumer
-            put(e)
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()  # runs the producer's own clean-up (e.g. its read pool) in this thread
-
-    thread = threading.Thread(target=run, name="merge-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item  # type: ignore[misc]
-    finally:
-        stop.set()
-        thread.join()

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from replicad.datatypes import DataType, parse_type
 from replicad.errors import CorruptedDataError
-from replicad.storage.merge import PartSchema, TableKeys, ahead, merge_parts
+from replicad.storage.merge import PartSchema, TableKeys, merge_parts
 from replicad.storage.part import PartDirectory
+from replicad.storage.read_ahead import ahead
 from replicad.storage.reader import PartReader
 from replicad.storage.writer import WriterSettings, sort_table
 
