@@ -398,8 +398,9 @@ class PartReader:
         dtype = self.part_columns.get(name)
         if dtype is None or self._compact is not None or name in self._cast:
             return None
-        serial = self._serial.get(name)
-        if serial is None or serial != dtype or isinstance(serial, SparseType) or dtype.substreams() != [""]:
+        # the part serializes it as the type does (no Sparse, no separate String size stream: then the
+        # stand-in is another object, though it may compare equal by name)
+        if self._serial.get(name) is not dtype or dtype.substreams() != [""]:
             return None
         if dtype.name == "String":
             return 0

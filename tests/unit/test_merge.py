@@ -384,6 +384,22 @@ def test_serialized_string_column_rows_past_the_stream_are_corrupt(tmp_path: Pat
     reader.close()
 
 
+def test_columns_serialized_otherwise_are_decoded(tmp_path: Path) -> None:
+    """A String column of a part with a separate size stream (serialization.json of current ClickHouse) or
+    a Sparse column is not copied as VarUInt-prefixed records."""
+    from replicad.storage.serialization import SizedStringType, SparseType
+
+    sch = schema("k")
+    a = write_part(tmp_path / "a", sch, rows_table([(19754, 1, b"abc", 1.0)]))
+    reader = PartReader(a, dict(sch.columns))
+    assert reader.raw_width("s") == 0 and reader.raw_width("f") == 8
+    reader._serial["s"] = SizedStringType()
+    reader._serial["f"] = SparseType(parse_type("Float64"))
+    reader._raw_widths.clear()
+    assert reader.raw_width("s") is None and reader.raw_width("f") is None
+    reader.close()
+
+
 def decimal_value(x: int) -> object:
     import decimal
 
