@@ -49,6 +49,9 @@ def input_bytes(part_dirs: list[Path]) -> int:
 
 def child(sources_file: str, out_dir: str, order_by: str, method: str, gpb: int, threads: int) -> None:
     """Runs in a fresh process: merge the parts listed in ``sources_file``; print JSON stats."""
+    from replicad.memory import keep_pandas_out
+
+    keep_pandas_out()  # as ``replicad run`` does: the daemon process never imports pandas
     from replicad.datatypes import parse_type
     from replicad.storage.merge import PartSchema, merge_parts
     from replicad.storage.writer import WriterSettings
@@ -58,7 +61,7 @@ def child(sources_file: str, out_dir: str, order_by: str, method: str, gpb: int,
     settings = WriterSettings(method=method, fsync=False, threads=threads)  # type: ignore[arg-type]
     import pyarrow as pa
 
-    pa.table({"x": [1]})  # pyarrow's one-time lazy imports (its pandas shim): a running daemon has paid them
+    pa.table({"x": [1]})  # pyarrow's one-time lazy imports: a running daemon has paid them
     rss0 = vm_hwm_kb(os.getpid())
     cpu0 = time.process_time()
     t0 = time.perf_counter()

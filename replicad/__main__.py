@@ -76,6 +76,9 @@ def cmd_run(path: str) -> int:
     cfg = _load(path)
     if cfg is None:
         return EX_CONFIG
+    from replicad.memory import keep_pandas_out
+
+    keep_pandas_out()  # before pyarrow is first used: it would import pandas, which the daemon never uses
     from replicad.daemon import (  # heavy imports only when running
         DEFAULT_ENGINE,
         EngineUnavailableError,

@@ -227,10 +227,12 @@ class DateType(FixedWidthType):
     is_date = True
 
     def storage_numpy(self, arr: pa.Array) -> npt.NDArray[Any]:
-        return super().storage_numpy(arr.cast(pa.int32()))
+        # date32 is int32 underneath: a view, not a compute call
+        days = arr.view(pa.int32()) if arr.type == pa.date32() else arr.cast(pa.int32())
+        return super().storage_numpy(days)
 
     def storage_from_numpy(self, values: npt.NDArray[Any]) -> pa.Array:
-        return pa.array(values.astype(np.int32), type=pa.int32()).cast(pa.date32())
+        return pa.array(values.astype(np.int32), type=pa.int32()).view(pa.date32())
 
     @property
     def default_value(self) -> Any:
@@ -281,10 +283,12 @@ class DateTimeType(FixedWidthType):
         self.name = "DateTime" if tz is None else f"DateTime('{tz}')"
 
     def storage_numpy(self, arr: pa.Array) -> npt.NDArray[Any]:
-        return super().storage_numpy(arr.cast(pa.int64()))
+        # timestamp[s] is int64 underneath: a view, not a compute call
+        secs = arr.view(pa.int64()) if arr.type == self.arrow_type else arr.cast(pa.int64())
+        return super().storage_numpy(secs)
 
     def storage_from_numpy(self, values: npt.NDArray[Any]) -> pa.Array:
-        return pa.array(values.astype(np.int64), type=pa.int64()).cast(self.arrow_type)
+        return pa.array(values.astype(np.int64), type=pa.int64()).view(self.arrow_type)
 
     @property
     def default_value(self) -> Any:

@@ -9,6 +9,11 @@
  *       len(offsets)); data is the concatenated payloads (copied once); consumed is the number of
  *       bytes of buf the records occupy.  Ready for pa.Array.from_buffers(pa.binary() or
  *       pa.large_binary(), n_rows, [None, offsets, data]).
+ *   records(buf, n_rows) -> (offsets: bytes, consumed: int)
+ *       Where the first n_rows records of buf start: n_rows + 1 little-endian offsets into buf (int32
+ *       when consumed is below 2**31, else int64), the last one = consumed.  Record i is
+ *       buf[offsets[i]:offsets[i+1]], its VarUInt length included: ready for pa.Array.from_buffers(
+ *       pa.binary() or pa.large_binary(), n_rows, [None, offsets, buf]) -- the rows still serialized.
  *   encode(offsets, data) -> bytes
  *       offsets: a 1-d int32 or int64 array of n + 1 non-decreasing positions inside data (need not
  *       start at 0); returns the stream of the n strings data[offsets[i]:offsets[i+1]].
@@ -102,6 +107,26 @@ static void scan(const uint8_t *buf, Py_ssize_t size, Py_ssize_t n, scan_result 
     r->status = DEC_OK;
     r->consumed = pos;
     r->payload = total;
+}
+
+/* Writes the start of every one of n records (already validated by scan) and the end of the last. */
+static void record_starts(const uint8_t *buf, Py_ssize_t size, Py_ssize_t n, void *out_offsets, int width) {
+    Py_ssize_t pos = 0;
+    int32_t *off32 = width == 4 ? (int32_t *)out_offsets : NULL;
+    int64_t *off64 = width == 8 ? (int64_t *)out_offsets : NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t len = 0;
+        if (off32)
+            off32[i] = (int32_t)pos;
+        else
+            off64[i] = (int64_t)pos;
+        read_varuint(buf, size, &pos, &len);
+        pos += (Py_ssize_t)len;
+    }
+    if (off32)
+        off32[n] = (int32_t)pos;
+    else
+        off64[n] = (int64_t)pos;
 }
 
 static PyObject *decode_error(const scan_result *r, Py_ssize_t n, Py_ssize_t size) {
@@ -283,7 +308,59 @@ done:
     return result;
 }
 
+static PyObject *py_records(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t n;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*n", &b, &n))
+        return NULL;
+    const uint8_t *buf = (const uint8_t *)b.buf;
+    Py_ssize_t size = b.len;
+    PyObject *offsets = NULL, *result = NULL;
+    scan_result r;
+    memset(&r, 0, sizeof r);
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative row count");
+        goto done;
+    }
+    if (n > size) {
+        PyErr_Format(PyExc_ValueError, "stream of %zd bytes holds fewer than %zd rows", size, n);
+        goto done;
+    }
+    int big = size >= GIL_THRESHOLD;
+    if (big) {
+        Py_BEGIN_ALLOW_THREADS
+        scan(buf, size, n, &r, NULL, 0, NULL);
+        Py_END_ALLOW_THREADS
+    } else {
+        scan(buf, size, n, &r, NULL, 0, NULL);
+    }
+    if (r.status != DEC_OK) {
+        decode_error(&r, n, size);
+        goto done;
+    }
+    int width = r.consumed < ((Py_ssize_t)1 << 31) ? 4 : 8;
+    offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * width);
+    if (!offsets)
+        goto done;
+    void *op = PyBytes_AS_STRING(offsets);
+    if (big) {
+        Py_BEGIN_ALLOW_THREADS
+        record_starts(buf, size, n, op, width);
+        Py_END_ALLOW_THREADS
+    } else {
+        record_starts(buf, size, n, op, width);
+    }
+    result = Py_BuildValue("(On)", offsets, r.consumed);
+done:
+    Py_XDECREF(offsets);
+    PyBuffer_Release(&b);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
+    {"records", py_records, METH_VARARGS,
+     "records(buf, n_rows) -> (offsets, consumed): where the first n_rows VarUInt-prefixed records start."},
     {"decode", py_decode, METH_VARARGS,
      "decode(buf, n_rows) -> (offsets, data, consumed): the first n_rows VarUInt-prefixed strings of buf."},
     {"encode", py_encode, METH_VARARGS,

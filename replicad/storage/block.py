@@ -58,7 +58,7 @@ def sort_indices(key_arrays: Sequence[pa.Array | pa.ChunkedArray]) -> npt.NDArra
     the keys are sorted least significant first with a stable sort each (LSD): the same permutation as one
     multi-key stable sort, without comparing strings row by row.  Keys of other kinds (nulls, decimals …) go
     to pyarrow's multi-key sort."""
-    numeric = [_numpy_key(a) for a in key_arrays]
+    numeric = [numpy_sort_key(a) for a in key_arrays]
     if any(k is None for k in numeric):
         table = pa.table({f"k{i}": a for i, a in enumerate(key_arrays)})
         sort_keys = [(f"k{i}", "ascending", "at_end") for i in range(len(key_arrays))]
@@ -103,7 +103,9 @@ def _stable_argsort(key: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
 _STRING_KINDS = (pa.types.is_binary, pa.types.is_string, pa.types.is_large_binary, pa.types.is_large_string)
 
 
-def _numpy_key(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[Any] | None:
+def numpy_sort_key(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[Any] | None:
+    """A numpy array that sorts as ``arr`` does in ORDER BY (strings: dense byte-wise ranks; NaN last as
+    numpy sorts it), or None (NULLs, decimals, other kinds: pyarrow's sort)."""
     t = arr.type
     value_type = t.value_type if pa.types.is_dictionary(t) else t
     if any(is_kind(value_type) for is_kind in _STRING_KINDS):

@@ -1,20 +1,31 @@
-"""A memory-mapped compressed file (``.bin``) read between two marks.
+"""A compressed file (``.bin``) read between two marks.
 
 A mark is a position ``(offset of a compressed block in the file, offset in its decompressed data)``.
 :meth:`CompressedFile.read_between` decompresses only the blocks between two marks, keeping the last
 block decompressed (consecutive reads of one stream usually start in it).
+
+Blocks are read with ``pread`` (usually one read for header and body), not memory-mapped: the pages of
+a mapped file count in the process's resident set as long as they stay mapped, so a merge of many
+parts would hold all of its compressed input in RSS; read blocks are freed once decompressed.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from pathlib import Path
 
 from replicad.errors import CorruptedDataError
-from replicad.storage.compression import BLOCK_OVERHEAD, CHECKSUM_SIZE, read_block
+from replicad.storage.compression import (
+    BLOCK_OVERHEAD,
+    CHECKSUM_SIZE,
+    HEADER_SIZE,
+    MAX_BLOCK_SIZE,
+    read_block,
+)
 
 Position = tuple[int, int]
+_MIN_READ = 4096
+_READ_SLACK = 1024
 
 
 class CompressedFile:
@@ -24,24 +35,43 @@ class CompressedFile:
             self.size = os.path.getsize(path)
         except FileNotFoundError:
             raise CorruptedDataError(f"part {part_name}: no data file {path.name}") from None
-        self._mm: mmap.mmap | None = None
+        self._fd: int | None = None
+        self._read_size = _MIN_READ  # bytes read at a block's offset (header and, usually, the body)
         self._cache: tuple[int, bytes, int] | None = None  # (offset, payload, next offset)
 
     @property
     def end(self) -> Position:
         return self.size, 0
 
-    def _data(self) -> mmap.mmap:
-        if self._mm is None:
-            with open(self.path, "rb") as f:
-                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return self._mm
+    def _pread(self, n: int, offset: int) -> bytes:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return os.pread(self._fd, n, offset)
+
+    def _header(self, offset: int) -> tuple[int, int]:
+        """(compressed size with the 9 header bytes, decompressed size) of the block at ``offset``."""
+        head = self._pread(BLOCK_OVERHEAD, offset)
+        if len(head) < BLOCK_OVERHEAD:
+            raise CorruptedDataError(f"{self.path.name}: truncated block header at {offset}")
+        return (int.from_bytes(head[CHECKSUM_SIZE + 1:CHECKSUM_SIZE + 5], "little"),
+                int.from_bytes(head[CHECKSUM_SIZE + 5:CHECKSUM_SIZE + 9], "little"))
 
     def _block(self, offset: int) -> tuple[bytes, int]:
         c = self._cache
         if c is not None and c[0] == offset:
             return c[1], c[2]
-        payload, nxt = read_block(memoryview(self._data()), offset, self.path.name)
+        # One read for header and body when the block is no bigger than the previous one (+ slack): the
+        # blocks of a stream are of similar sizes.  A bad size is reported by read_block.
+        raw = self._pread(min(self._read_size, self.size - offset), offset)
+        if len(raw) >= BLOCK_OVERHEAD:
+            csize = int.from_bytes(raw[CHECKSUM_SIZE + 1:CHECKSUM_SIZE + 5], "little")
+            size = CHECKSUM_SIZE + csize if HEADER_SIZE <= csize <= MAX_BLOCK_SIZE else BLOCK_OVERHEAD
+            size = min(size, self.size - offset)
+            if size > len(raw):
+                raw += self._pread(size - len(raw), offset + len(raw))
+            self._read_size = max(size + _READ_SLACK, _MIN_READ)
+        payload, used = read_block(raw, 0, self.path.name, offset)
+        nxt = offset + used
         self._cache = (offset, payload, nxt)
         return payload, nxt
 
@@ -73,13 +103,11 @@ class CompressedFile:
     def decompressed_position(self, mark: Position) -> int:
         """Offset of a mark in the whole decompressed stream (walks block headers only)."""
         sb, so = mark
-        data = self._data()
         off, total = 0, 0
         while off < sb:
             if off + BLOCK_OVERHEAD > self.size:
                 raise CorruptedDataError(f"{self.path.name}: truncated block header at {off}")
-            csize = int.from_bytes(data[off + CHECKSUM_SIZE + 1:off + CHECKSUM_SIZE + 5], "little")
-            dsize = int.from_bytes(data[off + CHECKSUM_SIZE + 5:off + CHECKSUM_SIZE + 9], "little")
+            csize, dsize = self._header(off)
             total += dsize
             off += CHECKSUM_SIZE + csize
         if off != sb:
@@ -88,9 +116,6 @@ class CompressedFile:
 
     def close(self) -> None:
         self._cache = None
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:
-                pass  # a view is still referenced (e.g. by a traceback); the GC unmaps it later
-            self._mm = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

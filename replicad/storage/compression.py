@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO, Literal
 
 import lz4.block
+import pyarrow as pa
 import zstandard
 
 from replicad.errors import CorruptedDataError, UnsupportedPartFormatError
@@ -145,6 +146,112 @@ def _system_zstd() -> Callable[[BytesLike, int], bytes] | None:
 _ZSTD_SYSTEM = _system_zstd()
 
 
+#: (source address, source size, destination address, destination capacity) -> compressed size
+_CompressInto = Callable[[int, int, int, int], int]
+
+
+def _system_compress_into(method: Method, level: int) -> tuple[_CompressInto, Callable[[int], int]] | None:
+    """The system library's compress-into-a-buffer call for ``method`` and its bound, or None.
+
+    The same library calls as :func:`_system_lz4` / :func:`_system_zstd` (the same bytes), without their
+    copies: the payload is compressed straight after the block header of a reused buffer."""
+    try:
+        if method == "lz4":
+            lib = ctypes.CDLL("liblz4.so.1")
+            lz4_compress = lib.LZ4_compress_default
+            lz4_bound = lib.LZ4_compressBound
+            lz4_compress.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+            lz4_compress.restype = ctypes.c_int
+            lz4_bound.argtypes = [ctypes.c_int]
+            lz4_bound.restype = ctypes.c_int
+
+            def lz4_into(src: int, n: int, dst: int, cap: int) -> int:
+                size: int = lz4_compress(src, dst, n, cap)
+                if size <= 0:
+                    raise RuntimeError("LZ4_compress_default failed")
+                return size
+
+            return lz4_into, lz4_bound
+        if method == "zstd":
+            lib = ctypes.CDLL("libzstd.so.1")
+            create_cctx = lib.ZSTD_createCCtx
+            zstd_compress = lib.ZSTD_compressCCtx
+            zstd_bound = lib.ZSTD_compressBound
+            is_error = lib.ZSTD_isError
+            create_cctx.argtypes = []
+            create_cctx.restype = ctypes.c_void_p
+            zstd_compress.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                      ctypes.c_size_t, ctypes.c_int]
+            zstd_compress.restype = ctypes.c_size_t
+            zstd_bound.argtypes = [ctypes.c_size_t]
+            zstd_bound.restype = ctypes.c_size_t
+            is_error.argtypes = [ctypes.c_size_t]
+            is_error.restype = ctypes.c_uint
+            local = threading.local()
+
+            def zstd_into(src: int, n: int, dst: int, cap: int) -> int:
+                cctx = getattr(local, "cctx", None)
+                if cctx is None:
+                    cctx = local.cctx = create_cctx()
+                    if not cctx:
+                        raise MemoryError("ZSTD_createCCtx failed")
+                size: int = zstd_compress(cctx, dst, cap, src, n, level)
+                if is_error(size):
+                    raise RuntimeError("ZSTD_compressCCtx failed")
+                return size
+
+            return zstd_into, zstd_bound
+    except (OSError, AttributeError):
+        return None
+    return None
+
+
+class _BlockBuffer(threading.local):
+    """A thread's reusable output buffer for :class:`BlockCompressor` (replaced, never resized, when a
+    bigger one is needed: views of the old one stay valid)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.address = 0
+
+    def get(self, size: int) -> tuple[bytearray, int]:
+        if len(self.buf) < size:
+            self.buf = bytearray(max(size, 2 * len(self.buf)))
+            self.address = pa.py_buffer(self.buf).address
+        return self.buf, self.address
+
+
+class BlockCompressor:
+    """Compressed blocks of one method and level, each returned as a view of a per-thread buffer.
+
+    The bytes are :func:`compress_block`'s; the payload is compressed in place after the header and the
+    checksum is computed over the buffer, with no intermediate copies.  A returned view is valid until
+    the same thread's next :meth:`block` call."""
+
+    _buffers = _BlockBuffer()
+
+    def __init__(self, method: Method, level: int = 1) -> None:
+        self.method: Method = method
+        self.level = level
+        self._code = method_byte(method)
+        self._into = _system_compress_into(method, level)
+
+    def block(self, data: BytesLike) -> BytesLike:
+        n = len(data)
+        if self._into is None or n == 0 or n > 0x7E000000:
+            return compress_block(data, self.method, self.level)
+        compress, bound = self._into
+        cap = bound(n)
+        buf, address = self._buffers.get(BLOCK_OVERHEAD + cap)
+        src = pa.py_buffer(data)  # no copy, read-only buffers too; keeps ``data`` alive during the call
+        size = compress(src.address, n, address + BLOCK_OVERHEAD, cap)
+        end = BLOCK_OVERHEAD + size
+        _HEADER.pack_into(buf, CHECKSUM_SIZE, self._code, HEADER_SIZE + size, n)
+        view = memoryview(buf)
+        buf[:CHECKSUM_SIZE] = cityhash128(view[CHECKSUM_SIZE:end])
+        return view[:end]
+
+
 def method_byte(method: Method) -> int:
     if method in ("lz4", "lz4hc"):
         return METHOD_LZ4
@@ -240,9 +347,14 @@ def _parse_block(mv: memoryview, pos: int, file_name: str, file_offset: int) -> 
     return _decode_payload(code, body[HEADER_SIZE:], dsize, file_name, file_offset), body_end
 
 
-def read_block(data: BytesLike, offset: int = 0, file_name: str = "") -> tuple[bytes, int]:
-    """Verify and decompress the block starting at ``offset``; return (payload, offset of the next block)."""
-    return _parse_block(_as_bytes_view(data), offset, file_name, offset)
+def read_block(
+    data: BytesLike, offset: int = 0, file_name: str = "", file_offset: int | None = None
+) -> tuple[bytes, int]:
+    """Verify and decompress the block starting at ``offset``; return (payload, offset of the next block).
+
+    Errors name ``file_offset`` (default ``offset``): where ``data`` starts in the file, plus ``offset``."""
+    where = offset if file_offset is None else file_offset + offset
+    return _parse_block(_as_bytes_view(data), offset, file_name, where)
 
 
 def iter_blocks(data: BytesLike, file_name: str = "") -> Iterator[tuple[int, bytes]]:
@@ -306,6 +418,7 @@ class CompressedStreamWriter:
         self._method: Method = method
         self._code = method_byte(method)
         self._level = level
+        self._compressor = BlockCompressor(method, level)
         self._max = max_block_size
         self._buf = bytearray()
         self._compressed_hash = FileHasher()
@@ -337,7 +450,9 @@ class CompressedStreamWriter:
         return self._plain_hash.digest()
 
     def _emit(self, data: BytesLike) -> None:
-        block = compress_block(data, self._method, self._level)
+        if len(data) > MAX_BLOCK_SIZE:
+            raise ValueError("block too large")
+        block = self._compressor.block(data)
         self._f.write(block)
         self._compressed_hash.update(block)
 

@@ -4,7 +4,8 @@
 ``granules_per_batch`` granules at a time (:class:`~replicad.storage.reader.PartReader`), and each round
 
 1. takes the *frontier*: the smallest "last pending key" over the sources, with the source number as
-   tie-break (``(F, m)``);
+   tie-break (``(F, m)``); when that round would exceed ``max_round_rows``, a smaller frontier — the key
+   of an earlier pending row of source ``m``, which then gives only the rows up to it;
 2. cuts every source's pending rows at the frontier by binary search on its (sorted) keys — rows ``<= F``
    from sources numbered below ``m``, everything pending from ``m``, rows ``< F`` from the others;
 3. concatenates the cut prefixes in source order and sorts them by the sorting key with a *stable*
@@ -13,7 +14,13 @@
 4. hands the rows to :class:`~replicad.storage.writer.PartWriter`, whose output does not depend on
    where the batches are cut.
 
-Memory is bounded by one batch per source plus the batch being written, not by the part sizes.  The
+A source whose pending rows fall under a quarter of a batch is topped up with its next batch first (a
+remainder that small would make a round of its own).  Columns no key, partition or DEFAULT expression reads
+(fixed-width non-Nullable types and String) travel still serialized — ``PartReader.read_granules(raw=...)``
+to ``PartWriter(raw_columns=...)`` — and are never decoded or encoded.
+
+Memory is bounded by about a batch and a quarter per source plus the round being written (at most
+``max_round_rows``), not by the part sizes.  The
 merged part is a function of the source rows, their order and the writer settings only, so every replica
 (and 18.16 itself, with the same compression method) produces the same bytes.  18.16 picks its Vertical
 algorithm for >= 11 non-key columns and >= 131072 rows; the rows and granules it writes are the same, so
@@ -27,18 +34,17 @@ from __future__ import annotations
 
 import math
 import os
-import queue
-import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from replicad.datatypes import DataType
 from replicad.datatypes.composite import take_rows
@@ -46,12 +52,17 @@ from replicad.errors import CorruptedDataError
 from replicad.sql.expressions import Expr, compile_expression, compile_key
 from replicad.sql.expressions_ast import Function, Literal
 from replicad.sql.partition import PartitionKey
+from replicad.storage.block import numpy_sort_key, sort_indices
 from replicad.storage.part import PartDirectory
+from replicad.storage.read_ahead import ahead
 from replicad.storage.reader import PartReader
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
 
 #: granules read from each source per batch (4 × 8192 rows; with read-ahead two batches per source)
 DEFAULT_GRANULES_PER_BATCH = 4
+#: rows merged per round at most (when one pivot row can bound it): the merged batch and its copies.  Sources
+#: whose keys advance in step would otherwise give rounds of every source's whole batch at once.
+MAX_ROUND_ROWS = 65536
 
 
 class TableSchemaLike(Protocol):
@@ -157,6 +168,23 @@ class TableKeys:
                 table = table.set_column(table.schema.get_field_index(c), c, self.computed(c, table))
         return table
 
+    def raw_columns(self, readers: Sequence[PartReader]) -> frozenset[str]:
+        """Columns a merge can copy still serialized (``PartReader.read_granules``' ``raw``): no key,
+        partition or DEFAULT expression reads them, and every source stores them alike
+        (:meth:`PartReader.raw_width`).  None when a source lacks a column with a DEFAULT (the
+        expression is computed from the decoded columns)."""
+        if any(self.missing_with_defaults(r) for r in readers):
+            return frozenset()
+        read = {c for e in (*self.sorting, *self.primary) for c in e.columns} | set(self.partition.columns)
+        out = set()
+        for name, _t in self.columns:
+            if name in read:
+                continue
+            widths = {r.raw_width(name) for r in readers}
+            if len(widths) == 1 and None not in widths:
+                out.add(name)
+        return frozenset(out)
+
     @cached_property
     def partition_types(self) -> list[DataType]:
         return self.partition.result_types(self.types, self.tz)
@@ -197,6 +225,7 @@ class TableKeys:
         tmp_dir: Path,
         settings: WriterSettings,
         partition_value: list[tuple[DataType, object]] | None,
+        raw_columns: Collection[str] = (),
     ) -> PartWriter:
         names = [e.text for e in self.primary]
         key_types = {
@@ -210,6 +239,7 @@ class TableKeys:
             key_types=key_types,
             minmax_columns=self.partition.columns if partition_value is not None else (),
             partition_value=partition_value,
+            raw_columns=raw_columns,
         )
 
     def primary_arrays(
@@ -278,6 +308,7 @@ class _Source:
         self.table: pa.Table | None = None
         self.sort_keys: list[pa.Array] = []
         self.exhausted = False
+        self._low_water = 0
         self._ahead: Future[tuple[pa.Table, list[pa.Array]] | None] | None = (
             pool.submit(self._read) if pool is not None else None
         )
@@ -293,9 +324,13 @@ class _Source:
     def pending(self) -> int:
         return 0 if self.table is None else self.table.num_rows
 
-    def fill(self) -> bool:
-        """Make sure rows are pending unless the source is exhausted; True if rows are pending."""
-        if self.pending == 0 and not self.exhausted:
+    def fill(self, top_up: bool = False) -> bool:
+        """Make sure rows are pending unless the source is exhausted; True if rows are pending.
+
+        With ``top_up`` the next batch is also appended when fewer than a quarter of a batch's rows are
+        pending: a remainder that small would otherwise make a round of its own (a few rows, the whole
+        per-round cost)."""
+        while not self.exhausted and (self.pending == 0 or (top_up and self.pending < self._low_water)):
             if self._ahead is not None:
                 item = self._ahead.result()
                 self._ahead = self._pool.submit(self._read) if item is not None and self._pool else None
@@ -303,14 +338,24 @@ class _Source:
                 item = self._read()
             if item is None:
                 self.exhausted = True
-                self.table = None
-                self.sort_keys = []
-            else:
+            elif self.table is None or self.pending == 0:
                 self.table, self.sort_keys = item
+                self._low_water = item[0].num_rows // 4
+            else:
+                table, sort_keys = item
+                self.table = pa.concat_tables([self.table, table])  # chunked: no copy
+                self.sort_keys = [pa.chunked_array([*_chunks(a), *_chunks(b)], a.type)
+                                  for a, b in zip(self.sort_keys, sort_keys, strict=True)]
+        if self.pending == 0:
+            self.table = None
+            self.sort_keys = []
         return self.pending > 0
 
     def last_key(self) -> _Key:
-        return _KeyView(self.sort_keys)[self.pending - 1]
+        return self.key_at(self.pending - 1)
+
+    def key_at(self, i: int) -> _Key:
+        return _KeyView(self.sort_keys)[i]
 
     def cut(self, frontier: _Key, inclusive: bool) -> int:
         view = _KeyView(self.sort_keys)
@@ -330,6 +375,8 @@ def merged_batches(
     keys: TableKeys,
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
     read_threads: int = 0,
+    raw: Collection[str] = (),
+    max_round_rows: int = MAX_ROUND_ROWS,
 ) -> Iterator[tuple[pa.Table, list[pa.Array]]]:
     """The rows of ``readers`` (each sorted) merged by the sorting key, as (batch, sorting-key arrays).
 
@@ -339,18 +386,23 @@ def merged_batches(
     """
     pool = ThreadPoolExecutor(read_threads, thread_name_prefix="merge-read") if read_threads > 0 else None
     try:
-        yield from _merge(readers, keys, granules_per_batch, pool)
+        yield from _merge(readers, keys, granules_per_batch, pool, raw, max_round_rows)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _merge(
-    readers: Sequence[PartReader], keys: TableKeys, granules_per_batch: int, pool: ThreadPoolExecutor | None
+    readers: Sequence[PartReader],
+    keys: TableKeys,
+    granules_per_batch: int,
+    pool: ThreadPoolExecutor | None,
+    raw: Collection[str],
+    max_round_rows: int,
 ) -> Iterator[tuple[pa.Table, list[pa.Array]]]:
     names = [n for n, _ in keys.columns]
     sources = [
-        _Source(i, r.iter_batches(names, granules_per_batch), keys, pool, keys.missing_with_defaults(r))
+        _Source(i, r.iter_batches(names, granules_per_batch, raw), keys, pool, keys.missing_with_defaults(r))
         for i, r in enumerate(readers)
     ]
     if not keys.sorting:
@@ -359,7 +411,7 @@ def _merge(
                 yield s.take(s.pending)
         return
     while True:
-        active = [s for s in sources if s.fill()]
+        active = [s for s in sources if s.fill(top_up=True)]
         if not active:
             return
         if len(active) == 1:
@@ -367,21 +419,89 @@ def _merge(
             yield s.take(s.pending)
             continue
         frontier, m = min((s.last_key(), s.index) for s in active)
+        pivot = sources[m]
+        cuts = _cuts(active, frontier, m, pivot.pending)
+        total = sum(cuts)
+        while total > max_round_rows and _cuts_of(active, cuts, m) > 1:
+            # A smaller frontier: a prefix of the pivot source, every other source cut at its last key
+            # (each source below m still ends above it, so the order stays ClickHouse's).
+            j = _cuts_of(active, cuts, m)
+            j = max(1, min(j - 1, j * max_round_rows // total))
+            cuts = _cuts(active, pivot.key_at(j - 1), m, j)
+            total = sum(cuts)
         pieces: list[tuple[pa.Table, list[pa.Array]]] = []
-        for s in active:
-            n = s.pending if s.index == m else s.cut(frontier, inclusive=s.index < m)
+        for s, n in zip(active, cuts, strict=True):
             if n:
                 pieces.append(s.take(n))
         if len(pieces) == 1:
             yield pieces[0]
             continue
-        table = pa.concat_tables([t for t, _ in pieces])
-        cols = [pa.concat_arrays([k[i] for _, k in pieces]) for i in range(len(keys.sorting))]
-        order = pc.sort_indices(
-            pa.table({f"k{i}": c for i, c in enumerate(cols)}),
-            sort_keys=[(f"k{i}", "ascending", "at_end") for i in range(len(cols))],
-        )
-        yield take_rows(table, order), [c.take(order) for c in cols]
+        table = _concat_tables([t for t, _ in pieces])
+        cols = [_concat_key(e, [k[i] for _, k in pieces], table, keys) for i, e in enumerate(keys.sorting)]
+        order = pa.array(_merge_order(cols), pa.int64())
+        merged = take_rows(table, order)
+        sorted_keys = [_sorted_key(e, c, merged, keys, order)
+                       for e, c in zip(keys.sorting, cols, strict=True)]
+        yield merged, sorted_keys
+
+
+def _merge_order(cols: Sequence[pa.Array]) -> npt.NDArray[np.int64]:
+    """The stable ORDER BY permutation of concatenated sorted runs.  Numeric keys (strings as their ranks)
+    go to numpy's stable sorts (timsort: it finds the runs, O(n log runs)); others to pyarrow."""
+    numeric = [k for k in (numpy_sort_key(c) for c in cols) if k is not None]
+    if len(numeric) != len(cols):
+        return sort_indices(cols)
+    if len(numeric) == 1:
+        return np.argsort(numeric[0], kind="stable").astype(np.int64, copy=False)
+    return np.lexsort(numeric[::-1]).astype(np.int64, copy=False)
+
+
+def _chunks(a: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    return list(a.chunks) if isinstance(a, pa.ChunkedArray) else [a]
+
+
+def _cuts(active: Sequence[_Source], frontier: _Key, m: int, pivot_rows: int) -> list[int]:
+    """Rows each active source gives to a round ending at ``frontier`` (ties: sources below ``m`` first);
+    the pivot source ``m`` gives ``pivot_rows``."""
+    return [pivot_rows if s.index == m else s.cut(frontier, inclusive=s.index < m) for s in active]
+
+
+def _cuts_of(active: Sequence[_Source], cuts: Sequence[int], m: int) -> int:
+    return next(n for s, n in zip(active, cuts, strict=True) if s.index == m)
+
+
+def _concat_tables(tables: Sequence[pa.Table]) -> pa.Table:
+    """``tables`` one after the other, every column one contiguous array (the merged batch is taken
+    from it: a chunked column would be combined first, one more copy)."""
+    first = tables[0]
+    columns = [
+        pa.concat_arrays([chunk for t in tables for chunk in t.column(i).chunks])
+        for i in range(first.num_columns)
+    ]
+    return pa.Table.from_arrays(columns, schema=first.schema)
+
+
+def _concat_key(e: Expr, pieces: list[pa.Array], table: pa.Table, keys: TableKeys) -> pa.Array:
+    """A sorting-key array of the round: a plain column's is the concatenated column (no second copy)."""
+    if e.text in keys.types:
+        i = table.schema.get_field_index(e.text)
+        if i >= 0:
+            col = table.column(i)
+            if col.num_chunks == 1 and col.type == pieces[0].type:
+                return col.chunk(0)
+    return pa.concat_arrays([c for p in pieces for c in _chunks(p)])
+
+
+def _sorted_key(e: Expr, key: pa.Array, merged: pa.Table, keys: TableKeys, order: pa.Array) -> pa.Array:
+    """A sorting-key array in merged order: a plain column's is the merged column (no second take)."""
+    if e.text in keys.types:
+        i = merged.schema.get_field_index(e.text)
+        if i >= 0:
+            col = merged.column(i)
+            arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+            if arr.type == key.type:
+                return arr
+    return key.take(order)
 
 
 def merge_parts(
@@ -392,7 +512,9 @@ def merge_parts(
     *,
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
     prefetch: int = 1,
-    read_threads: int = 2,
+    read_threads: int = 0,
+    max_round_rows: int = MAX_ROUND_ROWS,
+    writer_threads: int = 1,
 ) -> WrittenPart:
     """Merge the parts in ``source_dirs`` (in part order: by block number) into a new part in ``tmp_dir``.
 
@@ -400,11 +522,17 @@ def merge_parts(
     are the table's (``schema.columns``); a source lacking one reads as the type's defaults.  With
     ``prefetch`` > 0 reading and merging run in a helper thread, up to that many batches ahead of the
     writer; with ``read_threads`` > 0 the sources also read ahead in parallel (see
-    :func:`merged_batches`).  Blocking: run it in a worker thread.
+    :func:`merged_batches`).  ``writer_threads`` replaces ``settings.threads`` (the writer's column pool).
+    Blocking: run it in a worker thread.
+
+    By default a merge runs in two threads: one reads and merges, the caller's writes.  More (a read
+    pool, a column pool) did not make it faster on a 2-core machine but cost CPU time in hand-overs and
+    contention for the GIL (about 10%, tests on the 10 x 200k-row bench merge), and memory; merges run in
+    parallel with each other instead, as in 18.16's background pool.
     """
     if not source_dirs:
         raise ValueError("merge_parts needs at least one source part")
-    settings = settings or WriterSettings()
+    settings = replace(settings or WriterSettings(), threads=writer_threads)
     keys = TableKeys(schema)
     parts = [PartDirectory(Path(p)) for p in source_dirs]
     partition_value = keys.partition_value(parts[0])
@@ -416,13 +544,16 @@ def merge_parts(
         for part in parts:
             readers.append(PartReader(part, keys.types, index_granularity=settings.index_granularity))
 
+        raw = keys.raw_columns(readers)
+
         def produce() -> Iterator[tuple[pa.Table, dict[str, pa.Array]]]:
-            for batch, sort_keys in merged_batches(readers, keys, granules_per_batch, read_threads):
+            for batch, sort_keys in merged_batches(readers, keys, granules_per_batch, read_threads, raw,
+                                                   max_round_rows):
                 yield batch, keys.primary_arrays(batch, sort_keys)
 
         batches = ahead(produce(), prefetch)
         try:
-            with keys.writer(Path(tmp_dir), settings, partition_value) as writer:
+            with keys.writer(Path(tmp_dir), settings, partition_value, raw) as writer:
                 for batch, pk in batches:
                     writer.write(batch, pk)
                 return writer.finish()
@@ -431,60 +562,3 @@ def merge_parts(
     finally:
         for r in readers:
             r.close()
-
-
-_T = TypeVar("_T")
-_DONE = object()
-
-
-def ahead(items: Iterator[_T], depth: int) -> Generator[_T, None, None]:
-    """``items``, produced in a helper thread up to ``depth`` items ahead (``depth`` 0: in this thread).
-
-    An exception in the producer is re-raised here; leaving the loop early stops the producer.
-    """
-    if depth <= 0:
-        try:
-            yield from items
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-        return
-    q: queue.Queue[object] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            for item in items:
-                if not put(item):
-                    return
-            put(_DONE)
-        except BaseException as e:  # handed to the consumer
-            put(e)
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()  # runs the producer's own clean-up (e.g. its read pool) in this thread
-
-    thread = threading.Thread(target=run, name="merge-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item  # type: ignore[misc]
-    finally:
-        stop.set()
-        thread.join()

@@ -17,14 +17,14 @@ refused with :class:`UnsupportedPartFormatError` naming it.  :func:`incompatibil
 why 18.16 could not load a part.
 
 Memory is bounded by the batch: :meth:`PartReader.iter_batches` decompresses only the blocks that
-hold the requested granules (found through the marks) from a memory-mapped ``.bin``.
+hold the requested granules (found through the marks), read from the ``.bin`` with ``pread``.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from replicad.datatypes import DataType, parse_type
 from replicad.datatypes.composite import filter_rows
 from replicad.errors import CorruptedDataError, MetadataMismatchError, UnsupportedPartFormatError
 from replicad.model.siphash import siphash128
+from replicad.native import _strings
 from replicad.storage.compact import CompactData, CompactMarks, find_marks
 from replicad.storage.compressed_file import CompressedFile
 from replicad.storage.compression import decompress_all
@@ -176,7 +177,7 @@ def incompatibilities_with_18_16(part: PartDirectory) -> list[str]:
 
 
 class _StreamReader:
-    """One substream's ``.bin`` (memory-mapped) and marks."""
+    """One substream's ``.bin`` (read block by block) and marks."""
 
     def __init__(self, part: PartDirectory, stem: str, layout: _Layout, file: str) -> None:
         self.stem = stem
@@ -267,6 +268,7 @@ class PartReader:
         #: per column read, the stand-in type that follows the part's serialization (serialization.json)
         self._serial = {n: serialization_of(n, t, info) for n, t in opened.items()}
         self._streams: dict[str, _StreamReader] = {}
+        self._raw_widths: dict[str, int | None] = {}
         self._compact: CompactData | None = None
         if self.layout.compact is not None:
             names = [n for n, _t in self.part.column_types]
@@ -384,14 +386,68 @@ class PartReader:
             out.append((c, dtype))
         return out
 
-    def read_granules(self, start: int, end: int, columns: Sequence[str] | None = None) -> pa.Table:
-        """Rows of granules ``[start, end)`` as a table of the selected columns."""
+    def raw_width(self, name: str) -> int | None:
+        """Whether column ``name`` can be read *serialized* (``raw`` of :meth:`read_granules`): its bytes
+        per row (0 for String), or None.  Only one-stream columns of a Wide part, stored with the
+        requested type: fixed-width types that are not Nullable, and String."""
+        if name not in self._raw_widths:
+            self._raw_widths[name] = self._raw_width(name)
+        return self._raw_widths[name]
+
+    def _raw_width(self, name: str) -> int | None:
+        dtype = self.part_columns.get(name)
+        if dtype is None or self._compact is not None or name in self._cast:
+            return None
+        # the part serializes it as the type does (no Sparse, no separate String size stream: then the
+        # stand-in is another object, though it may compare equal by name)
+        if self._serial.get(name) is not dtype or dtype.substreams() != [""]:
+            return None
+        if dtype.name == "String":
+            return 0
+        if getattr(dtype, "bulk_serializer", None) is not None:
+            return None
+        width = fixed_width(dtype.name)
+        return width if width and not dtype.is_nullable else None
+
+    def _read_raw(self, name: str, start: int, end: int, n: int) -> pa.Array:
+        """Rows of a :meth:`raw_width` column still serialized: ``fixed_size_binary(width)`` values, or for
+        String ``binary`` values holding each row's VarUInt length and bytes."""
+        data = self._streams[stream_stem(name, "")].read_range(start, end)
+        width = self.raw_width(name)
+        if width:
+            if len(data) != n * width:
+                raise CorruptedDataError(f"{len(data)} bytes for {n} rows of {width} bytes")
+            return pa.Array.from_buffers(pa.binary(width), n, [None, pa.py_buffer(data)])
+        try:
+            offsets, used = _strings.records(data, n)
+        except ValueError as e:
+            raise CorruptedDataError(f"String: {e}") from None
+        if used != len(data):
+            raise CorruptedDataError(f"String: {len(data) - used} unread bytes left in stream ''")
+        t = pa.binary() if len(offsets) == 4 * (n + 1) else pa.large_binary()
+        return pa.Array.from_buffers(t, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+    def read_granules(
+        self, start: int, end: int, columns: Sequence[str] | None = None, raw: Collection[str] = ()
+    ) -> pa.Table:
+        """Rows of granules ``[start, end)`` as a table of the selected columns.
+
+        Columns named in ``raw`` (each one :meth:`raw_width` accepts) come as their serialized rows (see
+        :meth:`_read_raw`): a merge copies them to the new part without decoding and encoding them."""
         if not 0 <= start <= end <= self.granules:
             raise IndexError(f"granules {start}..{end} out of 0..{self.granules}")
         n = int(self.row_starts[end] - self.row_starts[start])
         arrays: list[pa.Array] = []
         fields: list[pa.Field] = []
         for name, dtype in self._selected(columns):
+            if name in raw:
+                try:
+                    arrays.append(self._read_raw(name, start, end, n))
+                except CorruptedDataError as e:
+                    where = f"part {self.part.name}, column {name}, granules {start}..{end}"
+                    raise type(e)(f"{where}: {e}") from e
+                fields.append(pa.field(name, arrays[-1].type))
+                continue
             fields.append(pa.field(name, dtype.arrow_type))
             if name not in self.part_columns:
                 arrays.append(dtype.defaults(n) if hasattr(dtype, "defaults") else
@@ -435,13 +491,13 @@ class PartReader:
         return pa.concat_tables(tables).combine_chunks()
 
     def iter_batches(
-        self, columns: Sequence[str] | None = None, granules_per_batch: int = 16
+        self, columns: Sequence[str] | None = None, granules_per_batch: int = 16, raw: Collection[str] = ()
     ) -> Iterator[pa.Table]:
-        """Consecutive tables of up to ``granules_per_batch`` granules each."""
+        """Consecutive tables of up to ``granules_per_batch`` granules each (``raw``: see read_granules)."""
         if granules_per_batch <= 0:
             raise ValueError("granules_per_batch must be positive")
         for start in range(0, self.granules, granules_per_batch):
-            yield self.read_granules(start, min(start + granules_per_batch, self.granules), columns)
+            yield self.read_granules(start, min(start + granules_per_batch, self.granules), columns, raw)
 
     def close(self) -> None:
         for s in self._streams.values():

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,9 +161,31 @@ class _Stream:
             self._bin.close()
 
 
+def _serialized_rows(arr: pa.Array) -> dict[str, memoryview]:
+    """The bytes of serialized rows (``fixed_size_binary``: one value per row; ``binary``: one row's
+    serialization per value), as a view of the array's buffer (no copy)."""
+    n = len(arr)
+    buffers = arr.buffers()
+    if pa.types.is_fixed_size_binary(arr.type):
+        width = arr.type.byte_width
+        data = buffers[1]
+        return {"": memoryview(data)[arr.offset * width:(arr.offset + n) * width] if data is not None
+                else memoryview(b"")}
+    dtype = np.dtype(np.int64 if pa.types.is_large_binary(arr.type) else np.int32)
+    offsets = np.frombuffer(buffers[1], dtype=dtype, count=n + 1, offset=arr.offset * dtype.itemsize)
+    data = buffers[2]
+    if data is None or offsets[n] == offsets[0]:
+        return {"": memoryview(b"")}
+    return {"": memoryview(data)[int(offsets[0]):int(offsets[n])]}
+
+
 def _plain_checksum(data: bytes) -> Checksum:
     return Checksum(file_size=len(data), file_hash=file_hash(data), is_compressed=False,
                     uncompressed_size=0, uncompressed_hash=bytes(16))
+
+
+def _is_serialized(t: pa.DataType) -> bool:
+    return bool(pa.types.is_fixed_size_binary(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t))
 
 
 def _combine(col: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -196,9 +218,11 @@ class _Column:
     """
 
     def __init__(self, directory: Path, name: str, dtype: DataType, settings: WriterSettings,
-                 taken: set[str]) -> None:
+                 taken: set[str], raw: bool = False) -> None:
         self.name = name
         self.dtype = dtype
+        #: rows arrive serialized (PartReader.read_granules' ``raw``): written as they are
+        self.raw = raw
         self.pairs: list[tuple[str, _Stream]] = []
         for suffix in dtype.substreams():
             stem = stream_stem(name, suffix)
@@ -209,7 +233,11 @@ class _Column:
         self.streams = [s for _, s in self.pairs]
         make_state = getattr(dtype, "bulk_serializer", None)
         self.state: BulkSerializer | None = make_state() if make_state is not None else None
-        self._serialize = self.state.serialize if self.state is not None else dtype.serialize
+        self._serialize: Any = self.state.serialize if self.state is not None else dtype.serialize
+        if raw:
+            if self.state is not None or dtype.substreams() != [""]:
+                raise ValueError(f"column {name}: {dtype.name} cannot be written from serialized rows")
+            self._serialize = _serialized_rows
         if self.state is not None:
             self._append(self.state.prefix())
 
@@ -253,8 +281,9 @@ class PartWriter:
     expression's result) must be typed in ``key_types`` and passed with every batch in ``key_arrays``.
     ``minmax_columns`` are the columns the partition expression reads (``minmax_<col>.idx``);
     ``partition_value`` the partition key's values with their types (``partition.dat``), None when the
-    table has no partition key.  On any exception in :meth:`write`/:meth:`finish` (or leaving a ``with``
-    block with one) the temporary directory is removed.
+    table has no partition key.  ``raw_columns`` (neither key nor partition columns) arrive as serialized
+    rows — ``PartReader.read_granules(raw=...)`` — and are written as they are.  On any exception in
+    :meth:`write`/:meth:`finish` (or leaving a ``with`` block with one) the temporary directory is removed.
     """
 
     def __init__(
@@ -267,6 +296,7 @@ class PartWriter:
         key_types: Mapping[str, DataType] | None = None,
         minmax_columns: Sequence[str] = (),
         partition_value: Sequence[tuple[DataType, object]] | None = None,
+        raw_columns: Collection[str] = (),
     ) -> None:
         self.path = Path(tmp_dir)
         self.settings = settings or WriterSettings()
@@ -287,6 +317,10 @@ class PartWriter:
                 raise ValueError(f"partition key column {c!r} is not a column")
         self.minmax_columns = list(minmax_columns)
         self.partition_value = None if partition_value is None else list(partition_value)
+        self.raw_columns = frozenset(raw_columns)
+        for c in self.raw_columns:
+            if c not in self._types or c in self._key_types or c in self.minmax_columns:
+                raise ValueError(f"column {c!r} cannot come serialized (not a column, or a key column)")
 
         self.rows = 0
         self.marks_count = 0
@@ -309,7 +343,8 @@ class PartWriter:
         taken: set[str] = set()
         try:
             for name, dtype in self.columns:
-                self._cols.append(_Column(self.path, name, dtype, self.settings, taken))
+                raw = name in self.raw_columns
+                self._cols.append(_Column(self.path, name, dtype, self.settings, taken, raw))
         except BaseException:
             self.abort()
             raise
@@ -373,7 +408,10 @@ class PartWriter:
             if idx < 0:
                 raise BadInputError(f"column {name}: missing from the block being written")
             arr = _combine(batch.column(idx))
-            if arr.type != dtype.arrow_type:
+            if name in self.raw_columns:
+                if not _is_serialized(arr.type):
+                    raise BadInputError(f"column {name}: serialized rows expected, not {arr.type}")
+            elif arr.type != dtype.arrow_type:
                 raise BadInputError(
                     f"column {name}: storage type {arr.type} does not match {dtype.name} ({dtype.arrow_type})"
                 )

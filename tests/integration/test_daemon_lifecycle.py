@@ -146,6 +146,10 @@ def test_created_tables_persist_under_metadata_and_come_back_after_restart(
     ok(query(d.url, "INSERT INTO db.gone FORMAT TSV", tsv(1, 0, 5)))
     meta = d.data_path / "metadata" / "db"
     assert sorted(p.name for p in meta.iterdir()) == ["gone.sql", "t.sql"]
+    # pyarrow would import pandas (installed here) on its first DataFrame check: the daemon keeps it out
+    assert d.proc is not None
+    maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
+    assert "pyarrow" in maps and "pandas/" not in maps
     assert d.stop() == 0
 
     restart(d)

@@ -1,8 +1,11 @@
-"""replicad.memory.release_unused_memory gives freed Arrow memory back to the system."""
+"""replicad.memory.release_unused_memory gives freed Arrow memory back to the system; keep_pandas_out keeps
+pyarrow from importing pandas."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -24,3 +27,21 @@ def test_freed_arrow_memory_goes_back_to_the_system() -> None:
     after_free = rss_mb()  # the allocator keeps what was freed
     release_unused_memory()
     assert after_free - rss_mb() > 200
+
+
+def test_pyarrow_runs_without_importing_pandas() -> None:
+    code = (
+        "import sys\n"
+        "from replicad.memory import keep_pandas_out\n"
+        "assert keep_pandas_out()\n"
+        "import pyarrow as pa\n"
+        "t = pa.table({'x': [1, None]}); a = pa.array([1.5, 2.5])\n"
+        "assert t.to_pylist() == [{'x': 1}, {'x': None}] and a.to_numpy().sum() == 4.0\n"
+        "assert 'pandas' not in sys.modules\n"
+        "try:\n"
+        "    t.to_pandas()\n"
+        "except ImportError:\n"
+        "    print('refused')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "refused"

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from replicad.datatypes import DataType, parse_type
 from replicad.errors import CorruptedDataError
-from replicad.storage.merge import PartSchema, TableKeys, ahead, merge_parts
+from replicad.storage.merge import PartSchema, TableKeys, merge_parts
 from replicad.storage.part import PartDirectory
+from replicad.storage.read_ahead import ahead
 from replicad.storage.reader import PartReader
 from replicad.storage.writer import WriterSettings, sort_table
 
@@ -84,16 +85,17 @@ row_strategy = st.tuples(
     granules=st.integers(1, 3),
     prefetch=st.integers(0, 2),
     read_threads=st.integers(0, 2),
+    max_round_rows=st.sampled_from([1, 3, 17, 65536]),
 )
 def test_merge_is_stable_sorted_concatenation(
     tmp_path_factory: pytest.TempPathFactory, parts: list[list[tuple[int, int, bytes, float]]], order_by: str,
-    granules: int, prefetch: int, read_threads: int,
+    granules: int, prefetch: int, read_threads: int, max_round_rows: int,
 ) -> None:
     tmp = tmp_path_factory.mktemp("merge")
     sch = schema(order_by)
     sources = [write_part(tmp / f"p{i}", sch, rows_table(rows)) for i, rows in enumerate(parts)]
-    merged = merge_parts(sources, tmp / "merged", sch, SETTINGS,
-                         granules_per_batch=granules, prefetch=prefetch, read_threads=read_threads)
+    merged = merge_parts(sources, tmp / "merged", sch, SETTINGS, granules_per_batch=granules,
+                         prefetch=prefetch, read_threads=read_threads, max_round_rows=max_round_rows)
 
     # expected: every source's rows (as stored), concatenated in source order, stable-sorted by key
     stored = [PartReader(p).read().to_pylist() for p in sources]
@@ -124,9 +126,10 @@ def test_batching_and_prefetch_do_not_change_bytes(tmp_path: Path) -> None:
                  float(rng.normal())) for _ in range(n)]
         sources.append(write_part(tmp_path / f"p{i}", sch, rows_table(rows), WriterSettings(fsync=False)))
     results = {
-        (g, pf, rt): merge_parts(sources, tmp_path / f"m{g}_{pf}_{rt}", sch, WriterSettings(fsync=False),
-                                 granules_per_batch=g, prefetch=pf, read_threads=rt).checksums
-        for g in (1, 2, 8, 100) for pf in (0, 1) for rt in (0, 2)
+        (g, pf, rt, mr): merge_parts(sources, tmp_path / f"m{g}_{pf}_{rt}_{mr}", sch,
+                                     WriterSettings(fsync=False), granules_per_batch=g, prefetch=pf,
+                                     read_threads=rt, max_round_rows=mr).checksums
+        for g in (1, 2, 8, 100) for pf in (0, 1) for rt in (0, 2) for mr in (100, 65536)
     }
     assert len({c.to_bytes() for c in results.values()}) == 1
 
@@ -308,3 +311,96 @@ def test_writer_failure_stops_reading_threads(tmp_path: Path, monkeypatch: pytes
     assert calls == [1]
     assert threading.active_count() == before
     assert not (tmp_path / "m").exists()
+
+
+WIDE_COLUMNS = tuple((n, parse_type(t)) for n, t in [
+    ("d", "Date"), ("k", "UInt16"), ("s", "String"), ("fs", "FixedString(3)"), ("u", "UUID"),
+    ("dec", "Decimal(18, 4)"), ("e", "Enum8('a' = 1, 'b' = 2)"), ("ts", "DateTime"), ("i8", "Int8"),
+    ("f", "Float64"), ("ns", "Nullable(String)"), ("lc", "LowCardinality(String)"), ("arr", "Array(UInt32)"),
+])
+
+
+def test_serialized_columns_give_the_bytes_of_decoded_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Columns copied still serialized (no decode/encode) must give the same part as decoded ones; only
+    one-stream columns no key reads are copied so."""
+    rng = np.random.default_rng(7)
+    sch = PartSchema(WIDE_COLUMNS, "toYYYYMM(d)", "(k, s)", "k")
+    sources = []
+    for i in range(3):
+        n = int(rng.integers(1, 400))
+        fs = [bytes(rng.integers(0, 256, 3, dtype=np.uint8)) for _ in range(n)]
+        t = pa.table({
+            "d": pa.array([19754] * n, pa.int32()).cast(pa.date32()),
+            "k": pa.array(rng.integers(0, 50, n), pa.uint16()),
+            "s": pa.array([b"\x00\xff" * int(rng.integers(0, 200)) for _ in range(n)], pa.binary()),
+            "fs": pa.array(fs, pa.binary(3)),
+            "u": pa.array([bytes(rng.integers(0, 256, 16, dtype=np.uint8)) for _ in range(n)], pa.binary(16)),
+            "dec": pa.array([decimal_value(int(x)) for x in rng.integers(-10**9, 10**9, n)],
+                            pa.decimal128(18, 4)),
+            "e": pa.array(rng.integers(1, 3, n), pa.int8()),
+            "ts": pa.array(rng.integers(0, 2**31, n), pa.uint32()),
+            "i8": pa.array(rng.integers(-128, 128, n), pa.int8()),
+            "f": pa.array([math.nan if x < 0.1 else -0.0 if x < 0.2 else x for x in rng.random(n)],
+                          pa.float64()),
+            "ns": pa.array([None if x < 0.3 else b"v%d" % int(x * 100) for x in rng.random(n)], pa.binary()),
+            "lc": pa.array([b"x%d" % int(x) for x in rng.integers(0, 5, n)], pa.binary()),
+            "arr": pa.array([list(range(int(x))) for x in rng.integers(0, 4, n)], pa.list_(pa.uint32())),
+        })
+        t = pa.Table.from_arrays(
+            [dt.to_storage(t.column(name).combine_chunks(), name, "UTC") for name, dt in WIDE_COLUMNS],
+            names=[name for name, _ in WIDE_COLUMNS])
+        sources.append(write_part(tmp_path / f"p{i}", sch, t))
+    keys = TableKeys(sch)
+    readers = [PartReader(p, keys.types) for p in sources]
+    assert keys.raw_columns(readers) == {"fs", "u", "dec", "e", "ts", "i8", "f"}  # "s" is in the key
+    for r in readers:
+        r.close()
+    serialized = merge_parts(sources, tmp_path / "raw", sch, SETTINGS)
+    monkeypatch.setattr(TableKeys, "raw_columns", lambda self, readers: frozenset())
+    decoded = merge_parts(sources, tmp_path / "decoded", sch, SETTINGS)
+    assert serialized.checksums == decoded.checksums
+    got = PartReader(serialized.path).read().to_pylist()
+    assert repr(got) == repr(PartReader(decoded.path).read().to_pylist()) and len(got) == serialized.rows
+
+
+def test_serialized_string_column_rows_past_the_stream_are_corrupt(tmp_path: Path) -> None:
+    """An unkeyed String column is read as serialized rows: a bad record is still a CorruptedDataError."""
+    from replicad.storage.compression import compress_block
+
+    sch = schema("k")
+    a = write_part(tmp_path / "a", sch, rows_table([(19754, i, b"abc", 1.0) for i in range(5)]))
+    # a valid block whose last record declares more bytes than the stream holds
+    (a / "s.bin").write_bytes(compress_block(b"\x03abc" * 4 + b"\x09abc", "lz4"))
+    from replicad.storage.checksums import Checksums
+    part = PartDirectory(a)
+    files = dict(part.checksums.files)
+    (a / "checksums.txt").write_bytes(Checksums(files=files).to_bytes())
+    reader = PartReader(a, dict(sch.columns))
+    assert reader.raw_width("s") == 0
+    with pytest.raises(CorruptedDataError, match=r"column s.*past the end"):
+        reader.read_granules(0, reader.granules, raw={"s"})
+    reader.close()
+
+
+def test_columns_serialized_otherwise_are_decoded(tmp_path: Path) -> None:
+    """A String column of a part with a separate size stream (serialization.json of current ClickHouse) or
+    a Sparse column is not copied as VarUInt-prefixed records."""
+    from replicad.storage.serialization import SizedStringType, SparseType
+
+    sch = schema("k")
+    a = write_part(tmp_path / "a", sch, rows_table([(19754, 1, b"abc", 1.0)]))
+    reader = PartReader(a, dict(sch.columns))
+    assert reader.raw_width("s") == 0 and reader.raw_width("f") == 8
+    reader._serial["s"] = SizedStringType()
+    reader._serial["f"] = SparseType(parse_type("Float64"))
+    reader._raw_widths.clear()
+    assert reader.raw_width("s") is None and reader.raw_width("f") is None
+    reader.close()
+
+
+def decimal_value(x: int) -> object:
+    import decimal
+
+    return decimal.Decimal(x).scaleb(-4)
