@@ -17,9 +17,9 @@ Rules (18.16 plus the modern refinements that matter for correctness):
   produces a part that intersects their range; while they execute, their range is a future part, so
   nothing inside it starts;
 * ALTER_METADATA entries run in alter-version order; an ALTER's MUTATE_PART waits for its metadata change;
-* after a failure an entry is retried with exponential back-off (capped per kind of work);
-* an entry whose result is already covered by a current part is still selected, with ``covering_part`` set,
-  so the executor can just confirm and drop it (ClickHouse's executeLogEntry shortcut).
+* after a failure an entry is retried with exponential back-off (capped per kind of work; monotonic clock);
+* an entry whose result is covered by a current part is still selected, with ``covering_part`` set, so the
+  executor just confirms and drops it (ClickHouse's executeLogEntry shortcut).
 """
 
 from __future__ import annotations
@@ -211,10 +211,8 @@ class QueueState:
         """The first runnable entry, marked as executing (its parts become future parts) and moved to the
         end of the queue; the entries skipped on the way get their ``postpone_reason``.  ``extra_check`` may
         veto an entry with a reason (merges cancelled, pool too small for the merge, fetch limits …);
-        entries of a type in ``skip`` are not looked at (the caller could not start them anyway).  ``now`` is
-        the wall clock shown in the entries' times; ``mono``, when given, is the clock the back-off after a
-        failure is judged on (the daemon passes the monotonic clock: a wall clock stepped back must not hold
-        the retries for as long)."""
+        entries of a type in ``skip`` are not looked at (the caller could not start them anyway); back-offs
+        are judged on ``mono`` when given (else on ``now``, the wall clock stamped on the entries)."""
         if skip and all(n <= 0 or t in skip for t, n in self._waiting.items()):
             return None
         for i, qe in enumerate(self.entries):
@@ -379,8 +377,7 @@ class QueueState:
             return FinishResult()
         if not success:
             qe.num_failures += 1
-            qe.last_exception = error
-            qe.last_exception_time = now
+            qe.last_exception, qe.last_exception_time = error, now
             gate = now if mono is None else mono
             qe.retry_not_before = gate + self.backoff.delay(qe.type, qe.num_failures)
             self._backing_off[qe.znode_name] = qe
