@@ -266,12 +266,11 @@ class TableReplica:
     async def _load_queue(self) -> None:
         entries, pointer = await load_queue(self.keeper, self.paths, self.env.tz)
         known = self.queue_state.znode_names()
-        if not known and not len(self.queue_state):
-            self.queue_state.initialize(self.store.active_names())
         fresh = [(e.znode_name, e) for e in entries if e.znode_name not in known]
         for gone in known - {e.znode_name for e in entries}:  # ZooKeeper is the truth (e.g. after a clone)
             self.queue_state.remove_entry(gone)
         self.queue_state.load(fresh, time.time())
+        self.queue_state.initialize(self.store.active_names())  # no part of a removed entry lingers
         self.puller.log_pointer = pointer
 
     async def stop(self) -> None:

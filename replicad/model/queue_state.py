@@ -59,14 +59,8 @@ class BackoffSettings:
     def delay(self, entry_type: LogEntryType, failures: int) -> float:
         if failures <= 0:
             return 0.0
-        if entry_type in _FETCHES:
-            cap = self.max_fetch_s
-        elif entry_type is T.MERGE_PARTS:
-            cap = self.max_merge_s
-        elif entry_type is T.MUTATE_PART:
-            cap = self.max_mutation_s
-        else:
-            cap = self.max_other_s
+        cap = (self.max_fetch_s if entry_type in _FETCHES else self.max_merge_s if entry_type is T.MERGE_PARTS
+               else self.max_mutation_s if entry_type is T.MUTATE_PART else self.max_other_s)
         return float(min(cap, self.initial_s * 2.0 ** min(failures - 1, 62)))
 
 
@@ -172,10 +166,13 @@ class QueueState:
 
     # -- loading --------------------------------------------------------------------------------------------
     def initialize(self, active_parts: Iterable[str]) -> None:
-        """The replica's active local parts, before the queue is loaded."""
-        for name in active_parts:
-            self.current_parts.add(name)
-            self.virtual_parts.add(name)
+        """Rebuild the part sets from the replica's active local parts and the entries queued (at each start
+        of replication, as ClickHouse clears them: a part of an entry removed unexecuted must not linger)."""
+        self.current_parts = ActivePartSet(active_parts, new_contains=self.new_contains)
+        self.virtual_parts = ActivePartSet(self.current_parts.parts(), new_contains=self.new_contains)
+        for qe in self.entries:
+            for name in qe.entry.virtual_part_names():
+                self.virtual_parts.add(name)
 
     def insert(self, znode_name: str, entry: LogEntry, now: float = 0.0) -> QueueEntry:
         if znode_name in self._by_znode:

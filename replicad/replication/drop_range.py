@@ -27,7 +27,7 @@ from collections.abc import Callable
 from replicad.errors import KeeperError, KeeperNoNodeError, KeeperNotEmptyError, ZnodeFormatError
 from replicad.keeper.block_lock import BlockNumberAllocator, valid_partitions
 from replicad.keeper.client import Keeper
-from replicad.keeper.ops import Create, Set
+from replicad.keeper.ops import Create, Op, Set
 from replicad.keeper.paths import TablePaths, basename
 from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry, LogEntryType
@@ -139,9 +139,15 @@ class DropRanges:
         entry = LogEntry.drop_range(
             drop.name, source_replica=self.paths.replica_name, detach=detach, create_time=int(time.time())
         )
-        results = await self.keeper.multi(
-            [Create(self.paths.log_prefix, entry.to_bytes(self.tz), sequence=True), Set(self.paths.log, b"")]
-        )
+        text = entry.to_bytes(self.tz)
+        ops: list[Op] = [Create(self.paths.log_prefix, text, sequence=True), Set(self.paths.log, b"")]
+        try:
+            results = await self.keeper.multi(ops)
+        except BaseException:
+            # no DROP_RANGE of ours will remove the range (or, if the multi was applied after all, its entry
+            # brings it back when pulled): left, it kept merges and mutations out of the partition for good
+            self.queue.initialize(self.store.active_names())
+            raise
         created = entry.with_znode(basename(str(results[0])))
         log.info("wrote_drop_range", range=drop.name, detach=detach, log_entry=created.znode_name)
         return created

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
+from replicad.errors import KeeperConnectionLossError
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry, LogEntryType
@@ -122,3 +124,42 @@ async def test_drop_races_with_inserts_and_merges(cluster: Cluster) -> None:
     contents = [await sorted_rows(r) for r in (r1, r2, r3)]
     assert contents[0] == contents[1] == contents[2]
     assert len([x for x in contents[0] if x["ctime"].month == 11]) == 80  # untouched partition
+
+
+class _FailingMulti:
+    """The keeper as DropRanges sees it, with the multi writing the DROP_RANGE log entry lost on the way."""
+
+    def __init__(self, keeper: Keeper) -> None:
+        self._keeper = keeper
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._keeper, name)
+
+    async def multi(self, ops: list[Any]) -> Any:
+        if any(op.path.startswith(f"{ZK_PATH}/log/log-") for op in ops):
+            raise KeeperConnectionLossError("connection lost (planted)")
+        return await self._keeper.multi(ops)
+
+
+async def test_a_drop_whose_log_entry_was_not_written_keeps_the_partition_mergeable(cluster: Cluster) -> None:
+    """Found chasing the chaos suite's mutation stall (S3 replays: ZooKeeper partitioned while the admin
+    client dropped partitions): the replica marks the range as being dropped in its virtual parts before
+    writing the DROP_RANGE entry; when that write failed the mark stayed, and no merge or mutation of the
+    partition was assigned again until a restart."""
+    r1 = await cluster.start("r1")
+    for i in range(2):
+        await r1.insert_table(rows(range(i * 10, i * 10 + 10), month=11))
+    await wait_for(lambda: len(r1.queue_state) == 0 and r1.puller.log_pointer == 2, what="r1 read its log")
+    drops = r1.ops.drops
+    real = drops.keeper
+    drops.keeper = _FailingMulti(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(KeeperConnectionLossError):
+            await cluster.execute("r1", "ALTER TABLE db.events DROP PARTITION 202611")
+    finally:
+        drops.keeper = real
+    assert await r1.count(None) == 20
+    await cluster.execute("r1", "OPTIMIZE TABLE db.events PARTITION 202611 FINAL", optimize_throw_if_noop=1)
+    await wait_for(lambda: len([p for p in r1.store.active() if p.info.partition_id == "202611"]) == 1,
+                   what="the partition's two parts merged")
+    assert await r1.count(None) == 20

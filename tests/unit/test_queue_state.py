@@ -362,3 +362,17 @@ def test_back_off_is_judged_on_the_monotonic_clock_when_given() -> None:
     assert q.select_entry_to_process(now=wall + 86400, mono=mono + 0.5) is None  # wall jumped a day ahead
     again = q.select_entry_to_process(now=wall - 3600, mono=mono + 1.1)  # wall stepped back an hour
     assert again is not None and again.queue_entry.last_attempt_time == wall - 3600
+
+
+def test_initialize_rebuilds_the_part_sets_without_parts_of_removed_entries() -> None:
+    """At each start of replication the part sets are rebuilt (ClickHouse clears them): the part of an entry
+    removed unexecuted (a clone cleared the queue, another replica's node gone) must not stay in
+    ``virtual_parts``, where it kept merges and mutations of the parts it covers from being assigned."""
+    q = q_with(get("1_1_1_0", t=100), get("1_2_2_0", t=101))
+    q.insert("queue-0000000009", merge(["1_1_1_0", "1_2_2_0"], "1_1_2_1"))
+    assert q.virtual_parts.parts() == ["1_1_2_1"]
+    q.remove_entry("queue-0000000009")
+    assert q.virtual_parts.parts() == ["1_1_2_1"]  # what lingered
+    q.initialize(["1_1_1_0"])  # 1_2_2_0 still queued
+    assert q.virtual_parts.parts() == ["1_1_1_0", "1_2_2_0"]
+    assert q.current_parts.parts() == ["1_1_1_0"]
