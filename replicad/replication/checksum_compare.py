@@ -19,12 +19,15 @@ log = get_logger(__name__)
 @dataclass(frozen=True)
 class ReplicaState:
     """What the fetcher's ``_read_replica_state`` read: per replica its ``parts/<part>/columns`` node and the
-    answers of the second round (see there), and the table's ``columns`` version."""
+    answers of the second round (see there), and the table's ``columns`` version.  ``self_read``: our own
+    registration was read too (else it was not, and counts as absent: the commit's create of our part node
+    proves that)."""
 
     replicas: tuple[ReplicaPaths, ...]
     columns: tuple[tuple[bytes, ZnodeStat] | None, ...]
     answers: tuple[object, ...]
     columns_version: int
+    self_read: bool = True
 
 
 def compare_with_replicas(
