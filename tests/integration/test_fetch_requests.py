@@ -43,11 +43,11 @@ MAX_PER_FETCH = 10
 
 
 def one_row_parts(n: int) -> list[pa.Table]:
-    """``n`` one-row blocks, each in its own partition (one year each: parts that never merge)."""
+    """``n`` one-row blocks, each in its own partition (one month each: parts that never merge)."""
     return [
         pa.table({
             "id": pa.array([i], pa.int32()),
-            "ctime": pa.array([dt.datetime(2001 + i, 1, 1)], pa.timestamp("s")),
+            "ctime": pa.array([dt.datetime(2001 + i // 12, 1 + i % 12, 1)], pa.timestamp("s")),
             "name": pa.array([f"n{i}".encode()], pa.binary()),
             "v": pa.array([i], pa.uint32()),
         })
