@@ -15,6 +15,9 @@ while the ``is_active`` a check sees has that ``czxid`` the kept address is curr
 a new node, with a new ``czxid``, and the address is read again).  A failed fetch forgets the address.
 The source's checksums of the part are not read here: the commit compares the part with every replica
 that registered it (the source among them), as 18.16's checkPartChecksumsAndCommit.
+
+The reads every fetch makes of the same node (the replica list, a replica's ``is_active``) are shared by the
+fetches asking while one is under way (never kept once answered): as if each had read it then.
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from replicad.errors import KeeperNoNodeError
 from replicad.keeper.client import Keeper
@@ -32,6 +35,8 @@ from replicad.keeper.ops import ZnodeStat
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
+
+T = TypeVar("T")
 
 #: a replica that failed to deliver a part is tried last for this long
 FAILED_SOURCE_PENALTY_S = 60.0
@@ -85,6 +90,8 @@ class SourceFinder:
         #: starting together share it)
         self._host_reads: dict[str, asyncio.Future[tuple[bytes, ZnodeStat] | None]] = {}
         self._host_read_at: dict[str, float] = {}
+        #: node path -> the read of it under way, shared (see replica_names / is_active)
+        self._reads: dict[str, asyncio.Future[Any]] = {}
 
     def close(self) -> None:
         for task, _ in self._prechecks.values():
@@ -139,6 +146,25 @@ class SourceFinder:
         read = self._host_reads.get(replica)
         if read is not None and read.done():
             del self._host_reads[replica]
+
+    def replica_names(self) -> Awaitable[list[str]]:
+        """The table's replicas (a new list for each caller; the read is shared while under way)."""
+        return self._shared(self.paths.replicas, lambda: self.keeper.get_children(self.paths.replicas), list)
+
+    def is_active(self, replica: str) -> Awaitable[ZnodeStat | None]:
+        """The stat of the replica's ``is_active`` node (None: not active); shared while under way."""
+        path = self.paths.replica(replica).is_active
+        return self._shared(path, lambda: self.keeper.exists(path), None)
+
+    def _shared(
+        self, key: str, read: Callable[[], Awaitable[T]], copy: Callable[[T], T] | None
+    ) -> Awaitable[T]:
+        fut = self._reads.get(key)
+        if fut is None:
+            fut = self._reads[key] = asyncio.ensure_future(read())
+            fut.add_done_callback(lambda f: self._reads.pop(key, None) if self._reads.get(key) is f else None)
+            fut.add_done_callback(consume_error)
+        return _answer(fut, copy)
 
     async def read_host(self, replica: str) -> tuple[bytes, ZnodeStat] | None:
         """The replica's ``host`` node (None: absent), read once for every caller asking meanwhile."""
@@ -215,14 +241,15 @@ class SourceFinder:
                     return FetchSource(hint, part_name, 0, 0)
             except KeeperNoNodeError:
                 pass
-        listed = await self.keeper.get_children(self.paths.replicas)
+        listed = await self.replica_names()
         replicas = [r for r in listed if r != me]
         random.shuffle(replicas)
         # is_active and parts/<part> of every replica in one pipelined round
-        probes = [self.paths.replica(r).part(part_name) for r in replicas]
+        probes: list[Awaitable[ZnodeStat | None]] = [
+            self.keeper.exists(self.paths.replica(r).part(part_name)) for r in replicas]
         if active:
-            probes += [self.paths.replica(r).is_active for r in replicas]
-        stats = await asyncio.gather(*(self.keeper.exists(p) for p in probes))
+            probes += [self.is_active(r) for r in replicas]
+        stats = await asyncio.gather(*probes)
         exact, alive = stats[: len(replicas)], stats[len(replicas) :]
         active_stats: dict[str, ZnodeStat] = {}
         if active:
@@ -283,8 +310,7 @@ class SourceFinder:
         its address unless one is kept (checked against the ``is_active`` seen; read again when it differs).
         The address is kept for the fetch that follows."""
         rp = self.paths.replica(hint)
-        reads: list[Awaitable[Any]] = [self.keeper.exists(rp.is_active),
-                                       self.keeper.exists(rp.part(part_name))]
+        reads: list[Awaitable[Any]] = [self.is_active(hint), self.keeper.exists(rp.part(part_name))]
         if hint not in self._hosts:
             reads.append(self.read_host(hint))
         alive, has_part, *read = await asyncio.gather(*reads)
@@ -315,3 +341,8 @@ class SourceFinder:
             return await self.keeper.get(path)
         except KeeperNoNodeError:
             return None
+
+
+async def _answer(fut: asyncio.Future[T], copy: Callable[[T], T] | None) -> T:
+    value = await asyncio.shield(fut)
+    return copy(value) if copy is not None else value

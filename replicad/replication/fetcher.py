@@ -547,7 +547,7 @@ class PartFetcher:
         our own registration too (else it counts as absent, as ``ReplicaState.self_read`` says)."""
         known = None if fresh_columns_version else self.known_columns_version()
         names, columns_version = await asyncio.gather(
-            _value(list(replicas)) if replicas is not None else self.keeper.get_children(self.paths.replicas),
+            _value(list(replicas)) if replicas is not None else self.sources.replica_names(),
             _value(known) if known is not None else self._columns_version(),
         )
         me = self.paths.replica_name

@@ -8,7 +8,9 @@ registrations, the commit, the queue node's removal) ``FETCH_PATH`` requests per
 source's address (and a few by other tasks); with everything the replica's other tasks send meanwhile, at most
 ``MAX_PER_FETCH`` per fetch.  Before the table's ``columns`` version, the source's address and the replica
 list were kept, the source's checksums read once and our own registration left to the commit to disprove,
-this cost 14.7 requests per fetch for the clone and 13.0 for the backlog (now 8.75 and 8.05).  The table's
+this cost 14.7 requests per fetch for the clone and 13.0 for the backlog (now about 7.0 and 6.3: the
+replica list and the source's ``is_active`` are read once for the fetches asking together; ``FETCH_PATH`` is
+the count when no two fetches overlap).  The table's
 ``columns`` node is read at most once (its version is the replica's), the source's ``host`` at most once, the
 source's checksums of a part once; ``min_unprocessed_insert_time`` / ``max_processed_insert_time`` are written
 only when an entry changes them (every entry that finished meanwhile wrote them again: 17 writes for 20

@@ -123,3 +123,17 @@ async def test_no_prechecks_for_a_backlog_and_fallback(tmp_path: Path) -> None:
     assert await fetcher.find_source("all_5_5_0", hint="a") is None
     assert ("get_children", f"{ZK}/replicas") in keeper.requests
     await fetcher.close()
+
+
+async def test_fetches_asking_together_share_the_replica_list_and_is_active(tmp_path: Path) -> None:
+    fetcher, keeper = make(tmp_path)
+    a = fetcher.paths.replica("a")
+    found = await asyncio.gather(*(fetcher.find_source("all_1_1_0") for _ in range(8)))
+    assert all(s is not None and s.replica == "a" for s in found)
+    assert keeper.requests.count(("get_children", f"{ZK}/replicas")) == 1
+    assert keeper.requests.count(("exists", a.is_active)) == 1
+    assert keeper.requests.count(("exists", a.part("all_1_1_0"))) == 8  # each its own part
+    # once answered, nothing is kept: the next one reads again
+    assert await fetcher.find_source("all_1_1_0") is not None
+    assert keeper.requests.count(("get_children", f"{ZK}/replicas")) == 2
+    await fetcher.close()
