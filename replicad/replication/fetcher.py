@@ -24,9 +24,7 @@ At most ``MAX_EARLY_FETCHES`` run at a time, beyond the executor's fetch limits.
 from __future__ import annotations
 
 import asyncio
-import base64
 import shutil
-import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -51,8 +49,9 @@ from replicad.model.address import ReplicaAddress
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.replication import zero_copy_fetch
-from replicad.replication.checksum_compare import ReplicaState, compare_with_replicas
+from replicad.replication.checksum_compare import ReplicaState, compare_with_replicas, read_registrations
 from replicad.replication.commit import part_commit_ops
+from replicad.replication.exchange import FetchCredentials
 from replicad.replication.fetch_sources import MAX_PRECHECKS, FetchSource, SourceFinder, consume_error
 from replicad.replication.part_store import LocalPart, PartStore
 from replicad.storage.checksums import Checksums, MinimalisticChecksums
@@ -96,21 +95,6 @@ class FetchError(ReplicadError):
 
     code = 1000
     retriable = True
-
-
-@dataclass(frozen=True)
-class FetchCredentials:
-    user: str | None = None
-    password: str | None = None
-    #: how peers' HTTPS answers are checked (True: the system's CAs; a context from interserver.tls_ca_file)
-    ssl: ssl.SSLContext | bool = True
-
-    def headers(self) -> dict[str, str]:
-        """``Authorization: Basic …`` when a user is configured (what 18.16 sends: its own credentials)."""
-        if not self.user:
-            return {}
-        token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode("ascii")
-        return {"Authorization": f"Basic {token}"}
 
 
 @dataclass
@@ -550,22 +534,8 @@ class PartFetcher:
             _value(list(replicas)) if replicas is not None else self.sources.replica_names(),
             _value(known) if known is not None else self._columns_version(),
         )
-        me = self.paths.replica_name
-        if include_self and me not in names:  # checked: absent tells whether we registered it
-            names.append(me)
-        elif not include_self:
-            names = [n for n in names if n != me]
-        rps = [self.paths.replica(r) for r in names]
-        columns = await self.keeper.get_many([rp.part_columns(part_name) for rp in rps])
-        second: list[Awaitable[object]] = []
-        for rp, col in zip(rps, columns, strict=True):
-            if col is None:
-                second.append(self.sources.get_or_none(rp.part(part_name)))
-            else:
-                second.append(self.sources.get_or_none(rp.part_checksums(part_name)))
-                second.append(self.keeper.exists(rp.part_columns(part_name)))
-        answers = await asyncio.gather(*second)
-        return ReplicaState(tuple(rps), tuple(columns), tuple(answers), columns_version, include_self)
+        return await read_registrations(
+            self.keeper, self.paths, part_name, names, columns_version, include_self)
 
     async def _commit_to_zookeeper(
         self,
