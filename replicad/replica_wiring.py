@@ -121,6 +121,7 @@ def build_collaborators(
                           credentials=env.credentials, min_bytes_to_fsync=fsync_fetched,
                           max_part_bytes=env.max_fetch_part_bytes)
     fetcher.part_columns_text = part_columns_text(spec.columns)
+    fetcher.known_columns_version = lambda: hooks.structure.columns_version if hooks.structure else None
     puller = LogPuller(keeper, paths, hooks._on_pulled, tz=env.tz,
                        min_unprocessed_insert_time=lambda: queue_state.min_unprocessed_insert_time)
     puller.on_read = fetcher.precheck_sources

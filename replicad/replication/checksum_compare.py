@@ -4,11 +4,15 @@ header).  Checksums are compared only between registrations of the same columns,
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import cast
 
+from replicad.errors import KeeperNoNodeError
+from replicad.keeper.client import Keeper
 from replicad.keeper.ops import ZnodeStat
-from replicad.keeper.paths import ReplicaPaths
+from replicad.keeper.paths import ReplicaPaths, TablePaths
 from replicad.logging import get_logger
 from replicad.model.siphash import SipHash
 from replicad.storage.checksums import Checksums, MinimalisticChecksums, PartHeader
@@ -19,12 +23,15 @@ log = get_logger(__name__)
 @dataclass(frozen=True)
 class ReplicaState:
     """What the fetcher's ``_read_replica_state`` read: per replica its ``parts/<part>/columns`` node and the
-    answers of the second round (see there), and the table's ``columns`` version."""
+    answers of the second round (see there), and the table's ``columns`` version.  ``self_read``: our own
+    registration was read too (else it was not, and counts as absent: the commit's create of our part node
+    proves that)."""
 
     replicas: tuple[ReplicaPaths, ...]
     columns: tuple[tuple[bytes, ZnodeStat] | None, ...]
     answers: tuple[object, ...]
     columns_version: int
+    self_read: bool = True
 
 
 def compare_with_replicas(
@@ -56,3 +63,40 @@ def compare_with_replicas(
             continue
         MinimalisticChecksums.parse(raw[0]).check_equal(mine, True)
     return absent
+
+
+async def read_registrations(
+    keeper: Keeper,
+    paths: TablePaths,
+    part_name: str,
+    names: list[str],
+    columns_version: int,
+    include_self: bool,
+) -> ReplicaState:
+    """What the replicas ``names`` (plus or minus ourselves: ``include_self``) registered for the part, in two
+    pipelined rounds: every replica's ``columns`` child; then, where it exists, the ``checksums`` child and
+    the ``columns`` version again (unchanged = a consistent pair), elsewhere the part node (absent, or a
+    single-node header)."""
+    me = paths.replica_name
+    if include_self and me not in names:  # checked: absent tells whether we registered it
+        names = [*names, me]
+    elif not include_self:
+        names = [n for n in names if n != me]
+    rps = [paths.replica(r) for r in names]
+    columns = await keeper.get_many([rp.part_columns(part_name) for rp in rps])
+    second: list[Awaitable[object]] = []
+    for rp, col in zip(rps, columns, strict=True):
+        if col is None:
+            second.append(_get_or_none(keeper, rp.part(part_name)))
+        else:
+            second.append(_get_or_none(keeper, rp.part_checksums(part_name)))
+            second.append(keeper.exists(rp.part_columns(part_name)))
+    answers = await asyncio.gather(*second)
+    return ReplicaState(tuple(rps), tuple(columns), tuple(answers), columns_version, include_self)
+
+
+async def _get_or_none(keeper: Keeper, path: str) -> tuple[bytes, ZnodeStat] | None:
+    try:
+        return await keeper.get(path)
+    except KeeperNoNodeError:
+        return None

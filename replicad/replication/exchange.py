@@ -9,6 +9,8 @@ engine never imports the transport (ClickHouse's ``DataPartsExchange::Service`` 
 
 from __future__ import annotations
 
+import base64
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,3 +53,18 @@ class PartsExchange(Protocol):
     def withdraw(self, replica_zk_path: str) -> None:
         """Stop answering for ``replica_zk_path``."""
         ...
+
+
+@dataclass(frozen=True)
+class FetchCredentials:
+    user: str | None = None
+    password: str | None = None
+    #: how peers' HTTPS answers are checked (True: the system's CAs; a context from interserver.tls_ca_file)
+    ssl: ssl.SSLContext | bool = True
+
+    def headers(self) -> dict[str, str]:
+        """``Authorization: Basic …`` when a user is configured (what 18.16 sends: its own credentials)."""
+        if not self.user:
+            return {}
+        token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode("ascii")
+        return {"Authorization": f"Basic {token}"}

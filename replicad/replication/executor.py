@@ -191,8 +191,6 @@ class QueueExecutor(BackgroundTask):
             await self._on_success(znode)
 
     async def _on_success(self, znode: str) -> None:
-        before_min = self.state.min_unprocessed_insert_time
-        before_max = self.state.max_processed_insert_time
         try:
             await self.keeper.delete(self.paths.me.queue_entry(znode))
         except KeeperNoNodeError:
@@ -202,6 +200,10 @@ class QueueExecutor(BackgroundTask):
             # no reload would ever find it; left alone it stays in ZooKeeper's queue/ until a restart).
             log.error("queue_node_remove_failed", node=znode, error=str(e))
             self._undeleted.add(znode)
+        # what this entry changes (read here, not before the removal above: entries finishing meanwhile
+        # write their own changes, and a value read before them made every one of them write again)
+        before_min = self.state.min_unprocessed_insert_time
+        before_max = self.state.max_processed_insert_time
         self.state.finish(znode, success=True, now=time.time())
         self.executed_total += 1
         await self._update_times(before_min, before_max)

@@ -5,10 +5,19 @@ Among the *active* replicas (``is_active`` exists) other than us that hold the p
 replica that has executed most of the log) and then the shortest ``queue``.  A replica that failed to deliver
 the part recently (truncated or corrupt body, HTTP error) is tried last.
 
-A GET_PART entry names the replica that made the part: that hint is checked first, in one round that also
-reads its ``host`` and its checksums of the part (kept for the download that follows).  For live
-replication the check starts as the entry is read from the log (:meth:`SourceFinder.precheck`), overlapping
-with the copy of the entry into our queue.
+A GET_PART entry names the replica that made the part: that hint is checked first, in one round (its
+``is_active`` and its ``parts/<part>``).  For live replication the check starts as the entry is read from the
+log (:meth:`SourceFinder.precheck`), overlapping with the copy of the entry into our queue.
+
+A replica's ``host`` is read once and kept with the ``czxid`` of the ``is_active`` node it was read beside:
+``host`` is written only in the multi that creates ``is_active`` (18.16's activateReplica, and ours), so
+while the ``is_active`` a check sees has that ``czxid`` the kept address is current (a new activation makes
+a new node, with a new ``czxid``, and the address is read again).  A failed fetch forgets the address.
+The source's checksums of the part are not read here: the commit compares the part with every replica
+that registered it (the source among them), as 18.16's checkPartChecksumsAndCommit.
+
+The reads every fetch makes of the same node (the replica list, a replica's ``is_active``) are shared by the
+fetches asking while one is under way (never kept once answered): as if each had read it then.
 """
 
 from __future__ import annotations
@@ -16,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from replicad.errors import KeeperNoNodeError
 from replicad.keeper.client import Keeper
@@ -25,7 +35,8 @@ from replicad.keeper.ops import ZnodeStat
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
-from replicad.storage.checksums import MinimalisticChecksums, PartHeader
+
+T = TypeVar("T")
 
 #: a replica that failed to deliver a part is tried last for this long
 FAILED_SOURCE_PENALTY_S = 60.0
@@ -45,11 +56,14 @@ class FetchSource:
 
 @dataclass(frozen=True)
 class SourceDetails:
-    """A source replica's ``host`` and its checksums of a part, read by a source check for the fetch."""
+    """What a source check learnt for the fetch that follows: the source's ``host`` (None: not known, the
+    fetch reads it), the ``czxid`` of its ``is_active`` (-1: not seen) and the table's replica list when the
+    check read it (the fetch's comparison with the replicas uses it instead of reading it again)."""
 
-    host: bytes
-    checksums: MinimalisticChecksums | None
+    host: bytes | None
     read_at: float
+    active_czxid: int = -1
+    replicas: tuple[str, ...] | None = None
 
 
 def consume_error(task: asyncio.Future[Any]) -> None:
@@ -70,8 +84,14 @@ class SourceFinder:
         self._details: dict[tuple[str, str], SourceDetails] = {}
         #: (part, replica) -> check of a GET_PART's source started as the entry was pulled, and when
         self._prechecks: dict[tuple[str, str], tuple[asyncio.Task[bool], float]] = {}
-        #: replica -> its ``host`` node as last read
-        self._hosts: dict[str, bytes] = {}
+        #: replica -> its ``host`` node as last read, and the czxid of the ``is_active`` seen with it
+        self._hosts: dict[str, tuple[bytes, int]] = {}
+        #: replica -> the read of its ``host`` under way, or done and not yet kept in ``_hosts`` (the fetches
+        #: starting together share it)
+        self._host_reads: dict[str, asyncio.Future[tuple[bytes, ZnodeStat] | None]] = {}
+        self._host_read_at: dict[str, float] = {}
+        #: node path -> the read of it under way, shared (see replica_names / is_active)
+        self._reads: dict[str, asyncio.Future[Any]] = {}
 
     def close(self) -> None:
         for task, _ in self._prechecks.values():
@@ -82,6 +102,10 @@ class SourceFinder:
 
     def failed(self, part_name: str, replica: str) -> None:
         self._failed_sources[(part_name, replica)] = time.monotonic()
+        self._hosts.pop(replica, None)  # read again next time: it may have moved
+        read = self._host_reads.get(replica)
+        if read is not None and read.done():
+            del self._host_reads[replica]
         if len(self._failed_sources) > 10_000:
             self._failed_sources.clear()
 
@@ -95,7 +119,7 @@ class SourceFinder:
     # ------------------------------------------------------------------------------------- details
 
     def take_details(self, part_name: str, replica: str) -> SourceDetails | None:
-        """The host and checksums a recent check read (at most once, and only while fresh)."""
+        """What a recent check learnt (at most once, and only while fresh)."""
         details = self._details.pop((part_name, replica), None)
         if details is None or time.monotonic() - details.read_at > DETAILS_TTL_S:
             return None
@@ -103,12 +127,68 @@ class SourceFinder:
 
     def known_host(self, replica: str) -> bytes | None:
         """The replica's ``host`` node as last read by a check or a fetch (None: never read)."""
-        return self._hosts.get(replica)
+        known = self._hosts.get(replica)
+        return known[0] if known is not None else None
 
-    def remember_host(self, replica: str, host: bytes) -> None:
+    def current_host(self, replica: str, active: ZnodeStat | int | None) -> bytes | None:
+        """The kept ``host`` of ``replica`` when it was read beside the ``is_active`` node ``active`` (its
+        stat or its czxid)."""
+        known = self._hosts.get(replica)
+        czxid = active.czxid if isinstance(active, ZnodeStat) else active
+        if known is None or czxid is None or known[1] < 0 or known[1] != czxid:
+            return None
+        return known[0]
+
+    def remember_host(self, replica: str, host: bytes, active_czxid: int = -1) -> None:
         if len(self._hosts) > 1000:
             self._hosts.clear()
-        self._hosts[replica] = host
+        self._hosts[replica] = (host, active_czxid)
+        read = self._host_reads.get(replica)
+        if read is not None and read.done():
+            del self._host_reads[replica]
+
+    def replica_names(self) -> Awaitable[list[str]]:
+        """The table's replicas (a new list for each caller; the read is shared while under way)."""
+        return self._shared(self.paths.replicas, lambda: self.keeper.get_children(self.paths.replicas), list)
+
+    def is_active(self, replica: str) -> Awaitable[ZnodeStat | None]:
+        """The stat of the replica's ``is_active`` node (None: not active); shared while under way."""
+        path = self.paths.replica(replica).is_active
+        return self._shared(path, lambda: self.keeper.exists(path), None)
+
+    def _shared(
+        self, key: str, read: Callable[[], Awaitable[T]], copy: Callable[[T], T] | None
+    ) -> Awaitable[T]:
+        fut = self._reads.get(key)
+        if fut is None:
+            fut = self._reads[key] = asyncio.ensure_future(read())
+            fut.add_done_callback(lambda f: self._reads.pop(key, None) if self._reads.get(key) is f else None)
+            fut.add_done_callback(consume_error)
+        return _answer(fut, copy)
+
+    async def read_host(self, replica: str) -> tuple[bytes, ZnodeStat] | None:
+        """The replica's ``host`` node (None: absent), read once for every caller asking meanwhile."""
+        fut = self._host_reads.get(replica)
+        if fut is not None and fut.done() and time.monotonic() - self._host_read_at.get(replica, 0.0) > 1.0:
+            fut = None  # read a while ago and kept by nobody (its callers gave up): not to be trusted
+        if fut is None:
+            fut = self._host_reads[replica] = asyncio.ensure_future(
+                self.get_or_none(self.paths.replica(replica).host))
+            self._host_read_at[replica] = time.monotonic()
+
+            def done(f: asyncio.Future[tuple[bytes, ZnodeStat] | None]) -> None:
+                # an address stays shared until a caller keeps it (remember_host); nothing to keep: read again
+                if (f.cancelled() or f.exception() is not None or f.result() is None) and \
+                        self._host_reads.get(replica) is f:
+                    del self._host_reads[replica]
+
+            fut.add_done_callback(done)
+        return await asyncio.shield(fut)
+
+    def _remember_details(self, part_name: str, replica: str, details: SourceDetails) -> None:
+        if len(self._details) > 1000:
+            self._details.clear()
+        self._details[(part_name, replica)] = details
 
     # ------------------------------------------------------------------------------------- checks
 
@@ -161,16 +241,20 @@ class SourceFinder:
                     return FetchSource(hint, part_name, 0, 0)
             except KeeperNoNodeError:
                 pass
-        replicas = [r for r in await self.keeper.get_children(self.paths.replicas) if r != me]
+        listed = await self.replica_names()
+        replicas = [r for r in listed if r != me]
         random.shuffle(replicas)
         # is_active and parts/<part> of every replica in one pipelined round
-        probes = [self.paths.replica(r).part(part_name) for r in replicas]
+        probes: list[Awaitable[ZnodeStat | None]] = [
+            self.keeper.exists(self.paths.replica(r).part(part_name)) for r in replicas]
         if active:
-            probes += [self.paths.replica(r).is_active for r in replicas]
-        stats = await asyncio.gather(*(self.keeper.exists(p) for p in probes))
+            probes += [self.is_active(r) for r in replicas]
+        stats = await asyncio.gather(*probes)
         exact, alive = stats[: len(replicas)], stats[len(replicas) :]
+        active_stats: dict[str, ZnodeStat] = {}
         if active:
             keep = [i for i, st in enumerate(alive) if st is not None]
+            active_stats = {replicas[i]: st for i, st in enumerate(alive) if st is not None}
             replicas, exact = [replicas[i] for i in keep], [exact[i] for i in keep]
         found = [(r, part_name) for r, st in zip(replicas, exact, strict=True) if st is not None]
         if not found:
@@ -178,7 +262,7 @@ class SourceFinder:
         if not found:
             return None
         if len(found) == 1:  # nothing to choose: no need to read the replica's progress
-            return FetchSource(found[0][0], found[0][1], 0, 0)
+            return self._chosen(FetchSource(found[0][0], found[0][1], 0, 0), active_stats, listed)
         progress = await asyncio.gather(*(self._replica_progress(r) for r, _ in found))
         candidates = [FetchSource(r, p, ptr, q) for (r, p), (ptr, q) in zip(found, progress, strict=True)]
 
@@ -189,7 +273,18 @@ class SourceFinder:
             failed = self.recently_failed(c.part_name, c.replica, now)
             return (not failed, info.max_block - info.min_block, info.level, c.log_pointer, -c.queue_size)
 
-        return max(candidates, key=rank)
+        return self._chosen(max(candidates, key=rank), active_stats, listed)
+
+    def _chosen(
+        self, source: FetchSource, active_stats: dict[str, ZnodeStat], listed: list[str]
+    ) -> FetchSource:
+        """Keep what the choice learnt for the fetch of ``source``: its address when the ``is_active`` just
+        seen proves the kept one current, and the replica list."""
+        alive = active_stats.get(source.replica)
+        self._remember_details(source.part_name, source.replica, SourceDetails(
+            self.current_host(source.replica, alive), time.monotonic(),
+            alive.czxid if alive is not None else -1, tuple(listed)))
+        return source
 
     async def _covering(self, replicas: list[str], target: PartInfo) -> list[tuple[str, str]]:
         """(replica, its largest part covering ``target``) for the replicas that have one."""
@@ -211,21 +306,27 @@ class SourceFinder:
         return found
 
     async def _check_hint(self, part_name: str, hint: str, active: bool) -> bool:
-        """Whether ``hint`` is active (or ``active`` is False) and has the part: one round that also reads its
-        host and its checksums of the part, kept for the fetch that follows."""
+        """Whether ``hint`` is active (or ``active`` is False) and has the part: one round, which also reads
+        its address unless one is kept (checked against the ``is_active`` seen; read again when it differs).
+        The address is kept for the fetch that follows."""
         rp = self.paths.replica(hint)
-        alive, has_part, host, expected = await asyncio.gather(
-            self.keeper.exists(rp.is_active),
-            self.keeper.exists(rp.part(part_name)),
-            self.get_or_none(rp.host),
-            self.zk_checksums(hint, part_name),
-        )
-        if has_part is None or host is None or (alive is None and active):
+        reads: list[Awaitable[Any]] = [self.is_active(hint), self.keeper.exists(rp.part(part_name))]
+        if hint not in self._hosts:
+            reads.append(self.read_host(hint))
+        alive, has_part, *read = await asyncio.gather(*reads)
+        czxid = alive.czxid if alive is not None else -1
+        if read and read[0] is not None:
+            self.remember_host(hint, read[0][0], czxid)
+        if has_part is None or (alive is None and active):
             return False
-        self.remember_host(hint, host[0])
-        if len(self._details) > 1000:
-            self._details.clear()
-        self._details[(part_name, hint)] = SourceDetails(host[0], expected, time.monotonic())
+        host = self.current_host(hint, alive)
+        if host is None:
+            node = await self.read_host(hint)
+            if node is None:
+                return False
+            host = node[0]
+            self.remember_host(hint, host, czxid)
+        self._remember_details(part_name, hint, SourceDetails(host, time.monotonic(), czxid))
         return True
 
     async def _replica_progress(self, replica: str) -> tuple[int, int]:
@@ -241,18 +342,7 @@ class SourceFinder:
         except KeeperNoNodeError:
             return None
 
-    async def zk_checksums(self, replica: str, part_name: str) -> MinimalisticChecksums | None:
-        """The source's checksums for the part as recorded in ZooKeeper (old child node or new header)."""
-        rp = self.paths.replica(replica)
-        try:
-            data, _ = await self.keeper.get(rp.part_checksums(part_name))
-            return MinimalisticChecksums.parse(data)
-        except KeeperNoNodeError:
-            pass
-        try:
-            data, _ = await self.keeper.get(rp.part(part_name))
-        except KeeperNoNodeError:
-            return None
-        if data.startswith(b"part header format version:"):
-            return PartHeader.parse(data).checksums
-        return None
+
+async def _answer(fut: asyncio.Future[T], copy: Callable[[T], T] | None) -> T:
+    value = await asyncio.shield(fut)
+    return copy(value) if copy is not None else value

@@ -24,11 +24,9 @@ At most ``MAX_EARLY_FETCHES`` run at a time, beyond the executor's fetch limits.
 from __future__ import annotations
 
 import asyncio
-import base64
 import shutil
-import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -37,8 +35,10 @@ import aiohttp
 
 from replicad.errors import (
     CorruptedDataError,
+    KeeperBadVersionError,
     KeeperMultiError,
     KeeperNodeExistsError,
+    KeeperNoNodeError,
     ReplicadError,
 )
 from replicad.keeper.client import Keeper
@@ -49,8 +49,9 @@ from replicad.model.address import ReplicaAddress
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.replication import zero_copy_fetch
-from replicad.replication.checksum_compare import ReplicaState, compare_with_replicas
+from replicad.replication.checksum_compare import ReplicaState, compare_with_replicas, read_registrations
 from replicad.replication.commit import part_commit_ops
+from replicad.replication.exchange import FetchCredentials
 from replicad.replication.fetch_sources import MAX_PRECHECKS, FetchSource, SourceFinder, consume_error
 from replicad.replication.part_store import LocalPart, PartStore
 from replicad.storage.checksums import Checksums, MinimalisticChecksums
@@ -96,21 +97,6 @@ class FetchError(ReplicadError):
     retriable = True
 
 
-@dataclass(frozen=True)
-class FetchCredentials:
-    user: str | None = None
-    password: str | None = None
-    #: how peers' HTTPS answers are checked (True: the system's CAs; a context from interserver.tls_ca_file)
-    ssl: ssl.SSLContext | bool = True
-
-    def headers(self) -> dict[str, str]:
-        """``Authorization: Basic …`` when a user is configured (what 18.16 sends: its own credentials)."""
-        if not self.user:
-            return {}
-        token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode("ascii")
-        return {"Authorization": f"Basic {token}"}
-
-
 @dataclass
 class _Early:
     """A download started as its GET_PART entry was read: from ``source``, into the part's tmp-fetch_ dir."""
@@ -136,7 +122,6 @@ class PartFetcher:
         store: PartStore,
         *,
         table_columns_text: str,
-        columns_version: int | None = None,
         credentials: FetchCredentials | None = None,
         timeout_s: float = 1800.0,
         connect_timeout_s: float = 10.0,
@@ -150,7 +135,10 @@ class PartFetcher:
         self.table_columns_text = table_columns_text
         #: the columns.txt every part of the table has (set by the replica; None: not checked)
         self.part_columns_text: str | None = None
-        self.columns_version = columns_version
+        #: the table's ``columns`` version as the replica knows it (18.16's ``columns_version``; None: read
+        #: it from ZooKeeper for each commit); the commit's ``check columns`` proves it current, and a commit
+        #: refused by that check reads the version and tries again
+        self.known_columns_version: Callable[[], int | None] = lambda: None
         self.credentials = credentials or FetchCredentials()
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s, sock_read=300)
         #: fsync every fetched part (``fsync``), or those of at least ``min_bytes_to_fsync`` bytes
@@ -356,18 +344,23 @@ class PartFetcher:
         """Download into ``tmp-fetch_<part>``; also returns the read of what the other replicas registered,
         started alongside (parts are immutable; one that registers it later is caught by the commit's
         probes): only the commit itself follows the download.  ``host``: the source's address, known
-        already (its checksums in ZooKeeper are then not read first)."""
+        already.  Our own registration is not read: the commit's create of our part node proves it absent
+        (when it exists, everything is read again, ours included)."""
         src = self.paths.replica(source_replica)
-        expected: MinimalisticChecksums | None = None
+        details = self.sources.take_details(part_name, source_replica)
+        replicas = details.replicas if details is not None else None
         if host is not None:
             raw_host = host
-        elif (details := self.sources.take_details(part_name, source_replica)) is not None:
-            raw_host, expected = details.host, details.checksums
+        elif details is not None and details.host is not None:
+            raw_host = details.host
+        elif details and (kept := self.sources.current_host(source_replica, details.active_czxid)):
+            raw_host = kept  # read meanwhile by another fetch, beside the same is_active
         else:
-            (raw_host, _), expected = await asyncio.gather(
-                self.keeper.get(src.host), self.sources.zk_checksums(source_replica, part_name)
-            )
-            self.sources.remember_host(source_replica, raw_host)
+            node = await self.sources.read_host(source_replica)
+            if node is None:
+                raise KeeperNoNodeError(f"get {src.host}: no such node")
+            raw_host = node[0]
+            self.sources.remember_host(source_replica, raw_host, details.active_czxid if details else -1)
         address = ReplicaAddress.parse(raw_host)
         tmp_dir = self.store.layout.tmp_path(TMP_FETCH, part_name)
         if tmp_dir.exists():
@@ -381,9 +374,9 @@ class PartFetcher:
             port=address.replication_port,
             early=early,
         )
-        state = asyncio.ensure_future(self._read_replica_state(part_name))
+        state = asyncio.ensure_future(self._read_replica_state(part_name, replicas, include_self=False))
         try:
-            received = await self._download(address, src.root, part_name, tmp_dir, expected)
+            received = await self._download(address, src.root, part_name, tmp_dir, None)
         except BaseException:
             state.cancel()
             await asyncio.gather(state, return_exceptions=True)
@@ -417,6 +410,8 @@ class PartFetcher:
                 raise CorruptedDataError(f"Part {part_name} has other columns than the table and than the "
                                          f"replicas registered: its columns.txt is {columns_text[:300]!r}")
             absent = compare_with_replicas(seen, part_name, columns_text, checksums)
+            if not seen.self_read:
+                absent.add(self.paths.me.part(part_name))
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, tmp_dir, True)
             await asyncio.shield(self._abandon_zero_copy(part_name))
@@ -425,7 +420,8 @@ class PartFetcher:
         try:
             # the check above stands for the first attempt: a replica registering the part meanwhile makes
             # its probe fail, and everything is checked again
-            await self._commit_to_zookeeper(part_name, columns_text, checksums, absent, seen.columns_version)
+            await self._commit_to_zookeeper(part_name, columns_text, checksums, absent, seen.columns_version,
+                                            self_read=seen.self_read)
         except BaseException:
             await self.store.rollback(part_name)
             raise
@@ -519,29 +515,27 @@ class PartFetcher:
             await asyncio.to_thread(fsync_part_files, tmp_dir)
         return received
 
-    async def _read_replica_state(self, part_name: str) -> ReplicaState:
-        """What every replica registered for the part, in pipelined rounds: the replica list (and the table's
-        ``columns`` version); every replica's ``columns`` child; then, where it exists, the ``checksums``
-        child and the ``columns`` version again (unchanged = a consistent pair), elsewhere the part node
-        (absent, or a single-node header)."""
-        known = self.columns_version
+    async def _read_replica_state(
+        self,
+        part_name: str,
+        replicas: Sequence[str] | None = None,
+        *,
+        include_self: bool = True,
+        fresh_columns_version: bool = False,
+    ) -> ReplicaState:
+        """What every replica registered for the part, in pipelined rounds: the replica list (unless
+        ``replicas`` is given: read by this fetch's source choice) and the table's ``columns`` version
+        (unless the replica knows it and not ``fresh_columns_version``); every replica's ``columns`` child;
+        then, where it exists, the ``checksums`` child and the ``columns`` version again (unchanged = a
+        consistent pair), elsewhere the part node (absent, or a single-node header).  ``include_self``:
+        our own registration too (else it counts as absent, as ``ReplicaState.self_read`` says)."""
+        known = None if fresh_columns_version else self.known_columns_version()
         names, columns_version = await asyncio.gather(
-            self.keeper.get_children(self.paths.replicas),
+            _value(list(replicas)) if replicas is not None else self.sources.replica_names(),
             _value(known) if known is not None else self._columns_version(),
         )
-        if self.paths.replica_name not in names:  # always checked: absent tells whether we registered it
-            names.append(self.paths.replica_name)
-        rps = [self.paths.replica(r) for r in names]
-        columns = await self.keeper.get_many([rp.part_columns(part_name) for rp in rps])
-        second: list[Awaitable[object]] = []
-        for rp, col in zip(rps, columns, strict=True):
-            if col is None:
-                second.append(self.sources.get_or_none(rp.part(part_name)))
-            else:
-                second.append(self.sources.get_or_none(rp.part_checksums(part_name)))
-                second.append(self.keeper.exists(rp.part_columns(part_name)))
-        answers = await asyncio.gather(*second)
-        return ReplicaState(tuple(rps), tuple(columns), tuple(answers), columns_version)
+        return await read_registrations(
+            self.keeper, self.paths, part_name, names, columns_version, include_self)
 
     async def _commit_to_zookeeper(
         self,
@@ -550,15 +544,22 @@ class PartFetcher:
         checksums: Checksums,
         absent: set[str] | None = None,
         columns_version: int | None = None,
+        *,
+        self_read: bool = True,
     ) -> None:
         """Register the part under ``replicas/<me>/parts``; ``absent`` / ``columns_version``: from a check
-        just made (used by the first attempt)."""
+        just made (used by the first attempt); ``self_read``: whether that check read our own registration
+        (if not and it exists, the multi's create of it fails and everything is read again, ours included).
+        A multi refused by its ``check columns`` (the version the replica knew is not current) is tried
+        again with the version read from ZooKeeper."""
         me = self.paths.me
+        fresh_columns_version = False
         for _attempt in range(10):
             if absent is None or columns_version is None:
-                seen = await self._read_replica_state(part_name)
+                seen = await self._read_replica_state(part_name, fresh_columns_version=fresh_columns_version)
                 absent = compare_with_replicas(seen, part_name, columns_text, checksums)
                 columns_version = seen.columns_version
+                self_read = True
             missing, absent = absent, None
             if me.part(part_name) not in missing:  # our own node is there already
                 log.warning("part_node_already_exists", part=part_name)
@@ -574,8 +575,20 @@ class PartFetcher:
                 await self.keeper.multi(ops)
                 return
             except KeeperMultiError as e:
+                failed = ops[e.index].path if 0 <= e.index < len(ops) else ""
                 if e.index < len(probes) and isinstance(e.cause, KeeperNodeExistsError):
-                    log.info("part_appeared_on_replica_rechecking", part=part_name, path=ops[e.index].path)
+                    log.info("part_appeared_on_replica_rechecking", part=part_name, path=failed)
+                    continue
+                exists = isinstance(e.cause, KeeperNodeExistsError)
+                if not self_read and failed == me.part(part_name) and exists:
+                    log.info("part_node_exists_rechecking", part=part_name)
+                    continue
+                if failed == self.paths.columns and isinstance(e.cause, KeeperBadVersionError):
+                    if fresh_columns_version:
+                        raise
+                    log.info("columns_version_changed_rechecking", part=part_name, version=columns_version)
+                    fresh_columns_version = True
+                    columns_version = None
                     continue
                 raise
         raise ReplicadError(

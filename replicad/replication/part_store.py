@@ -68,6 +68,10 @@ class PartStore:
         #: the parts that are not outdated (active or pre-committed): the store keeps every outdated part
         #: for ``old_parts_lifetime``, and the queries below would otherwise scan them all
         self._live: dict[str, LocalPart] = {}
+        #: the same parts by partition: a part covers only parts of its own partition, so the covering
+        #: queries of a fetch look at one partition, not at every part (a new replica of a table of 10,000
+        #: one-part partitions spent most of its fetches' CPU walking every live part)
+        self._live_by_partition: dict[str, dict[str, LocalPart]] = {}
         #: bumped on every change of the active set (SELECT snapshots, status)
         self.version = 0
         self._active: list[LocalPart] = []
@@ -88,9 +92,10 @@ class PartStore:
         covered = await asyncio.to_thread(self.layout.covered_parts)
         for info in active:
             directory = PartDirectory.at(self.layout.part_path(info.name))
-            self._parts[info.name] = self._live[info.name] = LocalPart(
+            part = self._parts[info.name] = LocalPart(
                 info, directory, PartState.ACTIVE, directory.path.stat().st_mtime
             )
+            self._set_live(part)
         for name in covered:
             info = PartInfo.parse(name)
             directory = PartDirectory.at(self.layout.part_path(name))
@@ -139,10 +144,26 @@ class PartStore:
         """A part a peer may download: pre-committed, active or outdated (as 18.16's findPart)."""
         return self._parts.get(name)
 
+    def _set_live(self, part: LocalPart) -> None:
+        self._live[part.name] = part
+        self._live_by_partition.setdefault(part.info.partition_id, {})[part.name] = part
+
+    def _unset_live(self, part: LocalPart) -> None:
+        if self._live.pop(part.name, None) is None:
+            return
+        partition = self._live_by_partition.get(part.info.partition_id)
+        if partition is not None:
+            partition.pop(part.name, None)
+            if not partition:
+                del self._live_by_partition[part.info.partition_id]
+
+    def _live_in(self, partition_id: str) -> list[LocalPart]:
+        return list(self._live_by_partition.get(partition_id, {}).values())
+
     def active_containing(self, info: PartInfo) -> LocalPart | None:
         """The active (or pre-committed) part equal to or covering ``info``."""
         best: LocalPart | None = None
-        for p in self._live.values():
+        for p in self._live_in(info.partition_id):
             if p.info == info or p.info.contains(info):
                 if best is None or p.info.contains(best.info):
                     best = p
@@ -152,7 +173,7 @@ class PartStore:
         """Active parts strictly covered by ``info``."""
         return [
             p
-            for p in self._live.values()
+            for p in self._live_in(info.partition_id)
             if p.state is PartState.ACTIVE and p.info != info and info.contains(p.info)
         ]
 
@@ -189,7 +210,8 @@ class PartStore:
                 await asyncio.to_thread(shutil.rmtree, directory.path, True)
                 raise
         part = LocalPart(info, directory, PartState.PRECOMMITTED)
-        self._parts[name] = self._live[name] = part
+        self._parts[name] = part
+        self._set_live(part)
         return part
 
     def commit_ops(self, name: str) -> list[Op]:
@@ -204,14 +226,14 @@ class PartStore:
         part = self._parts[name]
         if self.remote is not None:
             self.remote.committed(name)
-        covering = [p for p in self._live.values() if p.state is PartState.ACTIVE and p.info != part.info
-                    and p.info.contains(part.info)]
+        covering = [p for p in self._live_in(part.info.partition_id) if p.state is PartState.ACTIVE
+                    and p.info != part.info and p.info.contains(part.info)]
         if covering:
             log.warning("obsolete_part_added", part=name, covered_by=covering[0].name)
             self._outdate(part, 0.0)  # removed by the next cleanup
             self.version += 1
             return []
-        self._live[name] = part
+        self._set_live(part)
         part.state = PartState.ACTIVE
         replaced = self.covered_by(part.info)
         now = time.time()
@@ -234,9 +256,9 @@ class PartStore:
     async def detach(self, name: str, prefix: str) -> Path | None:
         """Move a part to ``detached/<prefix>_<name>`` and forget it."""
         part = self._parts.pop(name, None)
-        self._live.pop(name, None)
         if part is None:
             return None
+        self._unset_live(part)
         self.version += 1
         if self.remote is not None:  # detached/ keeps the local copy: the shared instance is let go
             await self.remote.release(name)
@@ -251,7 +273,7 @@ class PartStore:
     def _outdate(self, part: LocalPart, now: float) -> None:
         part.state = PartState.OUTDATED
         part.remove_time = now
-        self._live.pop(part.name, None)
+        self._unset_live(part)
 
     async def remove_outdated(self, name: str) -> bool:
         """Delete an outdated part's directory and forget it (the cleanup, after ZooKeeper let it go)."""
@@ -264,7 +286,7 @@ class PartStore:
     async def _remove_dir(self, part: LocalPart) -> None:
         if self._parts.get(part.name) is part:
             del self._parts[part.name]
-            self._live.pop(part.name, None)
+            self._unset_live(part)
             self.version += 1
         if self.remote is not None:
             await self.remote.release(part.name)  # before the local copy goes (#95597's ordering)

@@ -72,6 +72,7 @@ class Metrics:
         self.zookeeper_duration = Histogram(
             "replicad_zookeeper_request_duration_seconds", "ZooKeeper request time (sent → answered)",
             ["request"], registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2, 10))
+        self._zookeeper_by_kind: dict[str, Histogram] = {}
         self.loop_lag = Histogram("replicad_event_loop_lag_seconds",
                                   "how late the event loop woke a 50 ms sleep", registry=r,
                                   buckets=(0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 1, 5))
@@ -103,7 +104,12 @@ class Metrics:
             self.loop_stalls.inc()
 
     def observe_zookeeper(self, request: str, seconds: float) -> None:
-        self.zookeeper_duration.labels(request).observe(seconds)
+        # the child histogram of each kind is kept: ``labels()`` (a lock and a key built per call) cost
+        # 7 % of a fetching replica's CPU, once per ZooKeeper answer
+        child = self._zookeeper_by_kind.get(request)
+        if child is None:
+            child = self._zookeeper_by_kind[request] = self.zookeeper_duration.labels(request)
+        child.observe(seconds)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry)) + clickhouse_metrics.render(

@@ -1,5 +1,6 @@
 """PartFetcher's source checks: a GET_PART's source replica is checked as the entry is pulled, and
-find_source uses that check instead of asking ZooKeeper again (a fake keeper counts the requests)."""
+find_source uses that check instead of asking ZooKeeper again; a source's ``host`` is read once and kept while
+its ``is_active`` node is the same one (a fake keeper counts the requests)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from replicad.errors import KeeperNoNodeError
+from replicad.keeper.ops import ZnodeStat
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry
 from replicad.replication.fetcher import MAX_PRECHECKS, PartFetcher
@@ -23,11 +25,14 @@ class FakeKeeper:
     def __init__(self, nodes: dict[str, bytes]) -> None:
         self.nodes = nodes
         self.requests: list[tuple[str, str]] = []
+        self.czxid: dict[str, int] = {}  # a node's czxid (1 unless set): a re-created node has another
 
-    async def exists(self, path: str, watch: Any = None) -> object | None:
+    async def exists(self, path: str, watch: Any = None) -> ZnodeStat | None:
         self.requests.append(("exists", path))
         await asyncio.sleep(0)
-        return object() if path in self.nodes else None
+        if path not in self.nodes:
+            return None
+        return ZnodeStat(self.czxid.get(path, 1), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
     async def get(self, path: str, watch: Any = None) -> tuple[bytes, object]:
         self.requests.append(("get", path))
@@ -63,15 +68,48 @@ async def test_precheck_is_used_by_find_source(tmp_path: Path) -> None:
     assert list(fetcher.sources._prechecks) == [("all_1_1_0", "a")]
     await asyncio.sleep(0.01)
     before = len(keeper.requests)
-    assert before >= 4
+    a = fetcher.paths.replica("a")
+    # one round: is_active, the part, the host (the first time); the source's checksums are not read (the
+    # commit compares the part with every replica that registered it)
+    assert sorted(keeper.requests) == sorted([("exists", a.is_active), ("exists", a.part("all_1_1_0")),
+                                              ("get", a.host)])
     source = await fetcher.find_source("all_1_1_0", hint="a")
     assert source is not None and (source.replica, source.part_name) == ("a", "all_1_1_0")
     assert len(keeper.requests) == before  # answered from the check made at pull time
-    assert ("all_1_1_0", "a") in fetcher.sources._details  # host and checksums for the fetch
-    # without a precheck the same answer costs one round of requests
+    details = fetcher.sources._details[("all_1_1_0", "a")]  # the host for the fetch
+    assert details.host == keeper.nodes[a.host]
+    # without a precheck the same answer costs one round of requests, without the host: kept
     fetcher.sources._details.clear()
     source = await fetcher.find_source("all_1_1_0", hint="a")
-    assert source is not None and source.replica == "a" and len(keeper.requests) > before
+    assert source is not None and source.replica == "a"
+    assert keeper.requests[before:] == [("exists", a.is_active), ("exists", a.part("all_1_1_0"))]
+    assert fetcher.sources._details[("all_1_1_0", "a")].host == keeper.nodes[a.host]
+    await fetcher.close()
+
+
+async def test_a_kept_host_is_read_again_after_a_reactivation_or_a_failure(tmp_path: Path) -> None:
+    fetcher, keeper = make(tmp_path)
+    a = fetcher.paths.replica("a")
+    assert await fetcher.find_source("all_1_1_0", hint="a") is not None
+    assert keeper.requests.count(("get", a.host)) == 1
+    # "a" restarted elsewhere: a new is_active (another czxid), written with its new host in one multi
+    keeper.czxid[a.is_active] = 7
+    keeper.nodes[a.host] = b"host: 127.0.0.2\nport: 9010\n"
+    assert await fetcher.find_source("all_1_1_0", hint="a") is not None
+    assert keeper.requests.count(("get", a.host)) == 2
+    assert fetcher.sources._details[("all_1_1_0", "a")].host == keeper.nodes[a.host]
+    assert await fetcher.find_source("all_1_1_0", hint="a") is not None
+    assert keeper.requests.count(("get", a.host)) == 2  # the same is_active: kept
+    # a failed fetch from "a" forgets its address
+    fetcher.sources.failed("all_9_9_0", "a")
+    assert await fetcher.find_source("all_1_1_0", hint="a") is not None
+    assert keeper.requests.count(("get", a.host)) == 3
+    # the source choice without a hint keeps the host and the replica list for the fetch
+    fetcher.sources._details.clear()
+    assert await fetcher.find_source("all_1_1_0") is not None
+    details = fetcher.sources._details[("all_1_1_0", "a")]
+    assert details.host == keeper.nodes[a.host] and details.replicas == ("a", "b")
+    assert keeper.requests.count(("get", a.host)) == 3
     await fetcher.close()
 
 
@@ -84,4 +122,18 @@ async def test_no_prechecks_for_a_backlog_and_fallback(tmp_path: Path) -> None:
     fetcher.precheck_sources([LogEntry.get_part("all_5_5_0", source_replica="a")])
     assert await fetcher.find_source("all_5_5_0", hint="a") is None
     assert ("get_children", f"{ZK}/replicas") in keeper.requests
+    await fetcher.close()
+
+
+async def test_fetches_asking_together_share_the_replica_list_and_is_active(tmp_path: Path) -> None:
+    fetcher, keeper = make(tmp_path)
+    a = fetcher.paths.replica("a")
+    found = await asyncio.gather(*(fetcher.find_source("all_1_1_0") for _ in range(8)))
+    assert all(s is not None and s.replica == "a" for s in found)
+    assert keeper.requests.count(("get_children", f"{ZK}/replicas")) == 1
+    assert keeper.requests.count(("exists", a.is_active)) == 1
+    assert keeper.requests.count(("exists", a.part("all_1_1_0"))) == 8  # each its own part
+    # once answered, nothing is kept: the next one reads again
+    assert await fetcher.find_source("all_1_1_0") is not None
+    assert keeper.requests.count(("get_children", f"{ZK}/replicas")) == 2
     await fetcher.close()
