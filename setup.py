@@ -18,6 +18,11 @@ setup(
             extra_compile_args=["-O3"],
         ),
         Extension(
+            "replicad.native._arraytext",
+            sources=["replicad/native/arraytext.c"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
             "replicad.native._siphash",
             sources=["replicad/native/siphash.c"],
             extra_compile_args=["-O3"],
