@@ -1,0 +1,3 @@
+from typing import Any
+
+def parse(offsets: Any, data: Any, validity: Any, offset: int, n: int, signed: bool, /) -> bytes | int: ...
