@@ -134,6 +134,7 @@ async def _aiter(gen: Iterator[Any], body: SyncBody, executor: Executor | None
             if batch is None:
                 return
             yield batch
+            del batch  # not held while the next block is parsed
     finally:
         body.error = body.error or ConnectionAbortedError("insert finished")
         with contextlib.suppress(Exception):
