@@ -2,12 +2,13 @@
  * Plain decimal integer texts of an Arrow binary/string column parsed in one pass.
  *
  * Python API (module replicad.native._textints):
- *   parse(offsets, data, validity, offset, n, signed) -> bytes | int
+ *   parse(offsets, data, validity, offset, n, signed, bits) -> bytes | int
  *       offsets, data, validity: the buffers of an Arrow `binary`/`string` array (int32 offsets; validity
  *       may be None) and offset/n its slice.  Every valid row must be one or more ASCII digits, with one
- *       leading '-' allowed when `signed`, and fit 64 bits (int64 when signed, else uint64).  Returns n
- *       little-endian 8-byte values (0 under null rows), or the index of the first valid row that is not
- *       such a text (signs '+', spaces, overflow, anything else): the caller's general path deals with it.
+ *       leading '-' allowed when `signed`, and fit the `bits`-bit (8, 16, 32, 64) signed or unsigned type.
+ *       Returns n little-endian values of bits/8 bytes (0 under null rows), or the index of the first
+ *       valid row that is not such a text (signs '+', spaces, out of range, anything else): the caller's
+ *       general path deals with it (and words the error).
  * ValueError for buffers inconsistent with offset/n.  The GIL is released while parsing.
  */
 #define PY_SSIZE_T_CLEAN
@@ -16,12 +17,25 @@
 #include <string.h>
 
 /* -1 = all rows fine, else the first row that is not a plain integer */
+static inline void store(uint8_t *out, Py_ssize_t r, int bytes, uint64_t v) {
+    switch (bytes) {
+    case 1: out[r] = (uint8_t)v; break;
+    case 2: { uint16_t x = (uint16_t)v; memcpy(out + 2 * r, &x, 2); break; }
+    case 4: { uint32_t x = (uint32_t)v; memcpy(out + 4 * r, &x, 4); break; }
+    default: memcpy(out + 8 * r, &v, 8); break;
+    }
+}
+
 static Py_ssize_t parse_rows(const int32_t *off, const uint8_t *data, const uint8_t *validity,
-                             Py_ssize_t offset, Py_ssize_t n, int is_signed, uint64_t *out) {
+                             Py_ssize_t offset, Py_ssize_t n, int is_signed, int bits, uint8_t *out) {
+    int bytes = bits / 8;
+    /* the largest magnitude allowed: unsigned 2^bits - 1; signed 2^(bits-1) - 1, one more when negative */
+    uint64_t umax = bits == 64 ? UINT64_MAX : ((uint64_t)1 << bits) - 1;
+    uint64_t smax = ((uint64_t)1 << (bits - 1)) - 1;
     for (Py_ssize_t r = 0; r < n; r++) {
         Py_ssize_t k = offset + r;
         if (validity && !((validity[k >> 3] >> (k & 7)) & 1)) {
-            out[r] = 0;
+            store(out, r, bytes, 0);
             continue;
         }
         const uint8_t *s = data + off[k];
@@ -43,11 +57,13 @@ static Py_ssize_t parse_rows(const int32_t *off, const uint8_t *data, const uint
             v = v * 10 + d;
         }
         if (is_signed) {
-            if (neg ? v > (uint64_t)INT64_MAX + 1 : v > (uint64_t)INT64_MAX)
+            if (neg ? v > smax + 1 : v > smax)
                 return r;
-            out[r] = neg ? (uint64_t)0 - v : v;
+            store(out, r, bytes, neg ? (uint64_t)0 - v : v);
         } else {
-            out[r] = v;
+            if (v > umax)
+                return r;
+            store(out, r, bytes, v);
         }
     }
     return -1;
@@ -57,10 +73,16 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
     Py_buffer ob, db, vb;
     PyObject *vobj;
     Py_ssize_t offset, n;
-    int is_signed;
+    int is_signed, bits;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*y*Onnp", &ob, &db, &vobj, &offset, &n, &is_signed))
+    if (!PyArg_ParseTuple(args, "y*y*Onnpi", &ob, &db, &vobj, &offset, &n, &is_signed, &bits))
         return NULL;
+    if (bits != 8 && bits != 16 && bits != 32 && bits != 64) {
+        PyBuffer_Release(&ob);
+        PyBuffer_Release(&db);
+        PyErr_SetString(PyExc_ValueError, "bits must be 8, 16, 32 or 64");
+        return NULL;
+    }
     int has_validity = vobj != Py_None;
     if (has_validity && PyObject_GetBuffer(vobj, &vb, PyBUF_SIMPLE) < 0) {
         PyBuffer_Release(&ob);
@@ -85,14 +107,14 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    values = PyBytes_FromStringAndSize(NULL, n * 8);
+    values = PyBytes_FromStringAndSize(NULL, n * (bits / 8));
     if (!values)
         goto done;
     Py_ssize_t bad;
-    uint64_t *out = (uint64_t *)PyBytes_AS_STRING(values);
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(values);
     const uint8_t *vbits = has_validity ? (const uint8_t *)vb.buf : NULL;
     Py_BEGIN_ALLOW_THREADS
-    bad = parse_rows(off, (const uint8_t *)db.buf, vbits, offset, n, is_signed, out);
+    bad = parse_rows(off, (const uint8_t *)db.buf, vbits, offset, n, is_signed, bits, out);
     Py_END_ALLOW_THREADS
     if (bad >= 0) {
         result = PyLong_FromSsize_t(bad);
@@ -110,12 +132,12 @@ done:
 
 static PyMethodDef module_methods[] = {
     {"parse", py_parse, METH_VARARGS,
-     "parse(offsets, data, validity, offset, n, signed) -> 8-byte values | first row not a plain integer."},
+     "parse(offsets, data, validity, offset, n, signed, bits) -> values | first row not a plain integer."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_textints", "Plain decimal integer texts parsed to 64-bit values.", -1,
+    PyModuleDef_HEAD_INIT, "_textints", "Plain decimal integer texts parsed to 8- to 64-bit values.", -1,
     module_methods, NULL, NULL, NULL, NULL,
 };
 

@@ -20,32 +20,38 @@ _texts = st.one_of(_digits, _digits.map(lambda d: "-" + d), st.text(alphabet="01
                    st.integers(-2**64, 2**64).map(str))
 
 
-def _model(text: str, signed: bool) -> int | None:
+def _model(text: str, target: pa.DataType) -> int | None:
+    signed, bits = pa.types.is_signed_integer(target), target.bit_width
     if not re.fullmatch(r"-?[0-9]+" if signed else r"[0-9]+", text):
         return None
     v = int(text)
-    lo, hi = (-2**63, 2**63 - 1) if signed else (0, 2**64 - 1)
+    lo, hi = (-2**(bits - 1), 2**(bits - 1) - 1) if signed else (0, 2**bits - 1)
     return v if lo <= v <= hi else None
 
 
-@settings(deadline=None, max_examples=400)
-@given(st.lists(st.one_of(st.none(), _texts), min_size=1, max_size=20), st.booleans(), st.integers(0, 3))
-@example(["18446744073709551615", "0", None], False, 0)
-@example(["-9223372036854775808", "9223372036854775807"], True, 0)
-@example(["9223372036854775808"], True, 0)
-@example(["-0", "007"], True, 0)
-def test_plain_integers_match_python(texts: list[str | None], signed: bool, cut: int) -> None:
+_TARGETS = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
+
+
+@settings(deadline=None, max_examples=500)
+@given(st.lists(st.one_of(st.none(), _texts, st.integers(-2**16, 2**16).map(str)), min_size=1, max_size=20),
+       st.sampled_from(_TARGETS), st.integers(0, 3))
+@example(["18446744073709551615", "0", None], pa.uint64(), 0)
+@example(["-9223372036854775808", "9223372036854775807"], pa.int64(), 0)
+@example(["9223372036854775808"], pa.int64(), 0)
+@example(["-128", "127", "255"], pa.int8(), 0)
+@example(["-0", "007"], pa.int32(), 0)
+def test_plain_integers_match_python(texts: list[str | None], target: pa.DataType, cut: int) -> None:
     arr = pa.array([None if t is None else t.encode() for t in texts], pa.binary())
     arr = arr.slice(min(cut, len(texts)))
     rows = arr.to_pylist()
-    want = [None if t is None else _model(t.decode(), signed) for t in rows]
-    got = plain_integers(arr, signed)
+    want = [None if t is None else _model(t.decode(), target) for t in rows]
+    got = plain_integers(arr, target)
     if not len(arr):
         assert got is None  # nothing to parse: the general path
     elif any(w is None and t is not None for w, t in zip(want, rows, strict=True)):
         assert got is None
     else:
-        assert got is not None and got.to_pylist() == want
+        assert got is not None and got.type == target and got.to_pylist() == want
 
 
 @settings(deadline=None, max_examples=300)
