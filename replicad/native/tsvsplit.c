@@ -3,11 +3,12 @@
  * bytes copied once (no unescaping: that stays with the caller).
  *
  * Python API (module replicad.native._tsvsplit):
- *   split(block, width, skip_empty, alloc) -> list[tuple[offsets, data]] | None
+ *   split(block, width, skip_empty, alloc) -> list[tuple[offsets, data, has_backslash]] | None
  *       Lines end at "\n", "\r\n" or a lone "\r" (as pyarrow's CSV reader ends them); the text after the
  *       last line end, when not empty, is one more line.  An empty line is skipped when skip_empty, else
  *       it is a row of one empty field.  Every other line must hold exactly `width` tab-separated fields.
- *       Returns `width` pairs (int32 offsets of rows + 1 values, data), ready for
+ *       Returns `width` triples (int32 offsets of rows + 1 values, data, whether a backslash occurs in
+ *       the column: only then has it anything to unescape), the first two ready for
  *       pa.Array.from_buffers(pa.binary(), rows, [None, offsets, data]), both from alloc(nbytes), which
  *       returns a writable buffer (pa.allocate_buffer: Arrow's pool keeps its pages mapped, so the copy
  *       does not fault in fresh pages for every block; data has 16 bytes of slack at its end);
@@ -272,7 +273,8 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     if (!list)
         goto done;
     for (Py_ssize_t c = 0; c < width; c++) {
-        PyObject *pair = PyTuple_Pack(2, objs[2 * c], objs[2 * c + 1]);
+        int backslash = memchr(datas[c], '\\', (size_t)f.sizes[c]) != NULL;
+        PyObject *pair = PyTuple_Pack(3, objs[2 * c], objs[2 * c + 1], backslash ? Py_True : Py_False);
         if (!pair) {
             Py_DECREF(list);
             goto done;
@@ -299,7 +301,7 @@ done:
 
 static PyMethodDef module_methods[] = {
     {"split", py_split, METH_VARARGS,
-     "split(block, width, skip_empty, alloc) -> [(offsets, data)] per field position, or None."},
+     "split(block, width, skip_empty, alloc) -> [(offsets, data, has_backslash)] per field position, or None."},
     {NULL, NULL, 0, NULL},
 };
 

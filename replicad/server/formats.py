@@ -172,26 +172,28 @@ def _tsv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
     convert_opts = pa_csv.ConvertOptions(column_types={c: pa.binary() for c in col_names}, null_values=[],
                                          strings_can_be_null=False, check_utf8=False)
     for block in body.line_blocks(spec.read_block_bytes):
-        columns = _tsv_split(block, width)
-        if columns is None:  # a line with another number of fields (or an unusual block): pyarrow's reader
+        got = _tsv_split(block, width)
+        if got is None:  # a line with another number of fields (or an unusual block): pyarrow's reader
             try:
                 table = pa_csv.read_csv(io.BytesIO(block), read_options=read_opts, parse_options=parse_opts,
                                         convert_options=convert_opts)
             except pa.ArrowInvalid as e:
                 raise _tsv_shape_error(block, fields, conv.row, e) from None
-            columns = [table.column(i) for i in range(width)]
-        yield from conv.feed([columns[p] for p in positions], escaped=b"\\" in block)
+            got = [table.column(i) for i in range(width)], [b"\\" in block] * width
+        columns, escaped = got
+        yield from conv.feed([columns[p] for p in positions], escaped=[escaped[p] for p in positions])
     yield from conv.finish()
 
 
-def _tsv_split(block: bytes, width: int) -> list[pa.Array] | None:
+def _tsv_split(block: bytes, width: int) -> tuple[list[pa.Array], list[bool]] | None:
     """The block's fields as one binary array per position, split in C (:mod:`replicad.native._tsvsplit`:
-    pyarrow's CSV reader with the options above gives the same columns); None: the C splitter declined."""
+    pyarrow's CSV reader with the options above gives the same columns), and whether each column holds a
+    backslash (something to unescape); None: the C splitter declined."""
     got = _tsvsplit.split(block, width, width > 1, pa.allocate_buffer)
     if got is None:
         return None
     rows = got[0][0].size // 4 - 1
-    return [pa.Array.from_buffers(pa.binary(), rows, [None, o, d]) for o, d in got]
+    return [pa.Array.from_buffers(pa.binary(), rows, [None, o, d]) for o, d, _ in got], [e for _, _, e in got]
 
 
 def _tsv_shape_error(block: bytes, fields: Sequence[str], row0: int, e: Exception) -> BadInputError:

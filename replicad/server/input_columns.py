@@ -51,13 +51,16 @@ class Converter:
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
 
-    def feed(self, columns: list[pa.Array], escaped: bool = True) -> Iterator[pa.RecordBatch]:
-        """Convert one parsed block; ``escaped=False``: its text has no backslash (nothing to unescape)."""
+    def feed(self, columns: list[pa.Array], escaped: bool | Sequence[bool] = True
+             ) -> Iterator[pa.RecordBatch]:
+        """Convert one parsed block; ``escaped`` False for the block or for a column: its text has no
+        backslash (nothing to unescape)."""
         n = len(columns[0]) if columns else 0
         if n == 0:
             return
-        arrays = [self._column(name, dt, arr, escaped)
-                  for name, dt, arr in zip(self.names, self.types, columns, strict=True)]
+        flags = [escaped] * len(columns) if isinstance(escaped, bool) else escaped
+        arrays = [self._column(name, dt, arr, esc)
+                  for name, dt, arr, esc in zip(self.names, self.types, columns, flags, strict=True)]
         self.row += n
         self._pending.append(pa.RecordBatch.from_arrays(arrays, names=self.names))
         self._pending_rows += n

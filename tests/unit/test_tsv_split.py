@@ -31,9 +31,12 @@ def _pyarrow(block: bytes, width: int) -> list[list[bytes]] | None:
 
 def _split(block: bytes, width: int) -> list[list[bytes]] | None:
     got = _tsv_split(block, width)
-    for a in got or []:
+    if got is None:
+        return None
+    for a, escaped in zip(*got, strict=True):
         a.validate(full=True)
-    return None if got is None else [a.to_pylist() for a in got]
+        assert escaped == any(b"\\" in v for v in a.to_pylist())
+    return [a.to_pylist() for a in got[0]]
 
 
 _chars = st.sampled_from([b"a", b"\t", b"\n", b"\r", b"\r\n", b"\\", b"\\N", b"[1,'x']", b"\xe9", b" ", b""])
@@ -69,8 +72,10 @@ def test_rows_of_fields(rows: list[list[bytes]], end: bytes) -> None:
 
 def test_large_block() -> None:
     block = b"".join(b"%d\tv%d\t\\N\n" % (i, i % 97) for i in range(200_000))
-    cols = _tsv_split(block, 3)
-    assert cols is not None and [len(c) for c in cols] == [200_000] * 3
+    got = _tsv_split(block, 3)
+    assert got is not None and got[1] == [False, False, True]
+    cols = got[0]
+    assert [len(c) for c in cols] == [200_000] * 3
     for c in cols:
         c.validate(full=True)
     assert cols[0][199_999].as_py() == b"199999" and cols[1][5].as_py() == b"v5"
