@@ -18,6 +18,21 @@ setup(
             extra_compile_args=["-O3"],
         ),
         Extension(
+            "replicad.native._arraytext",
+            sources=["replicad/native/arraytext.c"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
+            "replicad.native._tsvsplit",
+            sources=["replicad/native/tsvsplit.c"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
+            "replicad.native._textints",
+            sources=["replicad/native/textints.c"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
             "replicad.native._siphash",
             sources=["replicad/native/siphash.c"],
             extra_compile_args=["-O3"],

@@ -76,15 +76,16 @@ async def run(body: bytes, fmt: str, tz: str, work: Path, method: str) -> dict[s
         except StopAsyncIteration:
             break
         t1 = time.perf_counter()
+        t["rows"] += batch.num_rows
         t["parse"] += t1 - t0
         blocks = split_block(prepare_block(pa.Table.from_batches([batch]), cols, tz), schema)
         t2 = time.perf_counter()
         t["prepare"] += t2 - t1
         for b in blocks:
             write_temp_part(b, schema, layout, settings)
+        del batch, blocks, b  # as the daemon does: the block goes before the next one is parsed
         t0 = time.perf_counter()
         t["write"] += t0 - t2
-        t["rows"] += batch.num_rows
     t["parse"] += time.perf_counter() - t0
     return t
 

@@ -391,6 +391,9 @@ class TableReplica:
                     else:
                         parts += 1
                         rows += tp.rows
+                # let the block go before the parser builds the next one (``async for`` rebinds ``batch``
+                # only once the next block is ready: two blocks were held at once)
+                del table, batch
             stage_times.mark("parse_end")
         except BaseException:
             # parts written but not committed (a later part of the block failed): never left behind.  A part

@@ -20,6 +20,7 @@ from replicad.datatypes.base import (
     is_stringlike,
 )
 from replicad.errors import CorruptedDataError
+from replicad.native import _textints
 
 
 class FixedWidthType(DataType):
@@ -106,6 +107,25 @@ def _plain_digits(arr: pa.Array) -> pa.Array | None:
     return text if pc.all(pc.fill_null(pc.ascii_is_decimal(text), True)).as_py() else None
 
 
+def plain_integers(arr: pa.Array, target: pa.DataType) -> pa.Array | None:
+    """A text column whose every value is plain decimal digits (a leading '-' for a signed ``target``) within
+    the range of ``target`` (an Arrow integer type), parsed straight to it in C
+    (:mod:`replicad.native._textints`); None for anything else (the general path reports it)."""
+    if not (pa.types.is_binary(arr.type) or pa.types.is_string(arr.type)) or not len(arr):
+        return None
+    validity, offsets, data = arr.buffers()
+    got = _textints.parse(offsets, data if data is not None else b"", validity if arr.null_count else None,
+                          arr.offset, len(arr), pa.types.is_signed_integer(target), target.bit_width)
+    if isinstance(got, int):
+        return None
+    values = pa.Array.from_buffers(target, len(arr), [None, pa.py_buffer(got)])
+    if not arr.null_count:
+        return values
+    if arr.offset == 0:
+        return pa.Array.from_buffers(target, len(arr), [validity, pa.py_buffer(got)])
+    return pc.if_else(arr.is_null(), pa.scalar(None, target), values)
+
+
 def convert_integers(dt: DataType, arr: pa.Array, target: pa.DataType) -> pa.Array:
     """Integers, integral floats, bools and integer text -> ``target`` (an Arrow int type), range checked."""
     t = arr.type
@@ -118,6 +138,9 @@ def convert_integers(dt: DataType, arr: pa.Array, target: pa.DataType) -> pa.Arr
     if is_stringlike(t) or pa.types.is_dictionary(t):
         if pa.types.is_dictionary(t):
             arr = arr.dictionary_decode()
+        plain = plain_integers(arr, target)
+        if plain is not None:  # the usual case, parsed in C
+            return plain
         text = _plain_digits(arr)
         if text is None:  # signs, spaces, or something to reject
             text = checked(arr, strip_text, dt, "is not valid UTF-8 text")

@@ -27,10 +27,10 @@ from replicad.replication.commit import TempPart
 from replicad.sql.expressions import Expr, compile_key
 from replicad.sql.partition import PartitionKey, split_by_partition
 from replicad.sql.table_metadata import ColumnsDescription
-from replicad.storage.block import ColumnDefaults
+from replicad.storage.block import ColumnDefaults, is_identity, sort_indices
 from replicad.storage.checksums import Checksums
 from replicad.storage.layout import TMP_INSERT, TableDataLayout
-from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart, prepare_block, sort_table
+from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart, prepare_block
 
 _tmp_counter = itertools.count(1)
 
@@ -143,8 +143,12 @@ def write_temp_part(
 ) -> WrittenPart:
     """Sort the rows and write them to a fresh ``tmp_insert_`` directory (blocking)."""
     rows = block.rows
+    # the ORDER BY permutation is applied column by column inside the writer (writeWithPermutation): the
+    # sorted copy of the whole block is never held (peak RSS of a big insert)
     sort_keys = _key_arrays(schema.sorting_exprs, rows, schema)
-    rows = sort_table(rows, [a for _n, a, _t in sort_keys])
+    order = sort_indices([a for _n, a, _t in sort_keys]) if sort_keys and rows.num_rows > 1 else None
+    if order is not None and is_identity(order):
+        order = None
     pk = _key_arrays(schema.primary_exprs, rows, schema)
     extra_types = {name: dtype for name, _a, dtype in pk if name not in schema.types}
     extra_arrays = {name: arr for name, arr, _t in pk if name not in schema.types}
@@ -160,7 +164,7 @@ def write_temp_part(
         partition_value=block.partition_value,
     )
     with writer:
-        writer.write(rows, extra_arrays)
+        writer.write(rows, extra_arrays, order=order)
         written = writer.finish()
     return written
 

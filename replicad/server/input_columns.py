@@ -51,13 +51,16 @@ class Converter:
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
 
-    def feed(self, columns: list[pa.Array], escaped: bool = True) -> Iterator[pa.RecordBatch]:
-        """Convert one parsed block; ``escaped=False``: its text has no backslash (nothing to unescape)."""
+    def feed(self, columns: list[pa.Array], escaped: bool | Sequence[bool] = True
+             ) -> Iterator[pa.RecordBatch]:
+        """Convert one parsed block; ``escaped`` False for the block or for a column: its text has no
+        backslash (nothing to unescape)."""
         n = len(columns[0]) if columns else 0
         if n == 0:
             return
-        arrays = [self._column(name, dt, arr, escaped)
-                  for name, dt, arr in zip(self.names, self.types, columns, strict=True)]
+        flags = [escaped] * len(columns) if isinstance(escaped, bool) else escaped
+        arrays = [self._column(name, dt, arr, esc)
+                  for name, dt, arr, esc in zip(self.names, self.types, columns, flags, strict=True)]
         self.row += n
         self._pending.append(pa.RecordBatch.from_arrays(arrays, names=self.names))
         self._pending_rows += n
@@ -69,14 +72,31 @@ class Converter:
             yield self._cut(self._pending_rows)
 
     def _cut(self, n: int) -> pa.RecordBatch:
-        table = pa.Table.from_batches(self._pending).combine_chunks()
-        head, rest = table.slice(0, n), table.slice(n)
-        self._pending = rest.combine_chunks().to_batches() if rest.num_rows else []
+        """The first ``n`` pending rows as one batch; the rest stays pending.  Column by column, each column's
+        pieces released once joined (the block is held about once, not twice); the rest keeps only the
+        pieces it needs (not the whole joined block, as slices of a combined table did)."""
+        head: list[pa.RecordBatch] = []
+        rest: list[pa.RecordBatch] = []
+        seen = 0
+        for b in self._pending:
+            if seen >= n:
+                rest.append(b)
+            elif seen + b.num_rows <= n:
+                head.append(b)
+            else:
+                head.append(b.slice(0, n - seen))
+                rest.append(b.slice(n - seen))
+            seen += b.num_rows
+        self._pending = rest
         self._pending_rows -= n
-        batches = head.combine_chunks().to_batches()
-        return batches[0] if len(batches) == 1 else pa.RecordBatch.from_arrays(
-            [pa.concat_arrays([b.column(i) for b in batches]) for i in range(len(self.names))],
-            names=self.names)
+        pieces = [[b.column(i) for b in head] for i in range(len(self.names))]
+        del head
+        columns = []
+        for i in range(len(pieces)):
+            chunks, pieces[i] = pieces[i], []
+            columns.append(chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks))
+            del chunks
+        return pa.RecordBatch.from_arrays(columns, names=self.names)
 
     def _column(self, name: str, dt: DataType, arr: pa.Array, escaped: bool = True) -> pa.Array:
         if isinstance(arr, pa.ChunkedArray):

@@ -5,7 +5,7 @@
   ``['a','it\\'s']``, ``[1,NULL]``, ``[[1],[]]``) into (nested) ``list<binary>`` of element texts;
 * :func:`zero_dates` — 18.16's zero Date/DateTime spelling ``0000-00-00[ 00:00:00]``;
 * :func:`json_kind` / :func:`text_kind` — the Arrow shapes used to read a column's JSON / text values.
-Flat numeric arrays and escaping are vectorised; string arrays and nested arrays use a small parser.
+Escaping is vectorised; one-level array literals are split in C, nested ones by a small parser.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replicad.errors import BadInputError
+from replicad.native import _arraytext
 
 _LETTER_ESCAPES = (("\\t", "\t"), ("\\n", "\n"), ("\\r", "\r"), ("\\0", "\0"), ("\\b", "\b"), ("\\f", "\f"),
                    ("\\a", "\a"), ("\\v", "\v"), ("\\e", "\x1b"))
 _UNESCAPE = {"t": "\t", "n": "\n", "r": "\r", "0": "\0", "b": "\b", "f": "\f", "a": "\a", "v": "\v",
              "e": "\x1b"}
-_PLAIN_ELEMENTS = ("Int", "UInt", "Float", "Decimal", "Date", "DateTime")
-_QUOTED_ELEMENTS = ("String", "FixedString(")
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 
 def base_type(type_name: str) -> str:
@@ -116,9 +116,11 @@ def zero_dates(arr: pa.Array, epoch: str) -> pa.Array:
 # ---- array literals --------------------------------------------------------------------------------------
 
 
-def parse_array_text(arr: pa.Array, type_name: str) -> pa.Array:
+def parse_array_text(arr: pa.Array, type_name: str, *, native: bool = True) -> pa.Array:
     """``[…]`` texts → (nested) list arrays of element texts (``None`` for ``NULL``); nulls stay null.
 
+    One-level arrays are split in C (:mod:`replicad.native._arraytext`); nested ones, and every row the C
+    parser does not accept, go through :func:`_literal` (``native=False``: all rows do, the reference).
     Raises ``ValueError(row, message)`` for a malformed literal (row relative to ``arr``).
     """
     element = array_element(type_name)
@@ -126,12 +128,47 @@ def parse_array_text(arr: pa.Array, type_name: str) -> pa.Array:
         raise ValueError(0, f"{type_name} is not an array type")
     if not pa.types.is_binary(arr.type):
         arr = arr.cast(pa.binary())
-    if array_element(element) is None:
-        element_type = base_type(element)
-        fast = _flat_plain(arr) if element_type.startswith(_PLAIN_ELEMENTS) else \
-            _flat_quoted(arr) if element_type.startswith(_QUOTED_ELEMENTS) else None
-        if fast is not None:
-            return fast
+    if native and array_element(element) is None:
+        got = _split_flat(arr)
+        if got is not None:
+            return got
+    return _parse_rows(arr, type_name)
+
+
+def _split_flat(arr: pa.Array) -> pa.Array | None:
+    """A binary column of one-level literals as ``list<binary>``; None when some row needs the general
+    parser (nested brackets), ValueError(row, message) when a row is malformed."""
+    if not len(arr):
+        return pa.array([], pa.list_(pa.binary()))
+    validity, offsets, data = arr.buffers()
+    if data is None:  # every row null or empty
+        data = pa.py_buffer(b"")
+    got = _arraytext.split_flat(offsets, data, validity, arr.offset, len(arr))
+    if isinstance(got, int):
+        _literals(arr.slice(got, 1), row0=got)  # raises for a malformed row
+        return None  # the row is fine for the general parser (a nested literal)
+    list_offsets, elem_offsets, elem_data, elem_validity, count = got
+    values = pa.Array.from_buffers(pa.binary(), count, [
+        None if elem_validity is None else pa.py_buffer(elem_validity), pa.py_buffer(elem_offsets),
+        pa.py_buffer(elem_data)])
+    list_type, row_offsets = pa.list_(pa.binary()), pa.py_buffer(list_offsets)
+    if not arr.null_count:
+        return pa.Array.from_buffers(list_type, len(arr), [None, row_offsets], children=[values])
+    return pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), len(arr) + 1, [None, row_offsets]),
+                                    values, type=list_type, mask=arr.is_null())
+
+
+def _parse_rows(arr: pa.Array, type_name: str) -> pa.Array:
+    """The reference parser, row by row."""
+    values = _literals(arr)
+    try:
+        return pa.array(values, text_kind(type_name))
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise ValueError(0, f"array nesting does not match {type_name}: {e}") from None
+
+
+def _literals(arr: pa.Array, row0: int = 0) -> list[Any]:
+    """Each row's literal as (nested) lists of element texts (``row0``: the first row's number in errors)."""
     values: list[Any] = []
     for row, v in enumerate(arr.to_pylist()):
         if v is None:
@@ -142,83 +179,9 @@ def parse_array_text(arr: pa.Array, type_name: str) -> pa.Array:
             if _skip_ws(v, end) != len(v) or not isinstance(parsed, list):
                 raise ValueError("unexpected text after the array")
         except (ValueError, IndexError) as e:
-            raise ValueError(row, f"cannot parse array {v[:80]!r}: {e}") from None
+            raise ValueError(row0 + row, f"cannot parse array {v[:80]!r}: {e}") from None
         values.append(parsed)
-    try:
-        return pa.array(values, text_kind(type_name))
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise ValueError(0, f"array nesting does not match {type_name}: {e}") from None
-
-
-_Lists = tuple[pa.Array, pa.Array, pa.ListArray]  # flattened element texts, rows that are `[]`, split rows
-
-
-def _bare_lists(arr: pa.Array) -> _Lists | None:
-    """For rows that are all ``[a,b,…]`` with no space, bracket or backslash but the outer brackets (nulls
-    allowed): (the elements' texts flattened, which rows are ``[]``, the split rows); else None.  Cheap
-    checks only (no regular expression), so the common case of generated data stays fast."""
-    brackets = pc.and_(pc.equal(pc.count_substring(arr, "["), 1), pc.equal(pc.count_substring(arr, "]"), 1))
-    ok = pc.and_(pc.and_(pc.starts_with(arr, "["), pc.ends_with(arr, "]")), brackets)
-    ok = pc.and_(ok, pc.invert(pc.or_(pc.match_substring(arr, "\\"), pc.match_substring(arr, " "))))
-    if not pc.all(pc.fill_null(ok, True)).as_py():
-        return None
-    return _split(arr, pc.binary_slice(arr, 1, -1), pc.equal(pc.binary_slice(arr, 1, -1), b""))
-
-
-def _regex_lists(arr: pa.Array, row_re: str, element_re: str) -> _Lists | None:
-    """As :func:`_bare_lists` for rows matching ``row_re`` (spaces allowed), each element reduced to the
-    first group of ``element_re``; None when a row does not match."""
-    if not pc.all(pc.fill_null(pc.match_substring_regex(arr, row_re), True)).as_py():
-        return None  # something unusual (nested brackets, escapes): let the parser decide
-    inner = pc.replace_substring_regex(arr, r"^\s*\[(.*)\]\s*$", r"\1")
-    flat, empty, parts = _split(arr, inner, pc.match_substring_regex(inner, r"^\s*$"))
-    return pc.replace_substring_regex(flat, element_re, r"\1"), empty, parts
-
-
-def _split(arr: pa.Array, inner: pa.Array, empty: pa.Array) -> _Lists:
-    empty = pc.fill_null(empty, False)
-    parts = pc.split_pattern(pc.if_else(empty, pa.scalar(None, pa.binary()), inner), ",")
-    return parts.flatten(), empty, parts
-
-
-def _as_lists(arr: pa.Array, flat: pa.Array, empty: pa.Array, parts: pa.ListArray) -> pa.Array:
-    lists = pa.ListArray.from_arrays(parts.offsets, flat)
-    # rows that were `[]` became null lists: make them empty, keep real nulls null
-    out = pc.if_else(empty, pa.scalar([], pa.list_(pa.binary())), lists)
-    if arr.null_count:
-        out = pc.if_else(arr.is_null(), pa.scalar(None, pa.list_(pa.binary())), out)
-    return out
-
-
-def _flat_plain(arr: pa.Array) -> pa.Array | None:
-    """Vectorised path for one-level arrays of unquoted (or simply quoted) plain values."""
-    got = _bare_lists(arr)
-    if got is None or pc.any(pc.match_substring(got[0], "'")).as_py():
-        got = _regex_lists(arr, r"^\s*\[[^\[\]\\]*\]\s*$", r"^\s*'?(.*?)'?\s*$")
-    if got is None:
-        return None
-    flat, empty, parts = got
-    nulls = pc.equal(flat, b"NULL")
-    return _as_lists(arr, pc.if_else(nulls, pa.scalar(None, pa.binary()), flat), empty, parts)
-
-
-#: a one-level array of single-quoted strings without quotes, backslashes or commas inside (what writers of
-#: generated data send): split by commas, the quotes cut off, all vectorised
-_SIMPLE_QUOTED = r"^\s*\[\s*(?:'[^'\\,]*'\s*(?:,\s*'[^'\\,]*'\s*)*)?\]\s*$"
-
-
-def _flat_quoted(arr: pa.Array) -> pa.Array | None:
-    """Vectorised path for ``Array(String)`` rows that are all simple quoted lists (else None)."""
-    got = _bare_lists(arr)
-    if got is not None:
-        flat = got[0]
-        quoted = pc.and_(pc.and_(pc.starts_with(flat, "'"), pc.ends_with(flat, "'")),
-                         pc.and_(pc.equal(pc.count_substring(flat, "'"), 2),
-                                 pc.greater_equal(pc.binary_length(flat), 2)))
-        got = (pc.binary_slice(flat, 1, -1), got[1], got[2]) if pc.all(quoted).as_py() else None
-    if got is None:
-        got = _regex_lists(arr, _SIMPLE_QUOTED, r"^\s*'(.*)'\s*$")
-    return None if got is None else _as_lists(arr, *got)
+    return values
 
 
 def _skip_ws(s: bytes, i: int) -> int:
@@ -263,13 +226,10 @@ def _quoted(s: bytes, i: int) -> tuple[bytes, int]:
         ch = s[j]
         if ch == 0x5C and j + 1 < len(s):  # backslash
             nxt = chr(s[j + 1])
-            if nxt == "x" and j + 3 < len(s):
-                try:
-                    out.append(int(s[j + 2:j + 4], 16))
-                    j += 4
-                    continue
-                except ValueError:
-                    pass
+            if nxt == "x" and j + 3 < len(s) and all(c in _HEX_DIGITS for c in s[j + 2:j + 4]):
+                out.append(int(s[j + 2:j + 4], 16))
+                j += 4
+                continue
             out += _UNESCAPE.get(nxt, nxt).encode("latin-1") if nxt in _UNESCAPE else bytes([s[j + 1]])
             j += 2
         elif ch == quote:

@@ -154,21 +154,44 @@ def split_by_partition(table: pa.Table, key: PartitionKey | str | None, types: d
     pk = key if isinstance(key, PartitionKey) else PartitionKey.parse(key)
     if not pk.expressions:
         return [PartitionChunk("all", (), (), table)]
-    arrays, key_types = pk.evaluate(table, types, tz)
+    distinct = _distinct_rows(table, pk)
+    arrays, key_types = pk.evaluate(table if distinct is None else distinct[0], types, tz)
     for e, dt in zip(pk.expressions, key_types, strict=True):
         if dt.name.startswith("Nullable("):
             raise BadInputError(f"Partition key cannot contain nullable columns: {e.text} is {dt.name}")
     if table.num_rows == 0:
         return []
     groups, count = _group_codes(arrays)
+    if count == 1:  # the usual insert: one partition, no per-row work
+        pid = partition_id_at(key_types, [a.slice(0, 1) for a in arrays], 0)
+        return [PartitionChunk(pid, tuple(key_types), tuple(a.slice(0, 1) for a in arrays), table)]
+    _, first_of_group = np.unique(groups, return_index=True)  # each group's first index into ``arrays``
+    if distinct is not None:  # groups of the distinct values -> groups of the rows
+        groups = groups[distinct[1]]
     order = np.argsort(groups, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(groups, minlength=count))])
     chunks = []
     for g in range(count):
         idx = order[bounds[g] : bounds[g + 1]]
-        first = int(idx[0])
-        values = tuple(a.slice(first, 1) for a in arrays)
+        values = tuple(a.slice(int(first_of_group[g]), 1) for a in arrays)
         pid = partition_id_at(key_types, values, 0)
-        rows = table if count == 1 else table.take(pa.array(idx))
-        chunks.append(PartitionChunk(pid, tuple(key_types), values, rows))
+        chunks.append(PartitionChunk(pid, tuple(key_types), values, table.take(pa.array(idx))))
     return chunks
+
+
+def _distinct_rows(table: pa.Table, pk: PartitionKey) -> tuple[pa.Table, np.ndarray] | None:
+    """For a key reading one column without NULLs whose values repeat (a Date column of a block): (a table
+    of the column's distinct values in order of first appearance, each row's index into it), so that the
+    key is evaluated once per distinct value (a block's dates span a few days: 1M-row int64 temporaries of
+    the date functions were the peak of an insert's memory).  None when that does not pay."""
+    if len(pk.columns) != 1 or table.num_rows < 2 or pk.columns[0] not in table.column_names:
+        return None
+    col = table.column(pk.columns[0])
+    if col.null_count or pa.types.is_dictionary(col.type):
+        return None
+    enc = pc.dictionary_encode(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+    if len(enc.dictionary) > table.num_rows // 2:
+        return None
+    indices = np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    values = pa.table({pk.columns[0]: enc.dictionary})
+    return values, indices

@@ -45,7 +45,7 @@ def sort_table(table: pa.Table, key_arrays: Sequence[pa.Array | pa.ChunkedArray]
     if not key_arrays or table.num_rows <= 1:
         return table
     indices = sort_indices(key_arrays)
-    if _is_identity(indices):
+    if is_identity(indices):
         return table
     return table.take(indices)
 
@@ -120,7 +120,7 @@ def numpy_sort_key(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[Any] | None:
     return np.asarray(a.to_numpy(zero_copy_only=False))
 
 
-def _is_identity(indices: npt.NDArray[np.int64]) -> bool:
+def is_identity(indices: npt.NDArray[np.int64]) -> bool:
     return bool(np.array_equal(indices, np.arange(len(indices), dtype=indices.dtype)))
 
 
