@@ -1,8 +1,5 @@
 """executeFetch / fetchPart: download a part from another replica over DataPartsExchange and commit it.
-
-Source choice: :mod:`replicad.replication.fetch_sources`.
-
-Download: ``POST http://<host>:<port>/?endpoint=DataPartsExchange:<zk>/replicas/<src>&part=<name>
+Source choice: :mod:`replicad.replication.fetch_sources`.  Download: ``POST http://<host>:<port>/?endpoint=DataPartsExchange:<zk>/replicas/<src>&part=<name>
 &client_protocol_version=N&compress=false`` (Basic auth when configured); the ``server_protocol_version``
 cookie (absent = 0, as from 18.16) selects the body layout.  The body is streamed into ``tmp-fetch_<name>``
 (a stale directory of that name is removed first) by :func:`replicad.storage.part_transfer.receive_part`,
@@ -18,8 +15,7 @@ of each part from its source replica starts at once, while the entries are still
 queue (one ZooKeeper write, the slowest step of pulling).  Only the download: when the queue executor later
 runs the entry and picks the same source, the fetch takes the downloaded directory and goes on with the
 checks and the commit as usual; whatever it does not take is removed ``EARLY_TTL_S`` after it arrived.
-At most ``MAX_EARLY_FETCHES`` run at a time, beyond the executor's fetch limits.
-"""
+At most ``MAX_EARLY_FETCHES`` run at a time, beyond the executor's fetch limits."""
 
 from __future__ import annotations
 
