@@ -20,6 +20,7 @@ setup(
         Extension(
             "replicad.native._arraytext",
             sources=["replicad/native/arraytext.c"],
+            depends=["replicad/native/string_offsets.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(
@@ -30,6 +31,7 @@ setup(
         Extension(
             "replicad.native._textints",
             sources=["replicad/native/textints.c"],
+            depends=["replicad/native/string_offsets.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(

@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "string_offsets.h"
+
 typedef struct {
     int32_t *offsets; /* element offsets, count + 1 used */
     uint8_t *valid;   /* validity bitmap, allocated at the first NULL element */
@@ -226,22 +228,8 @@ static PyObject *py_split_flat(PyObject *self, PyObject *args) {
     elems e;
     memset(&e, 0, sizeof e);
     const int32_t *off = (const int32_t *)ob.buf;
-    if (offset < 0 || n < 0 || (offset + n + 1) * 4 > ob.len ||
-        (has_validity && (offset + n + 7) / 8 > vb.len)) {
-        PyErr_SetString(PyExc_ValueError, "buffers too short for offset and length");
+    if (check_string_buffers(&ob, &db, &vb, has_validity, offset, n) < 0)
         goto done;
-    }
-    if (((uintptr_t)ob.buf) % 4) {
-        PyErr_SetString(PyExc_ValueError, "offsets buffer is not 4-byte aligned");
-        goto done;
-    }
-    for (Py_ssize_t k = offset; k < offset + n; k++) {
-        if (off[k] < 0 || off[k + 1] < off[k] || off[k + 1] > db.len) {
-            PyErr_Format(PyExc_ValueError, "offset %zd out of order or outside the %zd-byte data", k + 1,
-                         db.len);
-            goto done;
-        }
-    }
     Py_ssize_t span = n ? (Py_ssize_t)off[offset + n] - off[offset] : 0;
     lo = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
     if (!lo)

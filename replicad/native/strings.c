@@ -146,6 +146,31 @@ static PyObject *decode_error(const scan_result *r, Py_ssize_t n, Py_ssize_t siz
     }
 }
 
+/* The checks and the first scan both decoders start with: the row count against the stream, then every
+ * record's length (without the GIL for a big stream).  0, or -1 with ValueError set. */
+static int first_pass(const uint8_t *buf, Py_ssize_t size, Py_ssize_t n, scan_result *r, int big) {
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative row count");
+        return -1;
+    }
+    if (n > size) { /* every record takes at least one byte: also bounds the allocations that follow */
+        PyErr_Format(PyExc_ValueError, "stream of %zd bytes holds fewer than %zd rows", size, n);
+        return -1;
+    }
+    if (big) {
+        Py_BEGIN_ALLOW_THREADS
+        scan(buf, size, n, r, NULL, 0, NULL);
+        Py_END_ALLOW_THREADS
+    } else {
+        scan(buf, size, n, r, NULL, 0, NULL);
+    }
+    if (r->status != DEC_OK) {
+        decode_error(r, n, size);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_decode(PyObject *self, PyObject *args) {
     Py_buffer b;
     Py_ssize_t n;
@@ -157,26 +182,9 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     PyObject *offsets = NULL, *data = NULL, *result = NULL;
     scan_result r;
     memset(&r, 0, sizeof r);
-    if (n < 0) {
-        PyErr_SetString(PyExc_ValueError, "negative row count");
-        goto done;
-    }
-    if (n > size) { /* every record takes at least one byte: also bounds the allocations below */
-        PyErr_Format(PyExc_ValueError, "stream of %zd bytes holds fewer than %zd rows", size, n);
-        goto done;
-    }
     int big = size >= GIL_THRESHOLD;
-    if (big) {
-        Py_BEGIN_ALLOW_THREADS
-        scan(buf, size, n, &r, NULL, 0, NULL);
-        Py_END_ALLOW_THREADS
-    } else {
-        scan(buf, size, n, &r, NULL, 0, NULL);
-    }
-    if (r.status != DEC_OK) {
-        decode_error(&r, n, size);
+    if (first_pass(buf, size, n, &r, big) < 0)
         goto done;
-    }
     int width = r.payload < ((uint64_t)1 << 31) ? 4 : 8;
     offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * width);
     data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)r.payload);
@@ -319,26 +327,9 @@ static PyObject *py_records(PyObject *self, PyObject *args) {
     PyObject *offsets = NULL, *result = NULL;
     scan_result r;
     memset(&r, 0, sizeof r);
-    if (n < 0) {
-        PyErr_SetString(PyExc_ValueError, "negative row count");
-        goto done;
-    }
-    if (n > size) {
-        PyErr_Format(PyExc_ValueError, "stream of %zd bytes holds fewer than %zd rows", size, n);
-        goto done;
-    }
     int big = size >= GIL_THRESHOLD;
-    if (big) {
-        Py_BEGIN_ALLOW_THREADS
-        scan(buf, size, n, &r, NULL, 0, NULL);
-        Py_END_ALLOW_THREADS
-    } else {
-        scan(buf, size, n, &r, NULL, 0, NULL);
-    }
-    if (r.status != DEC_OK) {
-        decode_error(&r, n, size);
+    if (first_pass(buf, size, n, &r, big) < 0)
         goto done;
-    }
     int width = r.consumed < ((Py_ssize_t)1 << 31) ? 4 : 8;
     offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * width);
     if (!offsets)

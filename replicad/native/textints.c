@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "string_offsets.h"
+
 /* -1 = all rows fine, else the first row that is not a plain integer */
 static inline void store(uint8_t *out, Py_ssize_t r, int bytes, uint64_t v) {
     switch (bytes) {
@@ -91,22 +93,8 @@ static PyObject *py_parse(PyObject *self, PyObject *args) {
     }
     PyObject *result = NULL, *values = NULL;
     const int32_t *off = (const int32_t *)ob.buf;
-    if (offset < 0 || n < 0 || (offset + n + 1) * 4 > ob.len ||
-        (has_validity && (offset + n + 7) / 8 > vb.len)) {
-        PyErr_SetString(PyExc_ValueError, "buffers too short for offset and length");
+    if (check_string_buffers(&ob, &db, &vb, has_validity, offset, n) < 0)
         goto done;
-    }
-    if (((uintptr_t)ob.buf) % 4) {
-        PyErr_SetString(PyExc_ValueError, "offsets buffer is not 4-byte aligned");
-        goto done;
-    }
-    for (Py_ssize_t k = offset; k < offset + n; k++) {
-        if (off[k] < 0 || off[k + 1] < off[k] || off[k + 1] > db.len) {
-            PyErr_Format(PyExc_ValueError, "offset %zd out of order or outside the %zd-byte data", k + 1,
-                         db.len);
-            goto done;
-        }
-    }
     values = PyBytes_FromStringAndSize(NULL, n * (bits / 8));
     if (!values)
         goto done;

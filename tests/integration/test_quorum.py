@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -184,6 +185,19 @@ async def test_a_part_whose_quorum_failed_is_detached_when_its_replica_restarts(
     assert await r1.count(None) == 0
 
 
+async def _waiting_quorum_insert(
+    cluster: Cluster, keeper: Keeper
+) -> tuple[TableReplica, asyncio.Future[Any]]:
+    """r1's quorum-2 insert, committed and waiting for r2, which is frozen; (r2, the insert)."""
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    freeze(r2)
+    settings = InsertSettings(insert_quorum=2, insert_quorum_timeout_ms=30_000)
+    insert = asyncio.ensure_future(r1.insert_table(rows([1, 2]), settings))
+    await wait_for(lambda: keeper.exists(STATUS), what="the quorum insert to commit")
+    return r2, insert
+
+
 async def test_a_quorum_marked_failed_while_waiting_is_never_acknowledged(
     cluster: Cluster, keeper: Keeper
 ) -> None:
@@ -191,12 +205,7 @@ async def test_a_quorum_marked_failed_while_waiting_is_never_acknowledged(
     node's disappearance for success, also when the others had given up on the quorum (no active holder:
     ``quorum/failed_parts``, block id removed, the part detached at re-activation): the rows would be
     acknowledged with quorum 2 and then exist nowhere else."""
-    r1 = await cluster.start("r1")
-    r2 = await cluster.start("r2")
-    freeze(r2)
-    settings = InsertSettings(insert_quorum=2, insert_quorum_timeout_ms=30_000)
-    insert = asyncio.ensure_future(r1.insert_table(rows([1, 2]), settings))
-    await wait_for(lambda: keeper.exists(STATUS), what="the quorum insert to commit")
+    r2, insert = await _waiting_quorum_insert(cluster, keeper)
     assert await fail_quorum_for_part(keeper, PATHS, "202611_0_0_0")  # what r2 does finding no active holder
     with pytest.raises(UnknownInsertStatusError, match="marked failed"):
         await asyncio.wait_for(insert, 10)
@@ -208,12 +217,7 @@ async def test_a_replica_reactivated_while_waiting_does_not_acknowledge(
 ) -> None:
     """A re-activation (a lost session, ``is_active`` re-created with the same text) rewrites ``host``: a
     quorum seen complete afterwards is not ours to confirm (18.16 compared only is_active's text)."""
-    r1 = await cluster.start("r1")
-    r2 = await cluster.start("r2")
-    freeze(r2)
-    settings = InsertSettings(insert_quorum=2, insert_quorum_timeout_ms=30_000)
-    insert = asyncio.ensure_future(r1.insert_table(rows([1, 2]), settings))
-    await wait_for(lambda: keeper.exists(STATUS), what="the quorum insert to commit")
+    r2, insert = await _waiting_quorum_insert(cluster, keeper)
     host = PATHS.replica("r1").host
     await keeper.set(host, (await keeper.get(host))[0])  # as activate_replica does after a lost session
     freeze(r2, False)
