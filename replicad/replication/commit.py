@@ -51,7 +51,12 @@ from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry
 from replicad.model.part_info import PartInfo
 from replicad.replication.part_store import PartStore
-from replicad.replication.quorum import QuorumPrecondition, quorum_commit_ops, wait_for_quorum
+from replicad.replication.quorum import (
+    QuorumPrecondition,
+    quorum_commit_ops,
+    wait_for_existing_quorum,
+    wait_for_quorum,
+)
 from replicad.storage.checksums import Checksums
 
 log = get_logger(__name__)
@@ -141,6 +146,8 @@ class PartCommitter:
         if lock is None:
             log.info("block_deduplicated", block_id=block_id, stage="precheck")
             await _remove_tmp(part.path)
+            if quorum is not None:
+                await wait_for_existing_quorum(self.keeper, self.paths, block_id, quorum_timeout_s)
             return CommitResult("", True)
 
         info = PartInfo.for_insert(part.partition_id, lock.number)
@@ -184,6 +191,8 @@ class PartCommitter:
                 (block_id and failed_path == self.paths.block(block_id)) or failed_path in markers
             ):
                 log.info("block_deduplicated", block_id=block_id, part=name, stage="commit")
+                if quorum is not None and block_id:
+                    await wait_for_existing_quorum(self.keeper, self.paths, block_id, quorum_timeout_s)
                 return CommitResult("", True, lock.number)
             if isinstance(e.cause, KeeperBadVersionError) and failed_path == self.paths.columns:
                 raise ColumnsVersionChangedError(

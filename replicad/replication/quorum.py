@@ -106,6 +106,48 @@ async def wait_for_quorum(
     keeper: Keeper, paths: TablePaths, part_name: str, pre: QuorumPrecondition, timeout_s: float
 ) -> None:
     """Return when the quorum for ``part_name`` is reached (``quorum/status`` gone or about another part)."""
+    await _wait_status_moves_on(keeper, paths, part_name, timeout_s)
+    # The status node is gone: the quorum was reached, or the others gave up on it while we were away (no
+    # active holder: quorum/failed_parts, the block id removed, our part detached when we re-activate).
+    # 18.16 looks only at is_active, whose re-created node has the same text (and version 0) after a lost
+    # session: our re-activation also rewrote ``host``, so its version tells it.
+    try:
+        value, _ = await keeper.get(paths.me.is_active)
+    except KeeperNoNodeError:
+        value = b""
+    host = await keeper.exists(paths.me.host)
+    if value != pre.is_active_value or host is None or host.version != pre.host_version:
+        raise UnknownInsertStatusError("Replica become inactive while waiting for quorum", code=254)
+    await _raise_if_failed(keeper, paths, part_name)
+
+
+async def wait_for_existing_quorum(
+    keeper: Keeper, paths: TablePaths, block_id: str, timeout_s: float
+) -> None:
+    """A quorum insert found to be a duplicate (its block id is taken) is acknowledged only once the part
+    holding that block has its quorum, as modern ClickHouse waits for it: a retry sent while the first
+    attempt still waited, or before it committed, was acknowledged at once."""
+    try:
+        data, _ = await keeper.get(paths.block(block_id))
+    except KeeperNoNodeError:  # removed since: a failed quorum (or a dropped partition) took the block id
+        raise UnknownInsertStatusError(
+            f"Unknown status, client must retry. Reason: block {block_id} was removed while its insert was "
+            "checked for a quorum", code=319) from None
+    part_name = data.decode("utf-8", "replace")
+    await _wait_status_moves_on(keeper, paths, part_name, timeout_s)
+    await _raise_if_failed(keeper, paths, part_name)
+
+
+async def _raise_if_failed(keeper: Keeper, paths: TablePaths, part_name: str) -> None:
+    if await keeper.exists(f"{paths.quorum_failed_parts}/{part_name}") is not None:
+        raise UnknownInsertStatusError(
+            f"Unknown status, client must retry. Reason: the quorum for part {part_name} was marked failed "
+            "(no other replica could fetch it); the part will not be kept and the insert may be retried",
+            code=319)
+
+
+async def _wait_status_moves_on(keeper: Keeper, paths: TablePaths, part_name: str, timeout_s: float) -> None:
+    """Until ``quorum/status`` is gone or names another part (UnknownInsertStatusError 159 on timeout)."""
     deadline = time.monotonic() + timeout_s
     while True:
         changed = asyncio.Event()
@@ -134,22 +176,6 @@ async def wait_for_quorum(
             await asyncio.wait_for(changed.wait(), timeout=min(remaining, 1.0))
         except TimeoutError:
             pass
-    # The status node is gone: the quorum was reached, or the others gave up on it while we were away (no
-    # active holder: quorum/failed_parts, the block id removed, our part detached when we re-activate).
-    # 18.16 looks only at is_active, whose re-created node has the same text (and version 0) after a lost
-    # session: our re-activation also rewrote ``host``, so its version tells it.
-    try:
-        value, _ = await keeper.get(paths.me.is_active)
-    except KeeperNoNodeError:
-        value = b""
-    host = await keeper.exists(paths.me.host)
-    if value != pre.is_active_value or host is None or host.version != pre.host_version:
-        raise UnknownInsertStatusError("Replica become inactive while waiting for quorum", code=254)
-    if await keeper.exists(f"{paths.quorum_failed_parts}/{part_name}") is not None:
-        raise UnknownInsertStatusError(
-            f"Unknown status, client must retry. Reason: the quorum for part {part_name} was marked failed "
-            "(no other replica could fetch it); the part will not be kept and the insert may be retried",
-            code=319)
 
 
 def parallel_status_path(paths: TablePaths, part_name: str) -> str:

@@ -17,7 +17,12 @@ from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.quorum import QuorumEntry, QuorumLastPart
 from replicad.replica import TableReplica
-from replicad.replication.quorum import fail_quorum_for_part, parallel_status_path, update_quorum
+from replicad.replication.quorum import (
+    check_quorum_precondition,
+    fail_quorum_for_part,
+    parallel_status_path,
+    update_quorum,
+)
 from replicad.service import InsertSettings
 from tests.support.table_cluster import ZK_PATH, Cluster, rows, wait_for
 
@@ -223,3 +228,35 @@ async def test_a_replica_reactivated_while_waiting_does_not_acknowledge(
     freeze(r2, False)
     with pytest.raises(UnknownInsertStatusError, match="inactive"):
         await asyncio.wait_for(insert, 20)
+
+
+async def test_a_duplicate_of_a_waiting_quorum_insert_waits_for_that_quorum(
+    cluster: Cluster, keeper: Keeper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the chaos suite (S3 replay of seed 32: a retry acknowledged with quorum 2 that no other
+    replica had): a client's retry passed the quorum precondition before its first attempt committed, then
+    found the block id taken and was answered "deduplicated" at once, while that attempt's quorum waited.
+    The duplicate must wait for the quorum of the part that holds its block."""
+    import replicad.replica
+
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    pre = await check_quorum_precondition(keeper, r1.paths, 2)  # taken before the first attempt commits
+    freeze(r2)
+    settings = InsertSettings(insert_quorum=2, insert_quorum_timeout_ms=30_000,
+                              insert_deduplication_token="q1")
+    first = asyncio.ensure_future(r1.insert_table(rows([1, 2]), settings))
+    await wait_for(lambda: keeper.exists(STATUS), what="the first attempt to commit")
+
+    async def passed(_keeper: Keeper, _paths: TablePaths, _quorum: int) -> object:
+        return pre
+
+    monkeypatch.setattr(replicad.replica, "check_quorum_precondition", passed)
+    retry = asyncio.ensure_future(r1.insert_table(rows([1, 2]), settings))
+    await asyncio.sleep(2.0)
+    assert not retry.done() and not first.done()  # both wait for r2
+    freeze(r2, False)
+    summary = await asyncio.wait_for(retry, 20)
+    assert summary.deduplicated_blocks == 1 and summary.written_parts == 0
+    assert await r2.count(None) == 2  # acknowledged: the rows are on the second replica
+    assert (await asyncio.wait_for(first, 20)).written_parts == 1
