@@ -369,9 +369,23 @@ async def check_parts_at_startup(
     local = {p.name for p in store.active()}
     fetch: list[str] = []
     replaced: list[tuple[str, str]] = []
+    ignored: list[str] = []
+    zero_copy = store.remote is not None and store.remote.zero_copy
     for name in sorted(expected - local):
         info = PartInfo.try_parse(name)
         containing = store.active_containing(info) if info is not None else None
+        if containing is not None and zero_copy and containing.name not in expected:
+            # On a zero-copy disk a local part nobody registered is a merge or mutation of ours killed before
+            # its commit: its objects have no lock leaf (another replica's release or the orphan scan may
+            # delete them), so it is not claimed as 18.16 claims a local one.  It is set aside and the parts
+            # it covered, registered and locked, are active again.
+            log.error("setting_aside_uncommitted_zero_copy_part", part=containing.name, covers=name)
+            await store.detach(containing.name, "ignored")
+            ignored.append(containing.name)
+            containing = None
+        if containing is None and zero_copy and store.reactivate(name):
+            log.warning("covered_part_active_again", part=name)
+            continue
         if containing is not None:
             if containing.name not in expected:
                 log.error("adding_unexpected_local_part_to_zookeeper", part=containing.name, covers=name)
@@ -392,7 +406,7 @@ async def check_parts_at_startup(
         log.error("fetching_missing_part", part=name)
         await remove_part_and_enqueue_fetch(keeper, paths, name, tz)
         fetch.append(name)
-    ignored: list[str] = []
+    local = {p.name for p in store.active()}
     for name in sorted(local - expected):
         log.error("renaming_unexpected_part_to_ignored", part=name)
         await store.detach(name, "ignored")

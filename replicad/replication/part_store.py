@@ -264,6 +264,19 @@ class PartStore:
             await self.remote.release(name)
         return await asyncio.to_thread(self.layout.detach, name, prefix)
 
+    def reactivate(self, name: str) -> bool:
+        """An outdated part made active again, if no active part covers it (its covering part was set aside
+        at start-up); True when done."""
+        part = self._parts.get(name)
+        if part is None or part.state is not PartState.OUTDATED:
+            return False
+        if self.active_containing(part.info) is not None:
+            return False
+        part.state, part.remove_time = PartState.ACTIVE, None
+        self._set_live(part)
+        self.version += 1
+        return True
+
     def make_outdated(self, name: str) -> None:
         part = self._parts.get(name)
         if part is not None and part.state is not PartState.OUTDATED:

@@ -546,3 +546,42 @@ def test_big_files_are_uploaded_in_parts(s3: S3Server, bucket: str, tmp_path: Pa
     assert client.head_sync("data/nothing") is None
     with pytest.raises(NoSuchKeyError):
         client.get_bytes_sync("data/nothing")
+
+
+async def test_a_merge_killed_before_its_commit_is_set_aside_at_restart(
+    cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the chaos suite (S3 seed 32, kill -9 of the merging replica: r1 served two mutated parts that
+    had no lock leaf, and their objects were gone).  A replica killed between renaming its merged part into
+    place and the commit multi found the part at restart, unregistered; 18.16's start-up check registers such
+    a local part, but on a zero-copy disk that claimed objects nobody had locked.  It is set aside now, the
+    sources it covered are active again, and the merge is made anew, locked."""
+    r1 = await start(cluster, s3, bucket, "r1")
+    await r1.insert_table(rows([1, 2]))
+    await r1.insert_table(rows([3]))
+    merged = "202611_0_1_1"
+    hold, reached = asyncio.Event(), asyncio.Event()
+
+    async def killed_before_the_multi(*_a: Any, **_k: Any) -> None:
+        reached.set()  # renamed into place, its objects uploaded: the commit multi is next
+        await hold.wait()
+
+    async def no_rollback(*_a: Any, **_k: Any) -> None:  # kill -9: nothing is undone
+        return None
+
+    monkeypatch.setattr(r1.fetcher, "_commit_to_zookeeper", killed_before_the_multi)
+    monkeypatch.setattr(r1.store, "rollback", no_rollback)
+    await wait_for(lambda: r1.puller.log_pointer == 2 and not len(r1.queue_state), what="r1 idle")
+    optimize = asyncio.create_task(cluster.execute("r1", "OPTIMIZE TABLE db.events FINAL"))
+    await asyncio.wait_for(reached.wait(), 30)
+    await cluster.kill("r1")
+    await asyncio.gather(optimize, return_exceptions=True)
+    assert await keeper.exists(f"{ZK_PATH}/replicas/r1/parts/{merged}") is None
+
+    r1 = await start(cluster, s3, bucket, "r1")
+    await wait_for(lambda: r1.store.active_names() == [merged], timeout=60, what="the merge made anew")
+    leaves = await lock_leaves(keeper, r1)
+    uid = remote(r1).instances[merged].unique_id
+    assert f"{merged}/{uid.replace('/', '_')}/r1" in leaves  # the active part is locked: its objects stay
+    assert any(p.name.startswith(f"ignored_{merged}") for p in r1.layout.detached_path.iterdir())
+    assert sorted(r["id"] for r in await sorted_rows(r1)) == [1, 2, 3]
