@@ -82,11 +82,11 @@ async def test_a_fetch_lock_whose_removal_failed_does_not_block_the_part(
     real_commit = r2.fetcher._commit_to_zookeeper
     commits: list[str] = []
 
-    async def commit_loses_the_connection_once(part_name: str, *args: Any) -> Any:
+    async def commit_loses_the_connection_once(part_name: str, *args: Any, **kwargs: Any) -> Any:
         if not commits:
             commits.append(part_name)
             raise KeeperConnectionLossError("multi: not connected to ZooKeeper (injected)")
-        return await real_commit(part_name, *args)
+        return await real_commit(part_name, *args, **kwargs)
 
     r2.fetcher._commit_to_zookeeper = commit_loses_the_connection_once  # type: ignore[method-assign]
     await wait_for(lambda: r2.store.active_names() == [part], timeout=60, what="r2 has the part")
