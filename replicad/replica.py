@@ -377,7 +377,6 @@ class TableReplica:
                     table = table.rename_columns(list(columns))
                 nbytes += table.nbytes
 
-
                 async def commit(tp: TempPart, quorum: QuorumPrecondition | None = quorum) -> CommitResult:
                     if fault_plant.planted("ack_before_commit"):  # test-only planted bug
                         fault_plant.later(self.committer.commit(tp, quorum, quorum_timeout_s))
