@@ -4,7 +4,8 @@
     python -m bench --quick          # small sizes, 1 run: a smoke check (writes nothing unless --output)
     python -m bench --only insert,lag --runs 5 --output /tmp/b.md
 
-Benchmarks (in this order): insert, schemas (insert across table shapes), lag (with ZooKeeper requests
+Benchmarks (in this order): insert, schemas (insert across table shapes), formats (every input format
+both systems read), lag (with ZooKeeper requests
 per insert), fetch — on one cluster of ZooKeeper + 2 replicad daemons + 2 ClickHouse servers
 (bench/cluster.py) — then part_writer and merge (bench/part_writer.py, bench/merge.py: the storage engine
 alone, in child processes), zero_copy, and scale (bench/scale.py: how cost grows with tables, replicas,
@@ -30,17 +31,18 @@ from bench import Context, Sizes
 from bench.report import Figure, Report
 
 REPO = Path(__file__).resolve().parent.parent
-CLUSTER_BENCHES = ("insert", "schemas", "lag", "fetch", "spark")
+CLUSTER_BENCHES = ("insert", "schemas", "formats", "lag", "fetch", "spark")
 STORAGE_BENCHES = ("part_writer", "merge", "zero_copy")
 ALL = CLUSTER_BENCHES + STORAGE_BENCHES + ("scale",)
 MERGE_TARGET = 0.5
 
 
 def run_cluster_benches(names: Sequence[str], ctx: Context) -> list[Figure]:
-    from bench import fetch, insert, lag, schemas, spark_write
+    from bench import fetch, formats, insert, lag, schemas, spark_write
     from bench.cluster import BenchCluster
 
     modules: dict[str, Callable[..., list[Figure]]] = {"insert": insert.run, "schemas": schemas.run,
+                                                      "formats": formats.run,
                                                       "lag": lag.run, "fetch": fetch.run,
                                                       "spark": spark_write.run}
     figures: list[Figure] = []

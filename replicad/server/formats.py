@@ -265,15 +265,27 @@ def _json(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
     types = [t for _, t in spec.columns]
     yield names
     conv = Converter(names, types, spec, text="json")
-    schema = pa.schema([(n, json_kind(t.name)) for n, t in spec.columns])
-    opts = pa_json.ParseOptions(explicit_schema=schema,
-                                unexpected_field_behavior="ignore" if spec.skip_unknown_fields else "error")
+    unexpected = "ignore" if spec.skip_unknown_fields else "error"
+    # numbers as JSON numbers; then integers as JSON strings, as ClickHouse writes 64-bit integers
+    # (output_format_json_quote_64bit_integers, on by default)
+    attempts = [pa_json.ParseOptions(explicit_schema=pa.schema([(n, json_kind(t.name, quoted_ints=q))
+                                                                for n, t in spec.columns]),
+                                     unexpected_field_behavior=unexpected) for q in (False, True)]
+    if attempts[0].explicit_schema == attempts[1].explicit_schema:
+        del attempts[1]
     for block in body.line_blocks(spec.read_block_bytes):
-        try:
-            table = pa_json.read_json(io.BytesIO(block), parse_options=opts)
+        cols = None
+        for i, opts in enumerate(attempts):
+            try:
+                table = pa_json.read_json(io.BytesIO(block), parse_options=opts)
+            except pa.ArrowInvalid:
+                continue
             cols = [table.column(n) for n in names]
-        except pa.ArrowInvalid:
-            # also for unknown fields: the slow path names the field and the row
+            if i:  # the next block is most likely written the same way
+                attempts.insert(0, attempts.pop(i))
+            break
+        if cols is None:
+            # mixed spellings, raw bytes, unknown fields: the slow path (it names the field and the row)
             cols = _json_slow(block, spec.columns, conv.row, spec.skip_unknown_fields)
         yield from conv.feed(cols)
     yield from conv.finish()

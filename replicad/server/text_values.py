@@ -38,12 +38,18 @@ def array_element(type_name: str) -> str | None:
     return name[len("Array("):-1].strip() if name.startswith("Array(") and name.endswith(")") else None
 
 
-def json_kind(type_name: str) -> pa.DataType:
-    """The JSON value type pyarrow is told to expect for a column."""
+_WIDE_INTS = frozenset({"UInt64", "Int64", "UInt128", "Int128", "UInt256", "Int256"})
+
+
+def json_kind(type_name: str, quoted_ints: bool = False) -> pa.DataType:
+    """The JSON value type pyarrow is told to expect for a column; ``quoted_ints``: integers of 64 bits and
+    more given as JSON strings (``"k":"123"``), as ClickHouse writes them."""
     element = array_element(type_name)
     if element is not None:
-        return pa.list_(json_kind(element))
+        return pa.list_(json_kind(element, quoted_ints))
     name = base_type(type_name)
+    if quoted_ints and name in _WIDE_INTS:
+        return pa.string()
     if name.startswith("UInt"):
         return pa.uint64()
     if name.startswith("Int"):
