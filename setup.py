@@ -29,6 +29,11 @@ setup(
             extra_compile_args=["-O3"],
         ),
         Extension(
+            "replicad.native._jsonsplit",
+            sources=["replicad/native/jsonsplit.c"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
             "replicad.native._textints",
             sources=["replicad/native/textints.c"],
             depends=["replicad/native/string_offsets.h"],
