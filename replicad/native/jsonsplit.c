@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <emmintrin.h> /* SSE2: part of x86-64 */
+
 enum { K_NONE = 0, K_RAW = 1, K_ESC = 2, K_TRUE = 3, K_FALSE = 4 };
 
 typedef struct {
@@ -170,7 +172,8 @@ static inline Py_ssize_t find_name(const scan_state *st, const uint8_t *key, Py_
         Py_ssize_t c = guess + k;
         if (c >= st->width)
             c -= st->width;
-        if (st->name_lens[c] == klen && memcmp(st->names[c], key, (size_t)klen) == 0)
+        if (st->name_lens[c] == klen && (klen == 0 || (st->names[c][0] == key[0] &&
+                                              memcmp(st->names[c], key, (size_t)klen) == 0)))
             return c;
     }
     return -1;
@@ -330,8 +333,8 @@ static uint8_t *unescape(const uint8_t *s, Py_ssize_t i, Py_ssize_t end, uint8_t
     return o;
 }
 
-static void fill(const uint8_t *s, const scan_state *st, int32_t *const *offs, uint8_t *const *datas,
-                 uint8_t *const *valid) {
+static void fill(const uint8_t *s, Py_ssize_t len, const scan_state *st, int32_t *const *offs,
+                 uint8_t *const *datas, uint8_t *const *valid) {
     Py_ssize_t w = st->width;
     for (Py_ssize_t c = 0; c < w; c++) {
         int32_t *off = offs[c];
@@ -342,10 +345,15 @@ static void fill(const uint8_t *s, const scan_state *st, int32_t *const *offs, u
             const int32_t *sp = st->spans + (r * w + c) * 2;
             uint8_t kind = st->kinds[r * w + c];
             switch (kind) {
-            case K_RAW:
-                memcpy(o, s + sp[0], (size_t)(sp[1] - sp[0]));
-                o += sp[1] - sp[0];
+            case K_RAW: {
+                Py_ssize_t n = sp[1] - sp[0];
+                if (n <= 16 && sp[0] + 16 <= len) /* one 16-byte move: the output has 16 bytes of slack */
+                    _mm_storeu_si128((__m128i *)o, _mm_loadu_si128((const __m128i *)(s + sp[0])));
+                else
+                    memcpy(o, s + sp[0], (size_t)n);
+                o += n;
                 break;
+            }
             case K_ESC:
                 o = unescape(s, sp[0], sp[1], o);
                 break;
@@ -453,7 +461,7 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    fill(s, &st, offs, datas, valid);
+    fill(s, bb.len, &st, offs, datas, valid);
     Py_END_ALLOW_THREADS
     PyObject *list = PyList_New(width);
     if (!list)
