@@ -365,6 +365,7 @@ static void fill(const uint8_t *s, Py_ssize_t len, const scan_state *st, int32_t
                 bits[r >> 3] |= (uint8_t)(1u << (r & 7));
             off[r + 1] = (int32_t)(o - base);
         }
+        memset(o, 0, 16); /* the slack holds no stray bytes (copied or left by the allocator) */
     }
 }
 

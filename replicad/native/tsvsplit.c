@@ -192,6 +192,8 @@ static void fill(const uint8_t *s, Py_ssize_t len, const fields *f, Py_ssize_t w
             offsets[c][r + 1] = at[c];
         }
     }
+    for (Py_ssize_t c = 0; c < width; c++)
+        memset(data[c] + at[c], 0, 16); /* the slack holds no stray bytes (copied or left by the allocator) */
 }
 
 static PyObject *py_split(PyObject *self, PyObject *args) {

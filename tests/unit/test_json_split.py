@@ -121,3 +121,25 @@ def test_hostile_blocks_never_crash(block: bytes) -> None:
     rows = [json.loads(line.decode("utf-8", "surrogateescape")) for line in lines]
     assert all(isinstance(r, dict) for r in rows)
     assert [len(c) for c in got] == [len(rows)] * len(KEYS)
+
+
+@pytest.mark.parametrize("which", ["json", "tsv"])
+def test_no_stray_bytes_past_the_values(which: str) -> None:
+    """The data buffers' slack is zeroed: allocator leftovers (other requests' bytes) and copied-ahead body
+    bytes never ride along when a buffer is serialised whole (Arrow IPC writes it so)."""
+    from replicad.native import _jsonsplit, _tsvsplit
+
+    def dirty(n: int) -> bytearray:
+        return bytearray(b"\xaa" * n)
+
+    if which == "json":
+        got = _jsonsplit.split(b'{"a":"xy","b":1}\n{"a":"z"}\n', KEYS, False, dirty)
+        assert got is not None
+        pairs = [(o, d) for o, d, _ in got]
+    else:
+        tsv = _tsvsplit.split(b"xy\t1\nz\t2\n", 2, True, dirty)
+        assert tsv is not None
+        pairs = [(o, d) for o, d, _ in tsv]
+    for offsets, data in pairs:
+        end = int.from_bytes(bytes(offsets)[-4:], "little")
+        assert bytes(data)[end:] == b"\0" * (len(data) - end)
