@@ -239,7 +239,7 @@ def _csv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
     col_names = [f"c{i}" for i in range(width)]
     reader = pa_csv.open_csv(
         body,
-        read_options=pa_csv.ReadOptions(column_names=col_names, use_threads=True,
+        read_options=pa_csv.ReadOptions(column_names=col_names, use_threads=False,
                                         block_size=spec.read_block_bytes),
         parse_options=pa_csv.ParseOptions(delimiter=delim, quote_char='"', double_quote=True,
                                           escape_char=False, newlines_in_values=True),
