@@ -1,6 +1,7 @@
 """Smoke test of the benchmark harness (bench/): the cluster (ZooKeeper + 2 replicad daemons + 2 ClickHouse
-18.16 servers) comes up, the insert / lag / ZooKeeper / fetch benchmarks run at tiny sizes and produce
-figures with values on both sides, and the report renders.  Part writer and merge have their own CLIs."""
+18.16 servers) comes up, the insert / schemas / formats / lag / ZooKeeper / fetch benchmarks run at tiny sizes
+and produce figures with values on both sides, and the report renders.  Part writer and merge have their own
+CLIs."""
 
 from __future__ import annotations
 
@@ -31,12 +32,12 @@ def test_tsv_generator_matches_the_reference() -> None:
 def test_quick_pieces_on_a_real_cluster(tmp_path: Path) -> None:
     if not zk_support.available():
         pytest.skip("ZooKeeper (and Java) are not installed")
-    from bench import fetch, insert, lag, schemas
+    from bench import fetch, formats, insert, lag, schemas
 
     ctx = Context(TINY, tmp_path, profile=False, log=lambda s: None)
     with BenchCluster(tmp_path / "cluster") as cluster:
-        figures = insert.run(cluster, ctx) + schemas.run(cluster, ctx) + lag.run(cluster, ctx) + \
-            fetch.run(cluster, ctx)
+        figures = insert.run(cluster, ctx) + schemas.run(cluster, ctx) + formats.run(cluster, ctx) + \
+            lag.run(cluster, ctx) + fetch.run(cluster, ctx)
         # both pairs replicated every row written to them
         for pair in cluster.pairs():
             assert pair.a.count(insert.TABLE) == pair.b.count(insert.TABLE) > 0
@@ -47,6 +48,7 @@ def test_quick_pieces_on_a_real_cluster(tmp_path: Path) -> None:
         assert len(packets) == 4 and all(v > 0 for v in packets.values()), packets
     by_key = {f.key: f for f in figures}
     shapes = [f"schema_{key}_rows" for key, *_rest in schemas.SCHEMAS]  # both systems took every shape
+    shapes += [f"format_{fmt}_mb" for fmt in formats.FORMATS]  # and every shared input format
     for key in ("insert_tsv_rows", "lag_p50", "insert_ack_p50", "insert_ack_p99", "zk_per_insert_a",
                 "zk_per_insert_total", "fetch_mb", *shapes):
         f = by_key[key]
