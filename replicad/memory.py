@@ -10,6 +10,12 @@ measured here; receiving a 527 MB part then took 3-4x the kernel CPU).
 :func:`keep_pandas_out`: pyarrow imports pandas, when installed, the first time it checks whether an argument
 is a DataFrame (``pa.table(dict)``, ``pa.array(list)`` ...); the daemon never uses pandas, which made about
 35-55 MiB of its resident set.
+
+:func:`tune_allocators`: Arrow's mimalloc keeps the pages a thread freed until that same thread collects
+(``release_unused`` frees only the calling thread's cache), so after an insert the parser's and the part
+writers' threads went on holding tens of MiB each; with mimalloc's ``purge_delay`` at 0 a freed span goes
+back to the system at once, whichever thread freed it.  It must be set before pyarrow is loaded: mimalloc
+reads its options once, when the library initialises.
 """
 
 from __future__ import annotations
@@ -19,10 +25,9 @@ import ctypes.util
 import functools
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from collections.abc import Callable, Sequence
-
-import pyarrow as pa
 
 #: requests whose body reached this size return their memory when they end
 RELEASE_AFTER_BYTES = 64 << 20
@@ -45,6 +50,8 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 def release_unused_memory() -> None:
     """Return freed memory of Arrow's pool and of malloc to the system (blocking: call it in a thread)."""
+    import pyarrow as pa  # here: tune_allocators must be able to run before pyarrow loads
+
     pa.default_memory_pool().release_unused()
     trim = _malloc_trim()
     if trim is not None:
@@ -69,4 +76,18 @@ def keep_pandas_out() -> bool:
         return False
     if not any(isinstance(f, _NoPandas) for f in sys.meta_path):
         sys.meta_path.insert(0, _NoPandas())
+    return True
+
+
+#: mimalloc options for the daemon process (environment variables; one the user set is kept)
+MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "0"}
+
+
+def tune_allocators() -> bool:
+    """Set :data:`MIMALLOC_OPTIONS` for Arrow's allocator (for the daemon process only, before pyarrow is
+    imported).  False, and nothing changed, when pyarrow is loaded already."""
+    if "pyarrow" in sys.modules:
+        return False
+    for name, value in MIMALLOC_OPTIONS.items():
+        os.environ.setdefault(name, value)
     return True
