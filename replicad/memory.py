@@ -29,8 +29,9 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-#: requests whose body reached this size return their memory when they end
-RELEASE_AFTER_BYTES = 64 << 20
+#: inserts whose body reached this size return their memory when they end (in the background; a small
+#: insert never pays for it)
+RELEASE_AFTER_BYTES = 8 << 20
 
 
 @functools.cache
@@ -46,6 +47,13 @@ def _malloc_trim() -> Callable[[int], int] | None:
     fn.restype = ctypes.c_int
     trim: Callable[[int], int] = fn
     return trim
+
+
+def release_thread_cache() -> None:
+    """Return what Arrow's allocator keeps for the calling thread (mimalloc: that thread's heap only)."""
+    import pyarrow as pa  # here: tune_allocators must be able to run before pyarrow loads
+
+    pa.default_memory_pool().release_unused()
 
 
 def release_unused_memory() -> None:

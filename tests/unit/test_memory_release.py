@@ -3,19 +3,24 @@ pyarrow from importing pandas."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from replicad.datatypes import parse_type
 from replicad.memory import release_unused_memory
 from replicad.replication.sink import TableSchema, write_parts
+from replicad.server import sync_body
 from replicad.storage.block import prepare_block
 from replicad.storage.layout import TableDataLayout
 from replicad.storage.writer import WriterSettings
@@ -90,6 +95,7 @@ tuned = tune_allocators() if sys.argv[1] == "tuned" else False
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 def rss_mb():
     with open("/proc/self/status") as f:
@@ -122,3 +128,36 @@ def test_tuned_allocator_returns_an_idle_threads_memory() -> None:
     assert tuned == "True" and kept < 40
     untuned, kept_untuned = run("plain")
     assert untuned == "False" and kept_untuned > 150
+
+
+def test_parse_pool_releases_in_its_own_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a big insert the parser threads (which allocated the blocks) each return their allocator's
+    cache, then the process-wide release runs; the caller does not wait for it."""
+    calls: list[str] = []
+    def in_thread() -> None:
+        calls.append(threading.current_thread().name)
+
+    monkeypatch.setattr(sync_body, "release_thread_cache", in_thread)
+    monkeypatch.setattr(sync_body, "release_unused_memory", lambda: calls.append("process"))
+
+    async def main() -> None:
+        pool = sync_body.ParsePool(4)
+        try:
+            for _ in range(2):  # two inserts at once: the pool has two parser threads
+                pool.enter()
+            await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(pool.executor, time.sleep, 0.05)
+                                   for _ in range(2)))
+            pool.leave()
+            pool.leave()
+            pool.release_memory_soon()
+            pool.release_memory_soon()  # one release at a time: this one joins the first
+            assert calls == []  # not waited for
+            while len(calls) < 3:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+        finally:
+            pool.shutdown()
+
+    asyncio.run(main())
+    assert len(calls) == 3 and calls[-1] == "process"
+    assert all(name.startswith("insert-parse") for name in calls[:2])
