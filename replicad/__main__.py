@@ -73,13 +73,13 @@ def cmd_check_config(path: str) -> int:
 
 
 def cmd_run(path: str) -> int:
-    from replicad.memory import keep_pandas_out, tune_allocators
+    from replicad.memory import keep_out, tune_allocators
 
     tune_allocators()  # before pyarrow loads (reading the config loads it): its allocator reads options once
+    keep_out()  # before the config's imports too: structlog imports rich
     cfg = _load(path)
     if cfg is None:
-        return EX_CONFIG
-    keep_pandas_out()  # before pyarrow is first used: it would import pandas, which the daemon never uses
+        return EX_CONFIG  # before pyarrow is first used: it would import pandas, which the daemon never uses
     from replicad.daemon import (  # heavy imports only when running
         DEFAULT_ENGINE,
         EngineUnavailableError,

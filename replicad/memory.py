@@ -7,9 +7,9 @@ being written or fetched — instead of pages the machine has not touched yet (o
 the host backs lazily, a first touch costs a hypervisor fault: 0.86 GB/s against 11.5 GB/s for reused pages,
 measured here; receiving a 527 MB part then took 3-4x the kernel CPU).
 
-:func:`keep_pandas_out`: pyarrow imports pandas, when installed, the first time it checks whether an argument
+:func:`keep_out`: pyarrow imports pandas, when installed, the first time it checks whether an argument
 is a DataFrame (``pa.table(dict)``, ``pa.array(list)`` ...); the daemon never uses pandas, which made about
-35-55 MiB of its resident set.
+35-55 MiB of its resident set (rich and pygments, which structlog imports, 3 MiB more).
 
 :func:`tune_allocators`: Arrow's mimalloc keeps the pages a thread freed until that same thread collects
 (``release_unused`` frees only the calling thread's cache), so after an insert the parser's and the part
@@ -66,25 +66,38 @@ def release_unused_memory() -> None:
         trim(0)
 
 
-class _NoPandas(importlib.abc.MetaPathFinder):
-    """Refuses ``import pandas`` (an ImportError, which pyarrow's pandas shim takes as "no pandas")."""
+#: packages the daemon never uses that its libraries import when installed: pandas (pyarrow, the first time
+#: it checks whether an argument is a DataFrame: 35-55 MiB) and rich with pygments (structlog, for console
+#: tracebacks; the daemon's JSON logs format exceptions as plain text: ~3 MiB)
+UNUSED_PACKAGES = ("pandas", "rich", "pygments")
+
+
+class _KeepOut(importlib.abc.MetaPathFinder):
+    """Refuses to import some packages (an ImportError, which their importers take as "not installed")."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = frozenset(names)
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname == "pandas" or fullname.startswith("pandas."):
-            raise ImportError(f"{fullname} is kept out of the replicad daemon (keep_pandas_out)")
+        if fullname.partition(".")[0] in self.names:
+            raise ImportError(f"{fullname} is kept out of the replicad daemon (replicad.memory.keep_out)")
         return None
 
 
-def keep_pandas_out() -> bool:
-    """Make ``import pandas`` fail in this process from now on (for the daemon process only: it never uses
-    pandas).  False, and nothing changed, when pandas is imported already."""
-    if "pandas" in sys.modules:
+def keep_out(names: Sequence[str] = UNUSED_PACKAGES) -> bool:
+    """Make importing ``names`` fail in this process from now on (for the daemon process only: it never uses
+    them).  False, and nothing changed, when one of them is imported already."""
+    if any(name in sys.modules for name in names):
         return False
-    if not any(isinstance(f, _NoPandas) for f in sys.meta_path):
-        sys.meta_path.insert(0, _NoPandas())
+    sys.meta_path.insert(0, _KeepOut(names))
     return True
+
+
+def keep_pandas_out() -> bool:
+    """:func:`keep_out` for pandas only."""
+    return keep_out(("pandas",))
 
 
 #: mimalloc options for the daemon process (environment variables; one the user set is kept)

@@ -161,3 +161,26 @@ def test_parse_pool_releases_in_its_own_threads(monkeypatch: pytest.MonkeyPatch)
     asyncio.run(main())
     assert len(calls) == 3 and calls[-1] == "process"
     assert all(name.startswith("insert-parse") for name in calls[:2])
+
+
+def test_daemon_imports_and_logs_without_rich() -> None:
+    """keep_out (``replicad run`` calls it first): the daemon's modules import without rich and pygments,
+    and an exception is still logged with its traceback (plain text in the JSON line)."""
+    code = (
+        "import sys, io, json\n"
+        "from replicad.memory import keep_out\n"
+        "assert keep_out()\n"
+        "import replicad.daemon\n"
+        "from replicad import logging as rlog\n"
+        "out = io.StringIO()\n"
+        "rlog.configure('info', out)\n"
+        "try:\n"
+        "    1 / 0\n"
+        "except ZeroDivisionError:\n"
+        "    rlog.get_logger('t').exception('failed')\n"
+        "line = json.loads(out.getvalue().splitlines()[-1])\n"
+        "assert 'ZeroDivisionError' in line['exception'], line\n"
+        "print(sorted(m for m in ('rich', 'pygments', 'pandas') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
