@@ -165,12 +165,13 @@ def test_parse_pool_releases_in_its_own_threads(monkeypatch: pytest.MonkeyPatch)
 
 def test_daemon_imports_and_logs_without_rich() -> None:
     """keep_out (``replicad run`` calls it first): the daemon's modules import without rich and pygments,
-    and an exception is still logged with its traceback (plain text in the JSON line)."""
+    and an exception is still logged with its traceback (plain text in the JSON line).  boto3 waits for the
+    first S3 client (a daemon without an S3 disk never loads it: ~9 MiB)."""
     code = (
         "import sys, io, json\n"
         "from replicad.memory import keep_out\n"
         "assert keep_out()\n"
-        "import replicad.daemon\n"
+        "import replicad.daemon, replicad.catalog, replicad.replica\n"
         "from replicad import logging as rlog\n"
         "out = io.StringIO()\n"
         "rlog.configure('info', out)\n"
@@ -180,7 +181,7 @@ def test_daemon_imports_and_logs_without_rich() -> None:
         "    rlog.get_logger('t').exception('failed')\n"
         "line = json.loads(out.getvalue().splitlines()[-1])\n"
         "assert 'ZeroDivisionError' in line['exception'], line\n"
-        "print(sorted(m for m in ('rich', 'pygments', 'pandas') if m in sys.modules))\n"
+        "print(sorted(m for m in ('rich', 'pygments', 'pandas', 'boto3') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
