@@ -76,10 +76,10 @@ def cmd_run(path: str) -> int:
     from replicad.memory import keep_out, tune_allocators
 
     tune_allocators()  # before pyarrow loads (reading the config loads it): its allocator reads options once
-    keep_out()  # before the config's imports too: structlog imports rich
+    keep_out()  # pandas (pyarrow would import it), rich (structlog, imported with the config): never used
     cfg = _load(path)
     if cfg is None:
-        return EX_CONFIG  # before pyarrow is first used: it would import pandas, which the daemon never uses
+        return EX_CONFIG
     from replicad.daemon import (  # heavy imports only when running
         DEFAULT_ENGINE,
         EngineUnavailableError,
