@@ -73,12 +73,13 @@ def cmd_check_config(path: str) -> int:
 
 
 def cmd_run(path: str) -> int:
+    from replicad.memory import keep_out, tune_allocators
+
+    tune_allocators()  # before pyarrow loads (reading the config loads it): its allocator reads options once
+    keep_out()  # pandas (pyarrow would import it), rich (structlog, imported with the config): never used
     cfg = _load(path)
     if cfg is None:
         return EX_CONFIG
-    from replicad.memory import keep_pandas_out
-
-    keep_pandas_out()  # before pyarrow is first used: it would import pandas, which the daemon never uses
     from replicad.daemon import (  # heavy imports only when running
         DEFAULT_ENGINE,
         EngineUnavailableError,

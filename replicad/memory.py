@@ -7,9 +7,15 @@ being written or fetched — instead of pages the machine has not touched yet (o
 the host backs lazily, a first touch costs a hypervisor fault: 0.86 GB/s against 11.5 GB/s for reused pages,
 measured here; receiving a 527 MB part then took 3-4x the kernel CPU).
 
-:func:`keep_pandas_out`: pyarrow imports pandas, when installed, the first time it checks whether an argument
+:func:`keep_out`: pyarrow imports pandas, when installed, the first time it checks whether an argument
 is a DataFrame (``pa.table(dict)``, ``pa.array(list)`` ...); the daemon never uses pandas, which made about
-35-55 MiB of its resident set.
+35-55 MiB of its resident set (rich and pygments, which structlog imports, 3 MiB more).
+
+:func:`tune_allocators`: Arrow's mimalloc keeps the pages a thread freed until that same thread collects
+(``release_unused`` frees only the calling thread's cache), so after an insert the parser's and the part
+writers' threads went on holding tens of MiB each; with mimalloc's ``purge_delay`` at 0 a freed span goes
+back to the system at once, whichever thread freed it.  It must be set before pyarrow is loaded: mimalloc
+reads its options once, when the library initialises.
 """
 
 from __future__ import annotations
@@ -19,13 +25,13 @@ import ctypes.util
 import functools
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from collections.abc import Callable, Sequence
 
-import pyarrow as pa
-
-#: requests whose body reached this size return their memory when they end
-RELEASE_AFTER_BYTES = 64 << 20
+#: inserts whose body reached this size return their memory when they end (in the background; a small
+#: insert never pays for it)
+RELEASE_AFTER_BYTES = 8 << 20
 
 
 @functools.cache
@@ -43,30 +49,66 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
+def release_thread_cache() -> None:
+    """Return what Arrow's allocator keeps for the calling thread (mimalloc: that thread's heap only)."""
+    import pyarrow as pa  # here: tune_allocators must be able to run before pyarrow loads
+
+    pa.default_memory_pool().release_unused()
+
+
 def release_unused_memory() -> None:
     """Return freed memory of Arrow's pool and of malloc to the system (blocking: call it in a thread)."""
+    import pyarrow as pa  # here: tune_allocators must be able to run before pyarrow loads
+
     pa.default_memory_pool().release_unused()
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
 
 
-class _NoPandas(importlib.abc.MetaPathFinder):
-    """Refuses ``import pandas`` (an ImportError, which pyarrow's pandas shim takes as "no pandas")."""
+#: packages the daemon never uses that its libraries import when installed: pandas (pyarrow, the first time
+#: it checks whether an argument is a DataFrame: 35-55 MiB) and rich with pygments (structlog, for console
+#: tracebacks; the daemon's JSON logs format exceptions as plain text: ~3 MiB)
+UNUSED_PACKAGES = ("pandas", "rich", "pygments")
+
+
+class _KeepOut(importlib.abc.MetaPathFinder):
+    """Refuses to import some packages (an ImportError, which their importers take as "not installed")."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = frozenset(names)
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname == "pandas" or fullname.startswith("pandas."):
-            raise ImportError(f"{fullname} is kept out of the replicad daemon (keep_pandas_out)")
+        if fullname.partition(".")[0] in self.names:
+            raise ImportError(f"{fullname} is kept out of the replicad daemon (replicad.memory.keep_out)")
         return None
 
 
-def keep_pandas_out() -> bool:
-    """Make ``import pandas`` fail in this process from now on (for the daemon process only: it never uses
-    pandas).  False, and nothing changed, when pandas is imported already."""
-    if "pandas" in sys.modules:
+def keep_out(names: Sequence[str] = UNUSED_PACKAGES) -> bool:
+    """Make importing ``names`` fail in this process from now on (for the daemon process only: it never uses
+    them).  False, and nothing changed, when one of them is imported already."""
+    if any(name in sys.modules for name in names):
         return False
-    if not any(isinstance(f, _NoPandas) for f in sys.meta_path):
-        sys.meta_path.insert(0, _NoPandas())
+    sys.meta_path.insert(0, _KeepOut(names))
+    return True
+
+
+def keep_pandas_out() -> bool:
+    """:func:`keep_out` for pandas only."""
+    return keep_out(("pandas",))
+
+
+#: mimalloc options for the daemon process (environment variables; one the user set is kept)
+MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "0"}
+
+
+def tune_allocators() -> bool:
+    """Set :data:`MIMALLOC_OPTIONS` for Arrow's allocator (for the daemon process only, before pyarrow is
+    imported).  False, and nothing changed, when pyarrow is loaded already."""
+    if "pyarrow" in sys.modules:
+        return False
+    for name, value in MIMALLOC_OPTIONS.items():
+        os.environ.setdefault(name, value)
     return True

@@ -167,9 +167,9 @@ class PartFetcher:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # read_bufsize: up to 2 MiB buffered before the socket stops being read (64 KiB by default)
+            # read_bufsize: up to 512 KiB buffered before the socket stops being read (64 KiB by default)
             self._session = aiohttp.ClientSession(
-                timeout=self.timeout, cookie_jar=aiohttp.DummyCookieJar(), read_bufsize=1 << 20
+                timeout=self.timeout, cookie_jar=aiohttp.DummyCookieJar(), read_bufsize=1 << 18
             )
         return self._session
 

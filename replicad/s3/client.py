@@ -11,10 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
-import botocore.config
 import botocore.exceptions
-from boto3.s3.transfer import TransferConfig
 
 from replicad.errors import ReplicadError
 from replicad.s3.endpoint import S3Endpoint
@@ -69,6 +66,12 @@ class S3Client:
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 30.0,
     ) -> None:
+        # here, not at the top: boto3 and botocore's config cost a daemon ~9 MiB of resident memory, and
+        # only a daemon with an S3 disk makes a client (the exceptions module, needed by every call, is small)
+        import boto3
+        import botocore.config
+        from boto3.s3.transfer import TransferConfig
+
         self.endpoint = endpoint
         self.bucket = endpoint.bucket
         config = botocore.config.Config(

@@ -42,7 +42,7 @@ from replicad.errors import (
     UnknownTableError,
 )
 from replicad.logging import get_logger
-from replicad.memory import RELEASE_AFTER_BYTES, release_unused_memory
+from replicad.memory import RELEASE_AFTER_BYTES
 from replicad.server import auth, fault_injection, http_body, staging_api, system_queries, tls
 from replicad.server import status as status_mod
 from replicad.server.formats import SMALL_BODY_BYTES, parse_body
@@ -372,8 +372,8 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
                 await parsed.batches.aclose()  # type: ignore[attr-defined]
                 stage_times.mark("parse_close")
                 state.metrics.body_bytes.inc(parsed.body.bytes_read)
-                if parsed.body.bytes_read >= RELEASE_AFTER_BYTES:
-                    await asyncio.to_thread(release_unused_memory)
+                if parsed.body.bytes_read >= RELEASE_AFTER_BYTES and pool is not None:
+                    pool.release_memory_soon()
         finally:
             if pool is not None:
                 pool.leave()

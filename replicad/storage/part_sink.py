@@ -23,8 +23,9 @@ from replicad.errors import CorruptedDataError
 from replicad.model.cityhash import FileHasher
 from replicad.storage.part import fsync_dir
 
-#: the loop hands the writer thread about this many bytes at a time
-BATCH_SIZE = 4 << 20
+#: the loop hands the writer thread about this many bytes at a time (with BATCHES_PENDING and the fetcher's
+#: read_bufsize, what a fetch holds: ~4 MiB, whatever the part; 4 MiB batches made a fetch +20 MiB of RSS)
+BATCH_SIZE = 1 << 20
 #: batches handed over but not yet written before the loop waits (memory bound)
 BATCHES_PENDING = 2
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
