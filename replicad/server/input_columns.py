@@ -17,6 +17,7 @@ from replicad.datatypes.base import BadValue
 from replicad.errors import BadInputError
 from replicad.server.sync_body import DEFAULT_MAX_LINE_BYTES, DEFAULT_RECEIVE_TIMEOUT_S
 from replicad.server.text_values import array_element, check_array_rows, tsv_unescape, zero_dates
+from replicad.storage.block import storage_types_metadata
 
 INCORRECT_DATA = 117
 NO_SUCH_COLUMN = 16
@@ -51,6 +52,7 @@ class Converter:
         self.row = 0  # rows converted so far (for 1-based row numbers in errors)
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
+        self._metadata = storage_types_metadata(names, types)
 
     def feed(self, columns: list[pa.Array], escaped: bool | Sequence[bool] = True
              ) -> Iterator[pa.RecordBatch]:
@@ -97,7 +99,8 @@ class Converter:
             chunks, pieces[i] = pieces[i], []
             columns.append(chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks))
             del chunks
-        return pa.RecordBatch.from_arrays(columns, names=self.names)
+        # storage Arrow already (each column through its DataType.convert): the table takes it as it is
+        return pa.RecordBatch.from_arrays(columns, names=self.names).replace_schema_metadata(self._metadata)
 
     def _column(self, name: str, dt: DataType, arr: pa.Array, escaped: bool = True) -> pa.Array:
         if isinstance(arr, pa.ChunkedArray):
