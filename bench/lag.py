@@ -79,7 +79,8 @@ def _log_events(path: Path, names: set[str]) -> list[tuple[float, str, dict[str,
 INSERT_STAGES = (
     ("http_in", "client sends → handler starts (HTTP, aiohttp, middlewares)", 0),
     ("route", "query text → route (settings, table lookup)", 0),
-    ("parse_start", "small body read whole, parsed to storage Arrow (one worker-thread trip)", 0),
+    ("parse_start", "small body read whole, parsed to storage Arrow (on the loop up to 16 KiB of text, else "
+                    "one worker-thread trip)", 0),
     ("parse_rows", "first block handed to the table", 0),
     ("prepare", "block: defaults, column order, types (worker thread, one trip with the next two)", 0),
     ("split", "split by partition", 0),

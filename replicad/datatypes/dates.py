@@ -35,6 +35,10 @@ _DATETIME_MAX = 0xFFFFFFFF
 def _check_range(dt: DataType, orig: pa.Array, values: pa.Array, hi: int) -> None:
     """Reject the first of ``values`` (int64 or temporal) outside ``0..hi``."""
     ints = values.cast(pa.int64()) if not pa.types.is_int64(values.type) else values
+    lo_hi = pc.min_max(ints)  # one kernel call: every value in range is the usual case
+    lo, top = lo_hi["min"].as_py(), lo_hi["max"].as_py()
+    if lo is None or (lo >= 0 and top <= hi):
+        return
     bad = first_true(pc.or_(pc.less(ints, 0), pc.greater(ints, hi)))
     if bad >= 0:
         raise dt.reject(orig, bad, "is out of range")

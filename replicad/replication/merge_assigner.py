@@ -163,6 +163,7 @@ class MergeAssigner(BackgroundTask):
         #: the last round found at most one part per partition and no mutation: nothing to look at again
         #: until woken (a new part, a mutation, leadership); parts merely ageing cannot change it
         self._structurally_idle = False
+        self._round_free_disk: int | None = None
 
     # ------------------------------------------------------------------------------------------ the task
 
@@ -193,6 +194,20 @@ class MergeAssigner(BackgroundTask):
         except OSError:
             return 1 << 62
 
+    async def _candidates(self, parts: Sequence[LocalPart]) -> list[MergeCandidate]:
+        """The parts as merge candidates: on the loop when every part's size is known already (the parts
+        this process wrote, fetched or merged: no file to stat), else in a thread."""
+        if all("bytes_on_disk" in p.directory.__dict__ for p in parts):  # cached_property's cache
+            return _candidates(parts, time.time())
+        return await asyncio.to_thread(_candidates, parts, time.time())
+
+    async def _free_disk_this_round(self) -> int:
+        """The free disk space, asked once per round (a statvfs in a thread), only when the round gets that
+        far (an idle table's round never asks)."""
+        if self._round_free_disk is None:
+            self._round_free_disk = await self._free_disk()
+        return self._round_free_disk
+
     async def _nothing_to_select(self) -> bool:
         """True when no merge could be selected whatever ZooKeeper says, so the round may skip the snapshot
         (the ZooKeeper reads that make an idle table cost something).  Exact, not a guess: the predicate only
@@ -204,16 +219,17 @@ class MergeAssigner(BackgroundTask):
         if len({p.info.partition_id for p in parts}) == len(parts):  # at most one part per partition
             self._structurally_idle = True  # only a new part (which wakes the task) can change that
             return True
-        max_size = self.settings.max_source_parts_size(self._queued(), await self._free_disk())
+        max_size = self.settings.max_source_parts_size(self._queued(), await self._free_disk_this_round())
         if max_size <= 0:
             return True
-        candidates = await asyncio.to_thread(_candidates, parts, time.time())
+        candidates = await self._candidates(parts)
         everything = replace(self.settings.selector, max_window_starts=max(len(candidates), 1))
         return select_merge(candidates, lambda _l, _r: True, everything, max_size) is None
 
     async def assign_once(self) -> Assigned:
         async with self.selecting_lock:
             self._structurally_idle = False
+            self._round_free_disk = None
             if await self._nothing_to_select():
                 return Assigned(reason="nothing to merge")
             predicate = await self.load_predicate()
@@ -221,11 +237,11 @@ class MergeAssigner(BackgroundTask):
             s = self.settings
             if queued >= s.max_replicated_merges_in_queue:
                 return Assigned(reason=f"{queued} merges and mutations already in the queue")
-            max_size = s.max_source_parts_size(queued, await self._free_disk())
+            max_size = s.max_source_parts_size(queued, await self._free_disk_this_round())
             if max_size <= 0:
                 return Assigned(reason="no room for merges")
             parts = self.store.active()
-            candidates = await asyncio.to_thread(_candidates, parts, time.time())
+            candidates = await self._candidates(parts)
             choice = select_merge(candidates, predicate.can_merge, s.selector, max_size)
             if choice is not None:
                 entry = await self.create_merge_entry(predicate, choice.parts, choice.new_part_name)

@@ -66,6 +66,12 @@ class ParsedBody:
 #: loop and parsed to its end in one worker-thread trip (a small insert: one thread hand-over, not one per
 #: chunk and per block)
 SMALL_BODY_BYTES = 1 << 18
+#: a whole text body of at most this many bytes is parsed on the loop itself, as a short statement is
+#: (api.PARSE_INLINE_BYTES): a 100-row insert's rows take well under a millisecond of CPU, which the parser
+#: spent holding the GIL in its worker thread anyway, and the two thread hand-overs of the trip cost more
+#: than that on a busy machine (each waits for the scheduler)
+INLINE_PARSE_BYTES = 16384
+_INLINE_FORMATS = frozenset({"TabSeparated", "TabSeparatedWithNames", "CSV", "CSVWithNames", "JSONEachRow"})
 
 
 async def parse_body(source: BodySource, spec: InputSpec, limit: int, prefix: bytes = b"", *,
@@ -81,9 +87,18 @@ async def parse_body(source: BodySource, spec: InputSpec, limit: int, prefix: by
         except TimeoutError:
             raise ReceiveTimeoutError("Timeout exceeded while reading from socket: the body did not arrive "
                                       f"in {spec.receive_timeout_s:g} s (api.receive_timeout_s)") from None
-        body = SyncBody(source, loop, limit, prefix + rest, receive_timeout_s=spec.receive_timeout_s,
+        whole_body = prefix + rest
+        body = SyncBody(source, loop, limit, whole_body, receive_timeout_s=spec.receive_timeout_s,
                         max_line_bytes=spec.max_line_bytes, complete=True)
-        items = await _run(_drain, _PARSERS[fmt](body, spec), body, spec.executor)
+        if len(whole_body) <= INLINE_PARSE_BYTES and fmt in _INLINE_FORMATS:
+            try:  # in memory already, a text format: nothing here can block
+                items = _drain(_PARSERS[fmt](body, spec))
+            except ReplicadError:
+                raise
+            except Exception as e:
+                raise _parse_error(e, body) from e
+        else:
+            items = await _run(_drain, _PARSERS[fmt](body, spec), body, spec.executor)
         if not items or not isinstance(items[0], list):
             raise AssertionError("a parser must yield its column list first")
         return ParsedBody(items[0], _from_list(items[1:]), body)
@@ -119,11 +134,15 @@ async def _run(fn: Any, gen: Iterator[Any], body: SyncBody, executor: Executor |
     except ReplicadError:
         raise
     except Exception as e:
-        if body.error is not None and isinstance(body.error, ReplicadError):
-            raise body.error from None
-        if body.error is not None:
-            raise body.error from e
-        raise BadInputError(f"Cannot parse input: {_short(e)}") from e
+        raise _parse_error(e, body) from e
+
+
+def _parse_error(e: Exception, body: SyncBody) -> BaseException:
+    """What a parser's exception ``e`` becomes: the body's own error (a timeout, a body too large), else a
+    BadInputError."""
+    if body.error is not None:
+        return body.error
+    return BadInputError(f"Cannot parse input: {_short(e)}")
 
 
 async def _aiter(gen: Iterator[Any], body: SyncBody, executor: Executor | None

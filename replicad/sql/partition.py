@@ -133,6 +133,8 @@ class PartitionChunk:
 def _group_codes(arrays: Sequence[pa.Array]) -> tuple[np.ndarray, int]:
     """Dense group number per row (groups numbered in order of first appearance) and the group count."""
     n = len(arrays[0])
+    if len(arrays) == 1 and _single_value(arrays[0]):  # the usual insert block: one partition
+        return np.zeros(n, dtype=np.int64), 1
     combined = np.zeros(n, dtype=np.int64)
     for arr in arrays:
         enc = pc.dictionary_encode(arr, null_encoding="encode")
@@ -146,6 +148,15 @@ def _group_codes(arrays: Sequence[pa.Array]) -> tuple[np.ndarray, int]:
     rank = np.empty(len(uniq), dtype=np.int64)
     rank[order] = np.arange(len(uniq))
     return rank[combined], len(uniq)
+
+
+def _single_value(arr: pa.Array) -> bool:
+    """True when every row of a non-empty integer array without NULLs holds the same value (one min_max
+    kernel, where grouping costs a dictionary encoding and a few numpy sorts)."""
+    if not len(arr) or arr.null_count or not pa.types.is_integer(arr.type):
+        return False
+    lo_hi = pc.min_max(arr)
+    return bool(lo_hi["min"].as_py() == lo_hi["max"].as_py())
 
 
 def split_by_partition(table: pa.Table, key: PartitionKey | str | None, types: dict[str, DataType],

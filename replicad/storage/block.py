@@ -29,6 +29,27 @@ NO_SUCH_COLUMN_IN_TABLE = 16
 ILLEGAL_COLUMN = 44
 CYCLIC_ALIASES = 174
 
+#: schema metadata key of a record batch whose columns are already storage Arrow, converted and checked by
+#: their ``DataType.convert`` (the insert parsers' output); its value, from :func:`storage_types_metadata`,
+#: names each column's type.  :func:`prepare_block` takes a column of such a block as it is when the table's
+#: column has that same type (not after an ALTER changed it), instead of converting it a second time.
+STORAGE_TYPES_KEY = b"replicad.storage_types"
+
+
+def storage_types_metadata(names: Sequence[str], types: Sequence[DataType]) -> dict[bytes, bytes]:
+    """The schema metadata of a block of storage-Arrow columns ``names`` of types ``types``."""
+    return {STORAGE_TYPES_KEY: "\n".join(f"{n}\t{t.name}" for n, t in zip(names, types, strict=True))
+            .encode("utf-8")}
+
+
+def _storage_types(table: pa.Table) -> dict[str, str]:
+    """Column name -> type name of the columns ``table`` holds already converted (none for other tables)."""
+    meta = table.schema.metadata
+    text = meta.get(STORAGE_TYPES_KEY) if meta else None
+    if not text:
+        return {}
+    return dict(line.split("\t", 1) for line in text.decode("utf-8").split("\n"))
+
 
 def _combine(col: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(col, pa.ChunkedArray):
@@ -160,9 +181,12 @@ def prepare_block(
         seen.add(name)
     n = table.num_rows
     given: dict[str, pa.Array] = {}
+    converted = _storage_types(table)
     for name, dtype in columns:
         if name in seen:
-            given[name] = _to_storage(dtype, table.column(name), name, tz)
+            col = table.column(name)
+            same = converted.get(name) == dtype.name and col.type == dtype.arrow_type
+            given[name] = _combine(col) if same else _to_storage(dtype, col, name, tz)
         elif rules.kind(name) in ("DEFAULT", "MATERIALIZED"):
             continue
         elif fill_missing or getattr(dtype, "is_nullable", False):

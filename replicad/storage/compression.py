@@ -16,6 +16,7 @@ checksums.txt.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import threading
 from collections.abc import Callable, Iterator
@@ -150,11 +151,15 @@ _ZSTD_SYSTEM = _system_zstd()
 _CompressInto = Callable[[int, int, int, int], int]
 
 
+@functools.cache
 def _system_compress_into(method: Method, level: int) -> tuple[_CompressInto, Callable[[int], int]] | None:
     """The system library's compress-into-a-buffer call for ``method`` and its bound, or None.
 
     The same library calls as :func:`_system_lz4` / :func:`_system_zstd` (the same bytes), without their
-    copies: the payload is compressed straight after the block header of a reused buffer."""
+    copies: the payload is compressed straight after the block header of a reused buffer.  Made once per
+    (method, level) and shared by every compressor: each thread keeps one zstd context for the process's
+    life (a context per column writer cost a library lookup, a context allocation and the first-use setup
+    of a fresh context on each column of each part, most of a small part's compression time)."""
     try:
         if method == "lz4":
             lib = ctypes.CDLL("liblz4.so.1")

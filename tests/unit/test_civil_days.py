@@ -50,6 +50,14 @@ def test_wide_ranges_and_small_blocks_take_the_arithmetic() -> None:
     assert_same(np.array([], np.int32))
 
 
+def test_lookup_table_covers_its_range_exactly() -> None:
+    """The (year, month, day) table of days 0..65535: every entry, and its edges, as the arithmetic."""
+    assert_same(np.arange(0, 65536, dtype=np.int64))
+    assert_same(np.array([65535, 0, 65536], np.int64))  # one day past the table: the arithmetic
+    assert_same(np.array([-1, 0], np.int32))
+    assert_same(np.arange(0, 65536, 1000, dtype=np.uint16))
+
+
 def test_matches_python_calendar() -> None:
     days = np.concatenate([np.arange(-1_000, 60_000, 7, dtype=np.int64),
                            np.full(1000, 19_783, np.int64), np.arange(19_700, 19_800, dtype=np.int64)])

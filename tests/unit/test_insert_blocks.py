@@ -4,11 +4,14 @@ shorter), whatever the sizes of the parsed batches: the same rows, in order, col
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicad.datatypes import parse_type
+from replicad.errors import BadInputError
 from replicad.server.input_columns import Converter, InputSpec
+from replicad.storage.block import prepare_block
 
 COLUMNS = [("k", parse_type("UInt64")), ("s", parse_type("String")), ("a", parse_type("Array(UInt32)"))]
 
@@ -36,3 +39,23 @@ def test_blocks_are_cut_exactly(sizes: list[int], block_rows: int) -> None:
         assert got.column("a").to_pylist() == [[i] * (i % 3) for i in range(total)]
     for b in out:
         b.validate(full=True)
+
+
+def test_converted_columns_are_not_converted_again_unless_their_type_changed() -> None:
+    """The parsers' blocks carry their columns' types: ``prepare_block`` takes such a column as it is, but
+    converts (and checks) it when the table's column has another type now (an ALTER between parse and
+    write), even with the same storage Arrow type: Int8 values 7 and 9 are not all values of an Enum8."""
+    cols = [("k", parse_type("UInt64")), ("e", parse_type("Int8"))]
+    spec = InputSpec(format="TabSeparated", columns=cols, explicit_columns=False)
+    conv = Converter([n for n, _ in cols], [t for _, t in cols], spec)
+    [batch] = [*conv.feed([pa.array([1, 2], pa.uint64()), pa.array([7, 9], pa.int8())]), *conv.finish()]
+    table = pa.Table.from_batches([batch])
+    same = prepare_block(table, cols)
+    assert same.column("e").to_pylist() == [7, 9] and same.column("k").to_pylist() == [1, 2]
+    enum = [("k", cols[0][1]), ("e", parse_type("Enum8('a' = 7, 'b' = 8)"))]
+    assert enum[1][1].arrow_type == pa.int8()
+    with pytest.raises(BadInputError):
+        prepare_block(table, enum)
+    unmarked = pa.Table.from_arrays([pa.array([1, 2], pa.uint64()), pa.array([7, 9], pa.int8())], ["k", "e"])
+    with pytest.raises(BadInputError):
+        prepare_block(unmarked, enum)
