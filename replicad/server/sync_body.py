@@ -131,16 +131,21 @@ class SyncBody(io.RawIOBase):
         return data
 
     def read(self, n: int | None = -1) -> bytes:
+        parts = self._read_parts(n)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _read_parts(self, n: int | None = -1) -> list[bytes]:
+        """What :meth:`read` returns, as the pieces it would join (no piece empty; none at the end)."""
         if self._pending:
             size = len(self._pending) if n is None or n < 0 else min(n, len(self._pending))
             out = bytes(self._pending[:size])
             del self._pending[:size]
-            return out
+            return [out]
         if n is None or n < 0:
             parts = []
             while data := self._fetch(self._chunk):
                 parts.append(data)
-            return b"".join(parts)
+            return parts
         parts, want = [], max(1, n)
         while want > 0:  # full reads (pyarrow treats every read as one block)
             data = self._fetch(min(want, self._chunk))
@@ -148,7 +153,7 @@ class SyncBody(io.RawIOBase):
                 break
             parts.append(data)
             want -= len(data)
-        return b"".join(parts)
+        return parts
 
     def readinto(self, b: Any) -> int:
         data = self.read(len(b))
@@ -186,23 +191,27 @@ class SyncBody(io.RawIOBase):
         size = min(size, self.max_line_bytes)
         carry = bytearray()
         while True:
-            data = self.read(size)
-            if not data:
+            parts = self._read_parts(size)
+            if not parts:
                 if carry:
                     yield bytes(carry)
                 return
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                carry += data
+            k = len(parts) - 1  # the last piece with a line end: the block ends there
+            while k >= 0 and (cut := parts[k].rfind(b"\n")) < 0:
+                k -= 1
+            if k < 0:
+                for p in parts:
+                    carry += p
                 self._check_line(len(carry))
                 continue
-            if carry:
-                carry += memoryview(data)[:cut + 1]
-                block = bytes(carry)
-                carry = bytearray(memoryview(data)[cut + 1:])
-            else:
-                block = data[:cut + 1] if cut + 1 < len(data) else data
-                carry = bytearray(memoryview(data)[cut + 1:])
+            last = parts[k]
+            if not carry and k == 0 and cut + 1 == len(last):
+                block = last
+            else:  # the block's pieces joined: one copy of its bytes
+                block = b"".join([carry, *parts[:k], memoryview(last)[:cut + 1]])
+            carry = bytearray(memoryview(last)[cut + 1:])
+            for p in parts[k + 1:]:
+                carry += p
             self._check_line(len(carry))
             yield block
 
