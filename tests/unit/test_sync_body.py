@@ -69,3 +69,42 @@ def test_a_line_longer_than_the_limit_is_refused() -> None:
     with pytest.raises(BadInputError, match="longer than 10 bytes"):
         _blocks([b"short\n", b"x" * 30, b"\n"], 4, 3, max_line=10)
     assert _blocks([b"short\n", b"x" * 9, b"\n"], 4, 3, max_line=10) == [b"short\n", b"x" * 9 + b"\n"]
+
+
+class _Trickle(_Pieces):
+    """Pieces that arrive one by one (each read yields to the loop first), with a pause before ``pause_at``."""
+
+    def __init__(self, pieces: list[bytes], pause_at: int = -1, pause_s: float = 0.0) -> None:
+        super().__init__(pieces)
+        self.reads, self.pause_at, self.pause_s = 0, pause_at, pause_s
+
+    async def read(self, n: int = -1) -> bytes:
+        self.reads += 1
+        await asyncio.sleep(self.pause_s if self.reads == self.pause_at else 0)
+        return await super().read(n)
+
+
+def test_a_block_is_gathered_on_the_loop_in_one_hand_over() -> None:
+    """200 pieces of 1 KiB for one 1 MiB block: one wait for the loop (not one per piece, each a thread
+    switch that waits for the scheduler under load); a stall of the sender hands over what has arrived."""
+    pieces = [b"%04d" % i + b"x" * 1019 + b"\n" for i in range(200)]
+    handovers = []
+
+    async def go(source: _Trickle) -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        body = SyncBody(source, loop, 1 << 30)
+        gather = body._gather
+
+        async def counted(n: int) -> list[bytes]:
+            handovers.append(n)
+            return await gather(n)
+
+        body._gather = counted  # type: ignore[method-assign]
+        return await loop.run_in_executor(None, lambda: list(body.line_blocks(1 << 20)))
+
+    assert b"".join(asyncio.run(go(_Trickle(pieces)))) == b"".join(pieces)
+    assert len(handovers) == 2  # the block, then the end of the body
+    handovers.clear()
+    blocks = asyncio.run(go(_Trickle(pieces, pause_at=100, pause_s=0.3)))
+    assert b"".join(blocks) == b"".join(pieces)
+    assert len(handovers) == 3  # what came before the pause, the rest of the block, the end
