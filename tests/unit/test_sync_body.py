@@ -72,7 +72,7 @@ def test_a_line_longer_than_the_limit_is_refused() -> None:
 
 
 class _Trickle(_Pieces):
-    """Pieces that arrive one by one (each read yields to the loop first), with a pause before ``pause_at``."""
+    """Pieces arriving one by one (each read yields to the loop first), with a pause before ``pause_at``."""
 
     def __init__(self, pieces: list[bytes], pause_at: int = -1, pause_s: float = 0.0) -> None:
         super().__init__(pieces)
