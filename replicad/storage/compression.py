@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Literal
 
 import lz4.block
@@ -413,6 +415,17 @@ def iter_file_blocks(f: BinaryIO, file_name: str = "") -> Iterator[tuple[int, by
         offset += size
 
 
+#: a write of at least this many whole blocks compresses them in parallel (the same blocks, in order)
+PARALLEL_MIN_BLOCKS = 4
+
+
+@functools.cache
+def _parallel_pool() -> ThreadPoolExecutor | None:
+    """The process's pool for compressing the blocks of one big write side by side; None on one CPU."""
+    cpus = os.cpu_count() or 1
+    return ThreadPoolExecutor(min(cpus, 4), thread_name_prefix="compress") if cpus > 1 else None
+
+
 class CompressedStreamWriter:
     """Writes a ClickHouse compressed file (.bin) to a binary file object, block by block.
 
@@ -475,9 +488,14 @@ class CompressedStreamWriter:
     def _emit(self, data: BytesLike) -> None:
         if len(data) > MAX_BLOCK_SIZE:
             raise ValueError("block too large")
-        block = self._compressor.block(data)
+        self._put(self._compressor.block(data))
+
+    def _put(self, block: BytesLike) -> None:
         self._f.write(block)
         self._compressed_hash.update(block)
+
+    def _compressed_copy(self, data: BytesLike) -> bytes:
+        return bytes(self._compressor.block(data))  # the view is of the worker thread's buffer
 
     def write(self, data: BytesLike) -> None:
         if self._closed:
@@ -496,6 +514,13 @@ class CompressedStreamWriter:
                 return
             self._emit(self._buf)
             self._buf = bytearray()
+        full = (n - pos) // self._max
+        pool = _parallel_pool() if full >= PARALLEL_MIN_BLOCKS else None
+        if pool is not None:  # many whole blocks (a column of long values): compressed side by side
+            pieces = [mv[pos + i * self._max : pos + (i + 1) * self._max] for i in range(full)]
+            for block in pool.map(self._compressed_copy, pieces):
+                self._put(block)
+            pos += full * self._max
         while n - pos >= self._max:
             self._emit(mv[pos : pos + self._max])
             pos += self._max
