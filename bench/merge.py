@@ -59,9 +59,11 @@ def child(sources_file: str, out_dir: str, order_by: str, method: str, gpb: int,
     sources = [Path(p) for p in Path(sources_file).read_text().split()]
     schema = PartSchema(tuple((n, parse_type(t)) for n, t in COLUMNS), "toYYYYMM(d)", order_by)
     settings = WriterSettings(method=method, fsync=False, threads=threads)  # type: ignore[arg-type]
+    import numpy as np
     import pyarrow as pa
 
     pa.table({"x": [1]})  # pyarrow's one-time lazy imports: a running daemon has paid them
+    pa.array(np.zeros(1))  # and numpy.ma's (pyarrow looks for masked arrays): ~60 ms, once per process
     rss0 = vm_hwm_kb(os.getpid())
     cpu0 = time.process_time()
     t0 = time.perf_counter()

@@ -25,6 +25,7 @@ from replicad.datatypes.base import (
     is_stringlike,
 )
 from replicad.datatypes.numeric import FixedWidthType, convert_integers, strip_text
+from replicad.native import _textints
 
 I64 = npt.NDArray[np.int64]
 
@@ -149,6 +150,12 @@ def _with_fixed_width(arr: pa.Array, width: int, fixed: Callable[[I64], I64],
     ``general(sub_array)`` for the rest (its BadValue rows mapped back); nulls stay null."""
     if pa.types.is_dictionary(arr.type) or len(arr) == 0:
         return general(arr)
+    if not arr.null_count and (pa.types.is_binary(arr.type) or pa.types.is_string(arr.type)):
+        bufs = arr.buffers()  # the usual case, every row of the common shape: parsed in C, one pass
+        got = _textints.dates(bufs[1], bufs[2] if bufs[2] is not None else b"", arr.offset, len(arr),
+                              width == 19)
+        if got is not None:
+            return pa.array(fixed(np.frombuffer(got, dtype=np.int64)))
     ok, rows = _fixed_width_rows(arr, width)
     if ok.any():
         good, values = _parse_fixed(rows, width == 19)

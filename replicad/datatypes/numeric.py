@@ -93,7 +93,10 @@ def _plain_ascii(arr: pa.Array, forbidden: bytes) -> pa.Array | None:
             return None
         if any((data == b).any() for b in forbidden):
             return None
-    return arr if pa.types.is_string(arr.type) else arr.cast(pa.string())
+    if pa.types.is_string(arr.type):
+        return arr
+    # printable ASCII is valid UTF-8: the same buffers as text, without the cast's validation pass
+    return pa.Array.from_buffers(pa.string(), len(arr), arr.buffers(), arr.null_count, arr.offset)
 
 
 def _plain_digits(arr: pa.Array) -> pa.Array | None:
@@ -187,6 +190,8 @@ class FloatType(FixedWidthType):
                 text = checked(arr, strip_text, self, "is not valid UTF-8 text")
                 # ClickHouse spellings of the special values
                 text = pc.replace_substring_regex(text, r"^(?i)([+-]?)inf$", r"\1inf")
+            if self.arrow_type == pa.float64():
+                return checked(text, lambda a: a.cast(pa.float64()), self, "cannot be parsed as a number")
             return checked(text, lambda a: a.cast(pa.float64()).cast(self.arrow_type, safe=False),
                            self, "cannot be parsed as a number")
         raise self.wrong_input(arr)

@@ -17,7 +17,10 @@
  *   encode(offsets, data) -> bytes
  *       offsets: a 1-d int32 or int64 array of n + 1 non-decreasing positions inside data (need not
  *       start at 0); returns the stream of the n strings data[offsets[i]:offsets[i+1]].
- * Both raise ValueError for anything inconsistent (truncated stream, a length running past the end,
+ *   encode_take(offsets, data, indices) -> bytes
+ *       The stream of the strings data[offsets[i]:offsets[i+1]] for i in indices (a 1-d int64 array), in
+ *       that order: encode() of the rows permuted by indices, without the permuted copy.
+ * All raise ValueError for anything inconsistent (truncated stream, a length running past the end,
  * a VarUInt longer than 10 bytes, offsets out of order or outside data) and never read outside the
  * given buffers.  The GIL is released while working on large inputs.
  */
@@ -316,6 +319,108 @@ done:
     return result;
 }
 
+/* Size of the stream of rows idx[0..m) of (offsets, data): -1 - k when idx[k] or its offsets are bad. */
+static Py_ssize_t taken_size(const void *offsets, int width, Py_ssize_t n, Py_ssize_t data_len,
+                             const int64_t *idx, Py_ssize_t m) {
+    Py_ssize_t total = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        int64_t i = idx[k];
+        if (i < 0 || i >= n)
+            return -1 - k;
+        int64_t a = offset_at(offsets, width, i), b = offset_at(offsets, width, i + 1);
+        if (a < 0 || b < a || b > data_len)
+            return -1 - k;
+        total += varuint_size((uint64_t)(b - a)) + (Py_ssize_t)(b - a);
+    }
+    return total;
+}
+
+static void encode_taken(const void *offsets, int width, const uint8_t *data, const int64_t *idx,
+                         Py_ssize_t m, uint8_t *out) {
+    for (Py_ssize_t k = 0; k < m; k++) {
+        int64_t a = offset_at(offsets, width, idx[k]), b = offset_at(offsets, width, idx[k] + 1);
+        uint64_t len = (uint64_t)(b - a);
+        while (len >= 0x80) {
+            *out++ = (uint8_t)(len | 0x80);
+            len >>= 7;
+        }
+        *out++ = (uint8_t)len;
+        memcpy(out, data + a, (size_t)(b - a));
+        out += b - a;
+    }
+}
+
+static PyObject *py_encode_take(PyObject *self, PyObject *args) {
+    PyObject *off_obj, *idx_obj;
+    Py_buffer ob, db, ib;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Oy*O", &off_obj, &db, &idx_obj))
+        return NULL;
+    if (PyObject_GetBuffer(off_obj, &ob, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&db);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(idx_obj, &ib, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&ob);
+        PyBuffer_Release(&db);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    const char *fmt = ob.format ? ob.format : "B";
+    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')
+        fmt++;
+    int width = (int)ob.itemsize;
+    int signed_int = fmt[0] == 'i' || fmt[0] == 'l' || fmt[0] == 'q';
+    if (ob.ndim != 1 || !signed_int || (width != 4 && width != 8) || fmt[1] != '\0') {
+        PyErr_SetString(PyExc_ValueError, "offsets must be a 1-d int32 or int64 array");
+        goto done;
+    }
+    const char *ifmt = ib.format ? ib.format : "B";
+    if (ifmt[0] == '<' || ifmt[0] == '=' || ifmt[0] == '@')
+        ifmt++;
+    if (ib.ndim != 1 || ib.itemsize != 8 || (ifmt[0] != 'l' && ifmt[0] != 'q') || ifmt[1] != '\0') {
+        PyErr_SetString(PyExc_ValueError, "indices must be a 1-d int64 array");
+        goto done;
+    }
+    Py_ssize_t n = ob.len / width - 1, m = ib.len / 8;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "offsets must hold at least one value");
+        goto done;
+    }
+    const int64_t *idx = (const int64_t *)ib.buf;
+    int big = m >= GIL_THRESHOLD / 8;
+    Py_ssize_t total;
+    if (big) {
+        Py_BEGIN_ALLOW_THREADS
+        total = taken_size(ob.buf, width, n, db.len, idx, m);
+        Py_END_ALLOW_THREADS
+    } else {
+        total = taken_size(ob.buf, width, n, db.len, idx, m);
+    }
+    if (total < 0) {
+        Py_ssize_t k = -1 - total;
+        PyErr_Format(PyExc_ValueError, "index %lld (at %zd) is outside the %zd rows or its offsets are bad",
+                     (long long)idx[k], k, n);
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (!result)
+        goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    if (big || total >= GIL_THRESHOLD) {
+        Py_BEGIN_ALLOW_THREADS
+        encode_taken(ob.buf, width, (const uint8_t *)db.buf, idx, m, out);
+        Py_END_ALLOW_THREADS
+    } else {
+        encode_taken(ob.buf, width, (const uint8_t *)db.buf, idx, m, out);
+    }
+done:
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&db);
+    PyBuffer_Release(&ib);
+    return result;
+}
+
 static PyObject *py_records(PyObject *self, PyObject *args) {
     Py_buffer b;
     Py_ssize_t n;
@@ -356,6 +461,8 @@ static PyMethodDef module_methods[] = {
      "decode(buf, n_rows) -> (offsets, data, consumed): the first n_rows VarUInt-prefixed strings of buf."},
     {"encode", py_encode, METH_VARARGS,
      "encode(offsets, data) -> bytes: VarUInt length + bytes of each data[offsets[i]:offsets[i+1]]."},
+    {"encode_take", py_encode_take, METH_VARARGS,
+     "encode_take(offsets, data, indices) -> bytes: encode() of the rows indices[0], indices[1], ..."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,12 +3,13 @@
  * bytes copied once (no unescaping: that stays with the caller).
  *
  * Python API (module replicad.native._tsvsplit):
- *   split(block, width, skip_empty, alloc) -> list[tuple[offsets, data, has_backslash]] | None
+ *   split(block, width, skip_empty, alloc) -> list[tuple[offsets, data, has_backslash, has_empty]] | None
  *       Lines end at "\n", "\r\n" or a lone "\r" (as pyarrow's CSV reader ends them); the text after the
  *       last line end, when not empty, is one more line.  An empty line is skipped when skip_empty, else
  *       it is a row of one empty field.  Every other line must hold exactly `width` tab-separated fields.
- *       Returns `width` triples (int32 offsets of rows + 1 values, data, whether a backslash occurs in
- *       the column: only then has it anything to unescape), the first two ready for
+ *       Returns `width` tuples (int32 offsets of rows + 1 values, data, whether a backslash occurs in
+ *       the column: only then has it anything to unescape, whether some field of the column is empty:
+ *       only then has a non-text column defaults to fill in), the first two ready for
  *       pa.Array.from_buffers(pa.binary(), rows, [None, offsets, data]), both from alloc(nbytes), which
  *       returns a writable buffer (pa.allocate_buffer: Arrow's pool keeps its pages mapped, so the copy
  *       does not fault in fresh pages for every block; data has 16 bytes of slack at its end);
@@ -172,7 +173,7 @@ static void release_bounds(fields *f) {
 /* Copies the fields row by row, each column to its own cursor; every data buffer has 16 bytes of slack
  * (short fields are copied 16 bytes at a time when the block has 16 bytes left to read). */
 static void fill(const uint8_t *s, Py_ssize_t len, const fields *f, Py_ssize_t width, Py_ssize_t rows,
-                 int32_t **offsets, uint8_t **data, int32_t *at) {
+                 int32_t **offsets, uint8_t **data, int32_t *at, uint8_t *empty) {
     const int32_t *b = f->bounds;
     for (Py_ssize_t c = 0; c < width; c++) {
         offsets[c][0] = 0;
@@ -190,6 +191,7 @@ static void fill(const uint8_t *s, Py_ssize_t len, const fields *f, Py_ssize_t w
             }
             at[c] += n;
             offsets[c][r + 1] = at[c];
+            empty[c] |= n == 0;
         }
     }
     for (Py_ssize_t c = 0; c < width; c++)
@@ -209,7 +211,7 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     fields f = {NULL, 0, 0, NULL};
     Py_ssize_t rows = 0;
     int32_t **offs = NULL, *at = NULL;
-    uint8_t **datas = NULL;
+    uint8_t **datas = NULL, *empty = NULL;
     PyObject **objs = NULL;
     Py_buffer *views = NULL;
     Py_ssize_t n_views = 0;
@@ -225,7 +227,8 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     offs = calloc((size_t)width, sizeof(int32_t *));
     datas = calloc((size_t)width, sizeof(uint8_t *));
     at = calloc((size_t)width, sizeof(int32_t));
-    if (!f.sizes || !offs || !datas || !at) {
+    empty = calloc((size_t)width, 1);
+    if (!f.sizes || !offs || !datas || !at || !empty) {
         PyErr_NoMemory();
         goto done;
     }
@@ -269,14 +272,15 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    fill(s, bb.len, &f, width, rows, offs, datas, at);
+    fill(s, bb.len, &f, width, rows, offs, datas, at, empty);
     Py_END_ALLOW_THREADS
     PyObject *list = PyList_New(width);
     if (!list)
         goto done;
     for (Py_ssize_t c = 0; c < width; c++) {
         int backslash = memchr(datas[c], '\\', (size_t)f.sizes[c]) != NULL;
-        PyObject *pair = PyTuple_Pack(3, objs[2 * c], objs[2 * c + 1], backslash ? Py_True : Py_False);
+        PyObject *pair = PyTuple_Pack(4, objs[2 * c], objs[2 * c + 1], backslash ? Py_True : Py_False,
+                                      empty[c] ? Py_True : Py_False);
         if (!pair) {
             Py_DECREF(list);
             goto done;
@@ -297,6 +301,7 @@ done:
     free(offs);
     free(datas);
     free(at);
+    free(empty);
     PyBuffer_Release(&bb);
     return result;
 }

@@ -198,21 +198,24 @@ def _tsv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
                                         convert_options=convert_opts)
             except pa.ArrowInvalid as e:
                 raise _tsv_shape_error(block, fields, conv.row, e) from None
-            got = [table.column(i) for i in range(width)], [b"\\" in block] * width
-        columns, escaped = got
-        yield from conv.feed([columns[p] for p in positions], escaped=[escaped[p] for p in positions])
+            got = [table.column(i) for i in range(width)], [b"\\" in block] * width, [True] * width
+        columns, escaped, empty = got
+        yield from conv.feed([columns[p] for p in positions], escaped=[escaped[p] for p in positions],
+                             empty=[empty[p] for p in positions])
     yield from conv.finish()
 
 
-def _tsv_split(block: bytes, width: int) -> tuple[list[pa.Array], list[bool]] | None:
+def _tsv_split(block: bytes, width: int) -> tuple[list[pa.Array], list[bool], list[bool]] | None:
     """The block's fields as one binary array per position, split in C (:mod:`replicad.native._tsvsplit`:
-    pyarrow's CSV reader with the options above gives the same columns), and whether each column holds a
-    backslash (something to unescape); None: the C splitter declined."""
+    pyarrow's CSV reader with the options above gives the same columns), whether each column holds a
+    backslash (something to unescape) and whether it has an empty field (a default to fill in); None: the
+    C splitter declined."""
     got = _tsvsplit.split(block, width, width > 1, pa.allocate_buffer)
     if got is None:
         return None
     rows = got[0][0].size // 4 - 1
-    return [pa.Array.from_buffers(pa.binary(), rows, [None, o, d]) for o, d, _ in got], [e for _, _, e in got]
+    return ([pa.Array.from_buffers(pa.binary(), rows, [None, o, d]) for o, d, _, _ in got],
+            [e for _, _, e, _ in got], [z for _, _, _, z in got])
 
 
 def _tsv_shape_error(block: bytes, fields: Sequence[str], row0: int, e: Exception) -> BadInputError:

@@ -54,16 +54,18 @@ class Converter:
         self._pending_rows = 0
         self._metadata = storage_types_metadata(names, types)
 
-    def feed(self, columns: list[pa.Array], escaped: bool | Sequence[bool] = True
-             ) -> Iterator[pa.RecordBatch]:
+    def feed(self, columns: list[pa.Array], escaped: bool | Sequence[bool] = True,
+             empty: Sequence[bool] | None = None) -> Iterator[pa.RecordBatch]:
         """Convert one parsed block; ``escaped`` False for the block or for a column: its text has no
-        backslash (nothing to unescape)."""
+        backslash (nothing to unescape); ``empty`` False for a column: none of its fields is empty (no
+        default to fill in; None: not known)."""
         n = len(columns[0]) if columns else 0
         if n == 0:
             return
         flags = [escaped] * len(columns) if isinstance(escaped, bool) else escaped
-        arrays = [self._column(name, dt, arr, esc)
-                  for name, dt, arr, esc in zip(self.names, self.types, columns, flags, strict=True)]
+        empties = [True] * len(columns) if empty is None else empty
+        arrays = [self._column(name, dt, arr, esc, emp) for name, dt, arr, esc, emp
+                  in zip(self.names, self.types, columns, flags, empties, strict=True)]
         self.row += n
         self._pending.append(pa.RecordBatch.from_arrays(arrays, names=self.names))
         self._pending_rows += n
@@ -102,7 +104,8 @@ class Converter:
         # storage Arrow already (each column through its DataType.convert): the table takes it as it is
         return pa.RecordBatch.from_arrays(columns, names=self.names).replace_schema_metadata(self._metadata)
 
-    def _column(self, name: str, dt: DataType, arr: pa.Array, escaped: bool = True) -> pa.Array:
+    def _column(self, name: str, dt: DataType, arr: pa.Array, escaped: bool = True,
+                maybe_empty: bool = True) -> pa.Array:
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
         default_mask = None
@@ -119,7 +122,8 @@ class Converter:
                                     f"allowed, type {dt.name} is not Nullable")
         if self.text and _is_date(dt) and (pa.types.is_binary(arr.type) or pa.types.is_string(arr.type)):
             arr = zero_dates(arr, "0" if "DateTime" in dt.name else "1970-01-01")
-        if self.text in ("tsv", "csv") and not _is_textual(dt) and _may_have_empty(arr):
+        # the TSV splitter says whether a column has an empty field; else the offsets tell
+        if self.text in ("tsv", "csv") and maybe_empty and not _is_textual(dt) and _may_have_empty(arr):
             empty = pc.fill_null(pc.equal(arr, b""), False)
             if pc.any(empty).as_py():  # an empty field means the column's default, as in ClickHouse
                 default_mask = empty

@@ -100,6 +100,10 @@ class ParsePool:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
+#: a read gathering a block returns what it has when no more data comes for this long
+_STALL_S = 0.05
+
+
 class SyncBody(io.RawIOBase):
     """A blocking file object over an async body, for use from a worker thread.
 
@@ -109,7 +113,7 @@ class SyncBody(io.RawIOBase):
     """
 
     def __init__(self, source: BodySource, loop: asyncio.AbstractEventLoop, limit: int,
-                 prefix: bytes = b"", chunk: int = 1 << 20, *,
+                 prefix: bytes = b"", chunk: int = 4 << 20, *,
                  receive_timeout_s: float = DEFAULT_RECEIVE_TIMEOUT_S,
                  max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, complete: bool = False) -> None:
         super().__init__()
@@ -126,12 +130,13 @@ class SyncBody(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def _fetch(self, n: int) -> bytes:
+    def _fetch(self, n: int) -> list[bytes]:
+        """Up to ``n`` bytes from the loop, in the pieces they arrived in; [] at the end of the body."""
         if self.error is not None:
             raise self.error
         if self._eof:
-            return b""
-        fut = asyncio.run_coroutine_threadsafe(self._source.read(n), self._loop)
+            return []
+        fut = asyncio.run_coroutine_threadsafe(self._gather(n), self._loop)
         try:
             data = fut.result(self._timeout)
         except concurrent.futures.TimeoutError:
@@ -145,31 +150,58 @@ class SyncBody(io.RawIOBase):
             raise
         if not data:
             self._eof = True
-        self.bytes_read += len(data)
+        self.bytes_read += sum(len(d) for d in data)
         if self.bytes_read > self._limit:
             self.error = BodyTooLargeError(f"Request body is larger than api.max_body_bytes = {self._limit}")
             raise self.error
         return data
 
+    async def _gather(self, n: int) -> list[bytes]:
+        """Up to ``n`` bytes of the source, fewer only at its end or when it stalls: on the loop, so a read of
+        a block is one hand-over between the threads, not one per piece the socket delivered (the HTTP
+        reader holds ~128 KiB at a time; under CPU load every hand-over waits for the other thread to be
+        scheduled).  A stall returns what has arrived; the stall itself is timed by the caller."""
+        data = await self._source.read(n)
+        if len(data) >= n or not data:
+            return [data] if data else []
+        parts = [data]
+        got = len(data)
+        while got < n:
+            try:
+                async with asyncio.timeout(_STALL_S):
+                    more = await self._source.read(n - got)
+            except TimeoutError:
+                break
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return parts
+
     def read(self, n: int | None = -1) -> bytes:
+        parts = self._read_parts(n)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _read_parts(self, n: int | None = -1) -> list[bytes]:
+        """What :meth:`read` returns, as the pieces it would join (no piece empty; none at the end)."""
         if self._pending:
             size = len(self._pending) if n is None or n < 0 else min(n, len(self._pending))
             out = bytes(self._pending[:size])
             del self._pending[:size]
-            return out
+            return [out]
+        parts: list[bytes] = []
         if n is None or n < 0:
-            parts = []
-            while data := self._fetch(self._chunk):
-                parts.append(data)
-            return b"".join(parts)
-        parts, want = [], max(1, n)
+            while got := self._fetch(self._chunk):
+                parts += got
+            return parts
+        want = max(1, n)
         while want > 0:  # full reads (pyarrow treats every read as one block)
-            data = self._fetch(min(want, self._chunk))
-            if not data:
+            got = self._fetch(min(want, self._chunk))
+            if not got:
                 break
-            parts.append(data)
-            want -= len(data)
-        return b"".join(parts)
+            parts += got
+            want -= sum(len(d) for d in got)
+        return parts
 
     def readinto(self, b: Any) -> int:
         data = self.read(len(b))
@@ -207,23 +239,27 @@ class SyncBody(io.RawIOBase):
         size = min(size, self.max_line_bytes)
         carry = bytearray()
         while True:
-            data = self.read(size)
-            if not data:
+            parts = self._read_parts(size)
+            if not parts:
                 if carry:
                     yield bytes(carry)
                 return
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                carry += data
+            k = len(parts) - 1  # the last piece with a line end: the block ends there
+            while k >= 0 and (cut := parts[k].rfind(b"\n")) < 0:
+                k -= 1
+            if k < 0:
+                for p in parts:
+                    carry += p
                 self._check_line(len(carry))
                 continue
-            if carry:
-                carry += memoryview(data)[:cut + 1]
-                block = bytes(carry)
-                carry = bytearray(memoryview(data)[cut + 1:])
-            else:
-                block = data[:cut + 1] if cut + 1 < len(data) else data
-                carry = bytearray(memoryview(data)[cut + 1:])
+            last = parts[k]
+            if not carry and k == 0 and cut + 1 == len(last):
+                block = last
+            else:  # the block's pieces joined: one copy of its bytes
+                block = b"".join([carry, *parts[:k], memoryview(last)[:cut + 1]])
+            carry = bytearray(memoryview(last)[cut + 1:])
+            for p in parts[k + 1:]:
+                carry += p
             self._check_line(len(carry))
             yield block
 

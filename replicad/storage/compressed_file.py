@@ -77,12 +77,23 @@ class CompressedFile:
 
     def read_between(self, start: Position, stop: Position) -> bytes:
         """Decompressed bytes from mark ``start`` up to mark ``stop`` (``end`` = the end of the file)."""
+        data, so, end = self._between(start, stop)
+        return data[so:end] if (so or end != len(data)) else data
+
+    def read_between_view(self, start: Position, stop: Position) -> bytes | memoryview:
+        """:meth:`read_between`, as a read-only view of the decompressed bytes when the range is a part of
+        them (no copy)."""
+        data, so, end = self._between(start, stop)
+        return memoryview(data)[so:end] if (so or end != len(data)) else data
+
+    def _between(self, start: Position, stop: Position) -> tuple[bytes, int, int]:
+        """The decompressed blocks holding marks ``start`` .. ``stop``, and where the range lies in them."""
         sb, so = start
         eb, eo = stop
         if eb < sb or (eb == sb and eo < so) or eb > self.size:
             raise CorruptedDataError(f"{self.path.name}: bad marks ({sb},{so}) .. ({eb},{eo})")
         if self.size == 0 or (sb, so) == (eb, eo):
-            return b""
+            return b"", 0, 0
         chunks: list[bytes] = []
         before_end = 0  # decompressed bytes before the block that holds the end mark
         off = sb
@@ -98,7 +109,7 @@ class CompressedFile:
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if end > len(data) or so > end:
             raise CorruptedDataError(f"{self.path.name}: marks point past the end of a block")
-        return data[so:end] if (so or end != len(data)) else data
+        return data, so, end
 
     def decompressed_position(self, mark: Position) -> int:
         """Offset of a mark in the whole decompressed stream (walks block headers only)."""

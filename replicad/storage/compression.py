@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Literal
 
 import lz4.block
@@ -96,6 +98,46 @@ def _system_lz4() -> Callable[[BytesLike], bytes] | None:
 _LZ4_SYSTEM = _system_lz4()
 
 
+class _ZstdContext:
+    """A ZSTD compression context, freed with this object."""
+
+    __slots__ = ("_free", "ptr")
+
+    def __init__(self, ptr: int, free: Callable[[int], int]) -> None:
+        self.ptr, self._free = ptr, free
+
+    def __del__(self) -> None:
+        self._free(self.ptr)
+
+
+class _ZstdContexts(threading.local):
+    """One ZSTD compression context per thread, reused (ZSTD_compress makes, and zeroes, a new one on every
+    call: most of the cost of a small block), freed with the thread's data when the thread ends.  Same
+    output: ZSTD_compress is ZSTD_compressCCtx on a fresh context."""
+
+    def __init__(self, create: Callable[[], int | None], free: Callable[[int], int]) -> None:
+        self._create, self._free = create, free
+        self.ctx: _ZstdContext | None = None
+
+    def get(self) -> int:
+        ctx = self.ctx
+        if ctx is None:
+            ptr = self._create()
+            if not ptr:
+                raise MemoryError("ZSTD_createCCtx failed")
+            ctx = self.ctx = _ZstdContext(ptr, self._free)
+        return ctx.ptr
+
+
+def _zstd_contexts(lib: ctypes.CDLL) -> _ZstdContexts:
+    create, free = lib.ZSTD_createCCtx, lib.ZSTD_freeCCtx
+    create.argtypes = []
+    create.restype = ctypes.c_void_p
+    free.argtypes = [ctypes.c_void_p]
+    free.restype = ctypes.c_size_t
+    return _ZstdContexts(create, free)
+
+
 def _system_zstd() -> Callable[[BytesLike, int], bytes] | None:
     """``ZSTD_compress`` of the system libzstd (the library Debian's 18.16 is linked with), if present.
 
@@ -103,14 +145,12 @@ def _system_zstd() -> Callable[[BytesLike, int], bytes] | None:
     compressible blocks; the system library gives byte-identical blocks to a ClickHouse on this machine."""
     try:
         lib = ctypes.CDLL("libzstd.so.1")
-        create_cctx = lib.ZSTD_createCCtx
+        contexts = _zstd_contexts(lib)
         compress = lib.ZSTD_compressCCtx
         bound = lib.ZSTD_compressBound
         is_error = lib.ZSTD_isError
     except (OSError, AttributeError):
         return None
-    create_cctx.argtypes = []
-    create_cctx.restype = ctypes.c_void_p
     compress.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                          ctypes.c_int]
     compress.restype = ctypes.c_size_t
@@ -118,25 +158,15 @@ def _system_zstd() -> Callable[[BytesLike, int], bytes] | None:
     bound.restype = ctypes.c_size_t
     is_error.argtypes = [ctypes.c_size_t]
     is_error.restype = ctypes.c_uint
-    # One compression context per thread, reused: ZSTD_compress makes (and zeroes) a new one on every call,
-    # most of the cost of compressing a small block.  The output is the same (ZSTD_compress is
-    # ZSTD_compressCCtx on a fresh context); a thread's context lives as long as the process.
-    local = threading.local()
-
     def run(data: BytesLike, level: int) -> bytes:
         n = len(data)
         src: object = data
         if not isinstance(data, bytes):
             mv = _as_bytes_view(data)
             src = mv.tobytes() if mv.readonly or n == 0 else (ctypes.c_char * n).from_buffer(mv)
-        cctx = getattr(local, "cctx", None)
-        if cctx is None:
-            cctx = local.cctx = create_cctx()
-            if not cctx:
-                raise MemoryError("ZSTD_createCCtx failed")
         cap = bound(n)
         out = ctypes.create_string_buffer(cap)
-        size = compress(cctx, out, cap, src, n, level)
+        size = compress(contexts.get(), out, cap, src, n, level)
         if is_error(size):
             raise RuntimeError("ZSTD_compressCCtx failed")
         return ctypes.string_at(out, size)
@@ -157,9 +187,10 @@ def _system_compress_into(method: Method, level: int) -> tuple[_CompressInto, Ca
 
     The same library calls as :func:`_system_lz4` / :func:`_system_zstd` (the same bytes), without their
     copies: the payload is compressed straight after the block header of a reused buffer.  Made once per
-    (method, level) and shared by every compressor: each thread keeps one zstd context for the process's
-    life (a context per column writer cost a library lookup, a context allocation and the first-use setup
-    of a fresh context on each column of each part, most of a small part's compression time)."""
+    (method, level) and shared by every stream of every part: each thread keeps one zstd context for the
+    process's life, freed when the thread ends (a context per column stream cost a library lookup, an
+    allocation and a fresh context's first-use setup on each column of each part, and was never freed:
+    ~120 KB leaked per zstd column stream written)."""
     try:
         if method == "lz4":
             lib = ctypes.CDLL("liblz4.so.1")
@@ -179,12 +210,10 @@ def _system_compress_into(method: Method, level: int) -> tuple[_CompressInto, Ca
             return lz4_into, lz4_bound
         if method == "zstd":
             lib = ctypes.CDLL("libzstd.so.1")
-            create_cctx = lib.ZSTD_createCCtx
+            contexts = _zstd_contexts(lib)
             zstd_compress = lib.ZSTD_compressCCtx
             zstd_bound = lib.ZSTD_compressBound
             is_error = lib.ZSTD_isError
-            create_cctx.argtypes = []
-            create_cctx.restype = ctypes.c_void_p
             zstd_compress.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                       ctypes.c_size_t, ctypes.c_int]
             zstd_compress.restype = ctypes.c_size_t
@@ -192,15 +221,8 @@ def _system_compress_into(method: Method, level: int) -> tuple[_CompressInto, Ca
             zstd_bound.restype = ctypes.c_size_t
             is_error.argtypes = [ctypes.c_size_t]
             is_error.restype = ctypes.c_uint
-            local = threading.local()
-
             def zstd_into(src: int, n: int, dst: int, cap: int) -> int:
-                cctx = getattr(local, "cctx", None)
-                if cctx is None:
-                    cctx = local.cctx = create_cctx()
-                    if not cctx:
-                        raise MemoryError("ZSTD_createCCtx failed")
-                size: int = zstd_compress(cctx, dst, cap, src, n, level)
+                size: int = zstd_compress(contexts.get(), dst, cap, src, n, level)
                 if is_error(size):
                     raise RuntimeError("ZSTD_compressCCtx failed")
                 return size
@@ -395,6 +417,17 @@ def iter_file_blocks(f: BinaryIO, file_name: str = "") -> Iterator[tuple[int, by
         offset += size
 
 
+#: a write of at least this many whole blocks compresses them in parallel (the same blocks, in order)
+PARALLEL_MIN_BLOCKS = 4
+
+
+@functools.cache
+def _parallel_pool() -> ThreadPoolExecutor | None:
+    """The process's pool for compressing the blocks of one big write side by side; None on one CPU."""
+    cpus = os.cpu_count() or 1
+    return ThreadPoolExecutor(min(cpus, 4), thread_name_prefix="compress") if cpus > 1 else None
+
+
 class CompressedStreamWriter:
     """Writes a ClickHouse compressed file (.bin) to a binary file object, block by block.
 
@@ -457,9 +490,14 @@ class CompressedStreamWriter:
     def _emit(self, data: BytesLike) -> None:
         if len(data) > MAX_BLOCK_SIZE:
             raise ValueError("block too large")
-        block = self._compressor.block(data)
+        self._put(self._compressor.block(data))
+
+    def _put(self, block: BytesLike) -> None:
         self._f.write(block)
         self._compressed_hash.update(block)
+
+    def _compressed_copy(self, data: BytesLike) -> bytes:
+        return bytes(self._compressor.block(data))  # the view is of the worker thread's buffer
 
     def write(self, data: BytesLike) -> None:
         if self._closed:
@@ -478,6 +516,13 @@ class CompressedStreamWriter:
                 return
             self._emit(self._buf)
             self._buf = bytearray()
+        full = (n - pos) // self._max
+        pool = _parallel_pool() if full >= PARALLEL_MIN_BLOCKS else None
+        if pool is not None:  # many whole blocks (a column of long values): compressed side by side
+            pieces = [mv[pos + i * self._max : pos + (i + 1) * self._max] for i in range(full)]
+            for block in pool.map(self._compressed_copy, pieces):
+                self._put(block)
+            pos += full * self._max
         while n - pos >= self._max:
             self._emit(mv[pos : pos + self._max])
             pos += self._max

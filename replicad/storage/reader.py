@@ -209,6 +209,12 @@ class _StreamReader:
             return b""
         return self.file.read_between(self.position(a), self.position(b))
 
+    def read_range_view(self, a: int, b: int) -> bytes | memoryview:
+        """:meth:`read_range`, as a read-only view when that saves a copy."""
+        if a >= b:
+            return b""
+        return self.file.read_between_view(self.position(a), self.position(b))
+
     def decompressed_position(self, mark: int) -> int:
         return self.file.decompressed_position(self.position(mark))
 
@@ -412,7 +418,7 @@ class PartReader:
     def _read_raw(self, name: str, start: int, end: int, n: int) -> pa.Array:
         """Rows of a :meth:`raw_width` column still serialized: ``fixed_size_binary(width)`` values, or for
         String ``binary`` values holding each row's VarUInt length and bytes."""
-        data = self._streams[stream_stem(name, "")].read_range(start, end)
+        data = self._streams[stream_stem(name, "")].read_range_view(start, end)  # kept as it is: no copy
         width = self.raw_width(name)
         if width:
             if len(data) != n * width:

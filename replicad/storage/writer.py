@@ -40,8 +40,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replicad.datatypes import DataType
+from replicad.datatypes.composite import NullableType
+from replicad.datatypes.strings import StringType
 from replicad.errors import BadInputError
 from replicad.model.cityhash import file_hash
+from replicad.native import _strings
 from replicad.storage.block import prepare_block, sort_indices, sort_table
 from replicad.storage.checksums import Checksum, Checksums
 from replicad.storage.compression import CompressedStreamWriter
@@ -240,6 +243,12 @@ class _Column:
             self._serialize = _serialized_rows
         if self.state is not None:
             self._append(self.state.prefix())
+        #: a plain String column (or a Nullable one): a permuted write encodes the rows in order straight
+        #: from the input
+        suffixes = [p for p, _ in self.pairs]
+        self._strings = type(dtype) is StringType and not raw and suffixes == [""]
+        self._nullable_strings = (type(dtype) is NullableType and type(dtype.inner) is StringType and not raw
+                                  and suffixes == [".null", ""])
 
     def _append(self, parts: Mapping[str, bytes]) -> None:
         for suffix, stream in self.pairs:
@@ -251,6 +260,12 @@ class _Column:
         """Serialize ``arr`` (permuted by ``order`` first, if given) segment by segment (a segment = the
         rows of one granule in this batch)."""
         if order is not None:
+            if self._strings and arr.type == pa.binary() and not arr.null_count:
+                self._write_strings_taken(arr, segments, order)
+                return
+            if self._nullable_strings and arr.type == pa.binary() and self._write_nullable_strings_taken(
+                    arr, segments, order):
+                return
             arr = arr.take(order)
         serialize = self._serialize
         pairs = self.pairs
@@ -260,6 +275,47 @@ class _Column:
                 if is_mark:
                     stream.mark()
                 stream.append(parts.get(suffix, b""))
+
+    def _write_strings_taken(self, arr: pa.Array, segments: Sequence[tuple[int, int, bool]],
+                             order: pa.Array) -> None:
+        """:meth:`write` of a String column permuted by ``order``: each segment's stream is encoded from the
+        rows it takes (:func:`replicad.native._strings.encode_take`), the same bytes as taking the rows
+        first and encoding them, without the permuted copy of the column."""
+        n = len(arr)
+        bufs = arr.buffers()
+        offsets = np.frombuffer(bufs[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4)
+        data = bufs[2] if bufs[2] is not None else b""
+        idx = np.ascontiguousarray(order.to_numpy(zero_copy_only=False), dtype=np.int64)
+        ((_, stream),) = self.pairs
+        for start, length, is_mark in segments:
+            if is_mark:
+                stream.mark()
+            stream.append(_strings.encode_take(offsets, data, idx[start:start + length]))
+
+    def _write_nullable_strings_taken(self, arr: pa.Array, segments: Sequence[tuple[int, int, bool]],
+                                      order: pa.Array) -> bool:
+        """:meth:`_write_strings_taken` of a Nullable(String) column: the null map taken with numpy, the
+        strings encoded from the input rows.  Only when every NULL row stores an empty string (as inserts
+        make them; a take would drop what a NULL row stores): False, nothing written, otherwise."""
+        n = len(arr)
+        bufs = arr.buffers()
+        offsets = np.frombuffer(bufs[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4)
+        nulls = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
+        if arr.null_count and np.diff(offsets)[nulls].any():
+            return False
+        data = bufs[2] if bufs[2] is not None else b""
+        idx = np.ascontiguousarray(order.to_numpy(zero_copy_only=False), dtype=np.int64)
+        null_map = nulls.view(np.uint8)
+        (_, null_stream), (_, stream) = self.pairs
+        for start, length, is_mark in segments:
+            taken = idx[start:start + length]
+            if is_mark:
+                null_stream.mark()
+            null_stream.append(null_map[taken].tobytes())
+            if is_mark:
+                stream.mark()
+            stream.append(_strings.encode_take(offsets, data, taken))
+        return True
 
     def finish(self, directory: Path, fsync: bool) -> dict[str, Checksum]:
         if self.state is not None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 from unittest.mock import patch
 
@@ -29,7 +30,21 @@ def general_only() -> Any:
     def nothing_fixed(arr: pa.Array, width: int) -> tuple[Any, Any]:
         return np.zeros(len(arr), dtype=bool), np.zeros((0, width), dtype=np.uint8)
 
-    return patch.object(types_datetime, "_fixed_width_rows", nothing_fixed)
+    stack = contextlib.ExitStack()
+    stack.enter_context(patch.object(types_datetime, "_fixed_width_rows", nothing_fixed))
+    stack.enter_context(patch.object(types_datetime, "_textints", _NoCDates()))  # nor the C one-pass path
+    return stack
+
+
+class _NoCDates:
+    @staticmethod
+    def dates(*args: Any) -> None:
+        return None
+
+
+def numpy_fixed_only() -> Any:
+    """The fast path without its C one-pass parser: the numpy one (the C parser's reference)."""
+    return patch.object(types_datetime, "_textints", _NoCDates())
 
 
 def outcome(type_name: str, arr: pa.Array, tz: str) -> Any:
@@ -83,6 +98,23 @@ values = st.one_of(
     st.tuples(edge, st.integers(0, 18), st.integers(0, 255)).map(lambda t: mutate(*t)),
     st.none(),
 )
+
+
+@given(st.lists(fields, min_size=1, max_size=40), st.booleans(), st.sampled_from(ZONES))
+@settings(max_examples=300, deadline=None)
+def test_c_dates_match_the_numpy_fast_path(rows: list[tuple[int, str, str, str, str, str]], t: bool,
+                                           tz: str) -> None:
+    """Columns whose every row has the fixed shape (in range or not): the C parser (all rows well formed,
+    else None) against the numpy fast path and the general parser, values and errors alike."""
+    sep = "T" if t else " "
+    times = pa.array([f"{f[0]:04d}-{f[1]}-{f[2]}{sep}{f[3]}:{f[4]}:{f[5]}".encode() for f in rows],
+                     pa.binary())
+    dates = pa.array([f"{f[0]:04d}-{f[1]}-{f[2]}".encode() for f in rows], pa.binary())
+    for type_name, arr in (("DateTime", times), ("Date", dates), ("Date", dates.slice(1))):
+        fast = outcome(type_name, arr, tz)
+        with numpy_fixed_only():
+            assert fast == outcome(type_name, arr, tz)
+        same_as_general(type_name, arr, tz)
 
 
 @given(st.lists(values, max_size=40), st.sampled_from(ZONES), st.booleans())

@@ -139,7 +139,7 @@ def test_no_stray_bytes_past_the_values(which: str) -> None:
     else:
         tsv = _tsvsplit.split(b"xy\t1\nz\t2\n", 2, True, dirty)
         assert tsv is not None
-        pairs = [(o, d) for o, d, _ in tsv]
+        pairs = [(t[0], t[1]) for t in tsv]
     for offsets, data in pairs:
         end = int.from_bytes(bytes(offsets)[-4:], "little")
         assert bytes(data)[end:] == b"\0" * (len(data) - end)

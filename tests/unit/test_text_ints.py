@@ -16,8 +16,12 @@ from replicad.datatypes.base import BadValue
 from replicad.datatypes.numeric import plain_integers
 
 _digits = st.text(alphabet="0123456789", min_size=1, max_size=22)
+# 8 digits and more are checked and parsed eight at a time: one bad byte anywhere in such a text
+_spoiled = st.tuples(st.text(alphabet="0123456789", min_size=8, max_size=20), st.integers(0, 19),
+                     st.sampled_from([":", "/", " ", "x", "\x7f", "\xb0", "\u0660", "-", "+"])).map(
+    lambda t: t[0][:t[1] % len(t[0])] + t[2] + t[0][t[1] % len(t[0]) + 1:])
 _texts = st.one_of(_digits, _digits.map(lambda d: "-" + d), st.text(alphabet="0123456789-+ x", max_size=6),
-                   st.integers(-2**64, 2**64).map(str))
+                   st.integers(-2**64, 2**64).map(str), _spoiled)
 
 
 def _model(text: str, target: pa.DataType) -> int | None:

@@ -33,9 +33,10 @@ def _split(block: bytes, width: int) -> list[list[bytes]] | None:
     got = _tsv_split(block, width)
     if got is None:
         return None
-    for a, escaped in zip(*got, strict=True):
+    for a, escaped, empty in zip(*got, strict=True):
         a.validate(full=True)
         assert escaped == any(b"\\" in v for v in a.to_pylist())
+        assert empty == any(v == b"" for v in a.to_pylist())  # False lets a column skip its defaults
     return [a.to_pylist() for a in got[0]]
 
 

@@ -579,9 +579,18 @@ def test_write_with_permutation(tmp_path: Path, threads: int) -> None:
     rng = np.random.default_rng(5)
     t = pa.table({"k": pa.array(rng.integers(0, 100, n).astype(np.uint32)),
                   "d": pa.array(rng.integers(19000, 19020, n).astype(np.int32), pa.date32()),
-                  "s": pa.array([b"v%d" % i for i in range(n)])})
+                  "s": pa.array([b"v%d" % i for i in range(n)]),
+                  # strings of 0..299 bytes (one- and two-byte lengths), a slice: its offsets start past 0
+                  "l": pa.array([b"x" * int(x) for x in rng.integers(0, 300, n + 3)]).slice(3),
+                  # Nullable(String): NULL rows storing nothing (as inserts make them), and a NULL row
+                  # storing bytes (what a take drops: the permuted write must agree with it)
+                  "ns": pa.array([None if i % 3 == 0 else b"y" * (i % 200) for i in range(n + 1)]).slice(1),
+                  "nv": pa.Array.from_buffers(pa.binary(), n, [
+                      pa.py_buffer(np.packbits(np.arange(n) % 4 != 0, bitorder="little")),
+                      pa.py_buffer(np.arange(n + 1, dtype=np.int32)), pa.py_buffer(b"a" * n)])})
     key = pa.array(rng.integers(0, 7, n).astype(np.uint32), pa.uint32())
-    cols = [("k", T("UInt32")), ("d", T("Date")), ("s", T("String"))]
+    cols = [("k", T("UInt32")), ("d", T("Date")), ("s", T("String")), ("l", T("String")),
+            ("ns", T("Nullable(String)")), ("nv", T("Nullable(String)"))]
     kw: dict[str, Any] = dict(primary_key=["k", "e"], key_types={"e": U32}, minmax_columns=["d"],
                               partition_value=[(U32, 202201)])
     s = WriterSettings(index_granularity=64, min_compress_block_size=1000, fsync=False, threads=threads)

@@ -1,0 +1,110 @@
+"""``SyncBody.line_blocks``: a body arriving in pieces of any size comes out as blocks that end at line ends
+and join back to the body byte for byte; a line longer than ``max_line_bytes`` is refused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from replicad.errors import BadInputError
+from replicad.server.sync_body import SyncBody
+
+
+class _Pieces:
+    """An async body handing out the given pieces, at most ``n`` bytes of the current one per read."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = [p for p in pieces if p]
+
+    async def read(self, n: int = -1) -> bytes:
+        if not self.pieces:
+            return b""
+        head = self.pieces[0]
+        if 0 <= n < len(head):
+            self.pieces[0] = head[n:]
+            return head[:n]
+        self.pieces.pop(0)
+        return head
+
+
+def _blocks(pieces: list[bytes], size: int, chunk: int, max_line: int = 1 << 20,
+            prefix: bytes = b"") -> list[bytes]:
+    async def go() -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        body = SyncBody(_Pieces(pieces), loop, 1 << 30, prefix, chunk, max_line_bytes=max_line)
+        return await loop.run_in_executor(None, lambda: list(body.line_blocks(size)))
+
+    return asyncio.run(go())
+
+
+_text = st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\t", b"xyz" * 5, b"\r\n"]), max_size=60).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_text, st.lists(st.integers(0, 40), max_size=8), st.integers(1, 30), st.integers(1, 12),
+       st.integers(0, 5))
+@example(b"ab\ncd\nef", [2, 2], 3, 1, 0)
+@example(b"abcdef\n", [], 2, 1, 0)
+def test_blocks_join_to_the_body_and_end_at_line_ends(body: bytes, cuts: list[int], size: int, chunk: int,
+                                                      prefix_len: int) -> None:
+    prefix, rest = body[:prefix_len], body[prefix_len:]
+    pieces, at = [], 0
+    for c in sorted(cuts):
+        pieces.append(rest[at:c])
+        at = max(at, c)
+    pieces.append(rest[at:])
+    blocks = _blocks(pieces, size, chunk, prefix=prefix)
+    assert b"".join(blocks) == body
+    assert all(blocks)
+    for b in blocks[:-1]:
+        assert b.endswith(b"\n")
+    if blocks and not body.endswith(b"\n"):
+        assert b"\n" not in blocks[-1]  # the unterminated tail comes alone
+
+
+def test_a_line_longer_than_the_limit_is_refused() -> None:
+    with pytest.raises(BadInputError, match="longer than 10 bytes"):
+        _blocks([b"short\n", b"x" * 30, b"\n"], 4, 3, max_line=10)
+    assert _blocks([b"short\n", b"x" * 9, b"\n"], 4, 3, max_line=10) == [b"short\n", b"x" * 9 + b"\n"]
+
+
+class _Trickle(_Pieces):
+    """Pieces arriving one by one (each read yields to the loop first), with a pause before ``pause_at``."""
+
+    def __init__(self, pieces: list[bytes], pause_at: int = -1, pause_s: float = 0.0) -> None:
+        super().__init__(pieces)
+        self.reads, self.pause_at, self.pause_s = 0, pause_at, pause_s
+
+    async def read(self, n: int = -1) -> bytes:
+        self.reads += 1
+        await asyncio.sleep(self.pause_s if self.reads == self.pause_at else 0)
+        return await super().read(n)
+
+
+def test_a_block_is_gathered_on_the_loop_in_one_hand_over() -> None:
+    """200 pieces of 1 KiB for one 1 MiB block: one wait for the loop (not one per piece, each a thread
+    switch that waits for the scheduler under load); a stall of the sender hands over what has arrived."""
+    pieces = [b"%04d" % i + b"x" * 1019 + b"\n" for i in range(200)]
+    handovers = []
+
+    async def go(source: _Trickle) -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        body = SyncBody(source, loop, 1 << 30)
+        gather = body._gather
+
+        async def counted(n: int) -> list[bytes]:
+            handovers.append(n)
+            return await gather(n)
+
+        body._gather = counted  # type: ignore[method-assign]
+        return await loop.run_in_executor(None, lambda: list(body.line_blocks(1 << 20)))
+
+    assert b"".join(asyncio.run(go(_Trickle(pieces)))) == b"".join(pieces)
+    assert len(handovers) == 2  # the block, then the end of the body
+    handovers.clear()
+    blocks = asyncio.run(go(_Trickle(pieces, pause_at=100, pause_s=0.3)))
+    assert b"".join(blocks) == b"".join(pieces)
+    assert len(handovers) == 3  # what came before the pause, the rest of the block, the end
