@@ -31,6 +31,7 @@ setup(
         Extension(
             "replicad.native._jsonsplit",
             sources=["replicad/native/jsonsplit.c"],
+            depends=["replicad/native/column_buffers.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(

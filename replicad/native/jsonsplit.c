@@ -26,6 +26,8 @@
 
 #include <emmintrin.h> /* SSE2: part of x86-64 */
 
+#include "column_buffers.h"
+
 enum { K_NONE = 0, K_RAW = 1, K_ESC = 2, K_TRUE = 3, K_FALSE = 4 };
 
 typedef struct {
@@ -381,13 +383,10 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     scan_state st;
     memset(&st, 0, sizeof st);
+    column_buffers cb;
+    memset(&cb, 0, sizeof cb);
     const uint8_t **names = NULL;
     Py_ssize_t *name_lens = NULL;
-    PyObject **objs = NULL;
-    Py_buffer *views = NULL;
-    Py_ssize_t n_views = 0;
-    int32_t **offs = NULL;
-    uint8_t **datas = NULL, **valid = NULL;
     if (width < 1 || bb.len == 0 || bb.len >= INT32_MAX) {
         result = Py_NewRef(Py_None);
         goto done;
@@ -396,10 +395,7 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     name_lens = calloc((size_t)width, sizeof(Py_ssize_t));
     st.sizes = calloc((size_t)width, sizeof(Py_ssize_t));
     st.valued = calloc((size_t)width, sizeof(Py_ssize_t));
-    offs = calloc((size_t)width, sizeof(*offs));
-    datas = calloc((size_t)width, sizeof(*datas));
-    valid = calloc((size_t)width, sizeof(*valid));
-    if (!names || !name_lens || !st.sizes || !st.valued || !offs || !datas || !valid) {
+    if (!names || !name_lens || !st.sizes || !st.valued) {
         PyErr_NoMemory();
         goto done;
     }
@@ -428,48 +424,16 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    objs = calloc((size_t)width * 3, sizeof(PyObject *));
-    views = calloc((size_t)width * 3, sizeof(Py_buffer));
-    if (!objs || !views) {
-        PyErr_NoMemory();
+    if (column_buffers_alloc(&cb, alloc, width, st.rows, st.sizes, st.valued) < 0)
         goto done;
-    }
-    Py_ssize_t bitmap = (st.rows + 7) / 8;
-    for (Py_ssize_t i = 0; i < 3 * width; i++) {
-        Py_ssize_t c = i / 3, part = i % 3;
-        if (part == 2 && st.valued[c] == st.rows)
-            continue; /* no validity bitmap */
-        Py_ssize_t size = part == 0 ? (st.rows + 1) * 4 : part == 1 ? st.sizes[c] + 16 : bitmap;
-        objs[i] = PyObject_CallFunction(alloc, "n", size);
-        if (!objs[i] || PyObject_GetBuffer(objs[i], &views[i], PyBUF_WRITABLE) < 0)
-            goto done;
-        n_views = i + 1;
-        if (views[i].len < size) {
-            PyErr_SetString(PyExc_ValueError, "alloc returned a buffer too short");
-            goto done;
-        }
-        if (part == 0) {
-            offs[c] = (int32_t *)views[i].buf;
-            if (((uintptr_t)offs[c]) % 4) {
-                PyErr_SetString(PyExc_ValueError, "alloc returned a buffer not 4-byte aligned");
-                goto done;
-            }
-        } else if (part == 1) {
-            datas[c] = (uint8_t *)views[i].buf;
-        } else {
-            valid[c] = (uint8_t *)views[i].buf;
-            memset(valid[c], 0, (size_t)bitmap);
-        }
-    }
     Py_BEGIN_ALLOW_THREADS
-    fill(s, bb.len, &st, offs, datas, valid);
+    fill(s, bb.len, &st, cb.offsets, cb.data, cb.valid);
     Py_END_ALLOW_THREADS
     PyObject *list = PyList_New(width);
     if (!list)
         goto done;
     for (Py_ssize_t c = 0; c < width; c++) {
-        PyObject *v = objs[3 * c + 2] ? objs[3 * c + 2] : Py_None;
-        PyObject *t = PyTuple_Pack(3, objs[3 * c], objs[3 * c + 1], v);
+        PyObject *t = column_buffers_tuple(&cb, c, NULL);
         if (!t) {
             Py_DECREF(list);
             goto done;
@@ -478,17 +442,7 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     }
     result = list;
 done:
-    for (Py_ssize_t i = 0; i < n_views; i++)
-        if (objs[i])
-            PyBuffer_Release(&views[i]);
-    free(views);
-    if (objs)
-        for (Py_ssize_t i = 0; i < 3 * width; i++)
-            Py_XDECREF(objs[i]);
-    free(objs);
-    free(offs);
-    free(datas);
-    free(valid);
+    column_buffers_free(&cb);
     free(st.spans);
     free(st.kinds);
     free(st.sizes);
