@@ -29,6 +29,12 @@ setup(
             extra_compile_args=["-O3"],
         ),
         Extension(
+            "replicad.native._csvsplit",
+            sources=["replicad/native/csvsplit.c"],
+            depends=["replicad/native/column_buffers.h"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
             "replicad.native._jsonsplit",
             sources=["replicad/native/jsonsplit.c"],
             depends=["replicad/native/column_buffers.h"],

@@ -30,7 +30,7 @@ import pyarrow.json as pa_json
 
 from replicad.datatypes import DataType
 from replicad.errors import BadInputError, ReplicadError
-from replicad.native import _jsonsplit, _tsvsplit
+from replicad.native import _csvsplit, _jsonsplit, _tsvsplit
 from replicad.server.input_columns import Converter, InputSpec, select_columns
 from replicad.server.sync_body import BodySource, ReceiveTimeoutError, SyncBody, spooled
 from replicad.server.text_values import (
@@ -254,28 +254,45 @@ def _csv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
         width = len(names)
     yield names
     conv = Converter(names, types, spec, text="csv")
-    first = body.read(1)
-    if not first:  # nothing (after the header): no rows
-        return
-    body.unread(first)
     col_names = [f"c{i}" for i in range(width)]
-    reader = pa_csv.open_csv(
-        body,
-        read_options=pa_csv.ReadOptions(column_names=col_names, use_threads=False,
-                                        block_size=spec.read_block_bytes),
-        parse_options=pa_csv.ParseOptions(delimiter=delim, quote_char='"', double_quote=True,
-                                          escape_char=False, newlines_in_values=True),
-        convert_options=pa_csv.ConvertOptions(column_types={c: pa.binary() for c in col_names},
-                                              null_values=["\\N"], strings_can_be_null=True,
-                                              quoted_strings_can_be_null=False, check_utf8=False))
-    while True:
+    read_opts = pa_csv.ReadOptions(column_names=col_names, use_threads=False)
+    parse_opts = pa_csv.ParseOptions(delimiter=delim, quote_char='"', double_quote=True, escape_char=False,
+                                     newlines_in_values=True)
+    convert_opts = pa_csv.ConvertOptions(column_types={c: pa.binary() for c in col_names},
+                                         null_values=["\\N"], strings_can_be_null=True,
+                                         quoted_strings_can_be_null=False, check_utf8=False)
+
+    def general(data: bytes) -> None:  # pyarrow's reader: the rows, or the error's wording
         try:
-            batch = reader.read_next_batch()
-        except StopIteration:
-            break
+            table = pa_csv.read_csv(io.BytesIO(data), read_options=read_opts, parse_options=parse_opts,
+                                    convert_options=convert_opts)
         except pa.ArrowInvalid as e:
             raise BadInputError(f"Cannot parse input: after row {conv.row}: {_short(e)}") from None
-        yield from conv.feed([batch.column(p) for p in positions])
+        pending.append(([table.column(p) for p in positions], None))
+
+    pending: list[tuple[list[Any], list[bool] | None]] = []
+    carry = b""  # a row the previous block cut inside a quoted field
+    single = len(delim.encode()) == 1
+    for block in body.line_blocks(spec.read_block_bytes):
+        data = carry + block if carry else block
+        got = _csvsplit.split(data, width, delim.encode(), pa.allocate_buffer) if single else None
+        if got is None:
+            carry = b""
+            general(data)
+        else:
+            parts, used = got
+            carry = data[used:]
+            body.check_line(len(carry))
+            rows = parts[0][0].size // 4 - 1
+            if rows:
+                cols = [pa.Array.from_buffers(pa.binary(), rows, [v, o, d]) for o, d, v, _ in parts]
+                pending.append(([cols[p] for p in positions], [parts[p][3] for p in positions]))
+        for columns, empty in pending:
+            yield from conv.feed(columns, empty=empty)
+        pending.clear()
+    if carry.strip(b"\r\n"):  # ClickHouse refuses it too (pyarrow took the rest of the body as the value)
+        raise BadInputError(f"Cannot parse input: row {conv.row + 1}: a quoted field is not closed before "
+                            "the end of the data")
     yield from conv.finish()
 
 

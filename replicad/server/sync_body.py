@@ -211,7 +211,7 @@ class SyncBody(io.RawIOBase):
     def unread(self, data: bytes) -> None:
         self._pending[:0] = data
 
-    def _check_line(self, length: int) -> None:
+    def check_line(self, length: int) -> None:
         if length > self.max_line_bytes:
             raise BadInputError(f"Cannot parse input: a line is longer than {self.max_line_bytes} bytes "
                                 "(api.max_line_bytes)", code=INCORRECT_DATA)
@@ -227,10 +227,10 @@ class SyncBody(io.RawIOBase):
             if i >= 0:
                 buf += data[:i + 1]
                 self.unread(data[i + 1:])
-                self._check_line(len(buf))
+                self.check_line(len(buf))
                 return bytes(buf)
             buf += data
-            self._check_line(len(buf))
+            self.check_line(len(buf))
 
     def line_blocks(self, size: int) -> Iterator[bytes]:
         """The rest of the body in pieces of about ``size`` bytes, each ending at a line end.  Reads are at
@@ -250,7 +250,7 @@ class SyncBody(io.RawIOBase):
             if k < 0:
                 for p in parts:
                     carry += p
-                self._check_line(len(carry))
+                self.check_line(len(carry))
                 continue
             last = parts[k]
             if not carry and k == 0 and cut + 1 == len(last):
@@ -260,7 +260,7 @@ class SyncBody(io.RawIOBase):
             carry = bytearray(memoryview(last)[cut + 1:])
             for p in parts[k + 1:]:
                 carry += p
-            self._check_line(len(carry))
+            self.check_line(len(carry))
             yield block
 
 
