@@ -357,7 +357,12 @@ def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSi
             ctx.say(f"scale clients: {system} {c} clients: {rate / 1e3:.0f} k rows/s")
 
 
-def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | None = None) -> list[Figure]:
+CURVES = ("tables", "replicas", "clone", "drain", "clients")
+
+
+def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | None = None,
+        only: Sequence[str] = CURVES, systems: Sequence[System] = SYSTEMS) -> list[Figure]:
+    """The curves named in ``only`` (of :data:`CURVES`) for ``systems``, both by default."""
     from bench import scale_plot
 
     sz = sizes or (ScaleSizes.quick() if quick else ScaleSizes())
@@ -379,22 +384,28 @@ def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | N
     kz = KazooClient(hosts=zk.hosts)
     kz.start(30)
     try:
-        for system in SYSTEMS:
+        for system in systems:
             ctx.say(f"scale curves: {system}")
-            tables_curve(system, zk, ctx, sz, curves["idle_cpu"], curves["idle_zk"])
-            replicas_curve(system, zk, kz, ctx, sz, curves["lag"])
-            clone_curve(system, zk, ctx, sz, curves["clone"])
-            drain_curve(system, zk, ctx, sz, curves["drain"])
-            clients_curve(system, zk, ctx, sz, curves["clients"])
+            if "tables" in only:
+                tables_curve(system, zk, ctx, sz, curves["idle_cpu"], curves["idle_zk"])
+            if "replicas" in only:
+                replicas_curve(system, zk, kz, ctx, sz, curves["lag"])
+            if "clone" in only:
+                clone_curve(system, zk, ctx, sz, curves["clone"])
+            if "drain" in only:
+                drain_curve(system, zk, ctx, sz, curves["drain"])
+            if "clients" in only:
+                clients_curve(system, zk, ctx, sz, curves["clients"])
     finally:
         with contextlib.suppress(Exception):
             kz.stop()
             kz.close()
         zk.stop()
-    ctx.sections.append(("Scale curves", scale_plot.markdown(list(curves.values()), plot_path)))
-    if plot_path is not None:
-        scale_plot.plot(list(curves.values()), plot_path)
-    return figures(list(curves.values()))
+    measured = [c for c in curves.values() if c.points]  # a run of some curves (--scale-curves) plots those
+    ctx.sections.append(("Scale curves", scale_plot.markdown(measured, plot_path)))
+    if plot_path is not None and measured:
+        scale_plot.plot(measured, plot_path)
+    return figures(measured)
 
 
 def figures(curves: Sequence[Curve]) -> list[Figure]:

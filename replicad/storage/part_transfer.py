@@ -50,6 +50,8 @@ from replicad.storage.part_sink import PartSink, ReceivedFile, Write
 
 CHECKSUMS_FILE = "checksums.txt"
 COLUMNS_FILE = "columns.txt"
+COUNT_FILE = "count.txt"
+MAX_COUNT_FILE = 32  # count.txt is a decimal row count: kept from the body when it is at most this long
 #: files a part may carry (and a sender may send) without an entry in checksums.txt
 NO_CHECKSUM_FILES = frozenset(
     {
@@ -294,6 +296,15 @@ class ReceivedPart:
     body_size: int = 0
     extra_files: tuple[str, ...] = field(default=())
     columns_text: str = ""  # columns.txt (kept from the body)
+    rows: int | None = None  # count.txt (kept from the body), None without a readable one
+
+    @property
+    def written(self) -> tuple[Checksums, str, int, int] | None:
+        """(checksums, columns.txt, rows, bytes on disk) as ``PartStore.precommit`` takes them instead of
+        reading the files back; None when count.txt was not kept (a part without one)."""
+        if self.rows is None:
+            return None
+        return self.checksums, self.columns_text, self.rows, sum(f.size for f in self.files.values())
 
 
 class _Body:
@@ -417,7 +428,8 @@ def _free_bytes(directory: Path) -> int:
 async def _receive_file(body: _Body, sink: PartSink, name: str, size: int) -> bytes | None:
     """Hand one file's bytes to ``sink`` in batches; returns them for checksums.txt and columns.txt."""
     what = f"file {name}"
-    keep = name in (CHECKSUMS_FILE, COLUMNS_FILE) and size <= MAX_KEPT_FILE
+    keep = (name in (CHECKSUMS_FILE, COLUMNS_FILE) and size <= MAX_KEPT_FILE) or (
+        name == COUNT_FILE and size <= MAX_COUNT_FILE)
     kept: list[memoryview] = []
     remaining = size
     first = True
@@ -573,6 +585,8 @@ async def _receive(
         expected.check_equal(checksums, True)
     elif expected is not None:
         expected.check_equal(checksums, False)
+    count = kept.get(COUNT_FILE)
+    rows = int(count) if count is not None and count.isdigit() else None
     return ReceivedPart(
-        sink.path, checksums, files, part_type, sum_size, ttl, uuid, body.count, extra, columns_text
+        sink.path, checksums, files, part_type, sum_size, ttl, uuid, body.count, extra, columns_text, rows
     )

@@ -18,6 +18,7 @@ from replicad.errors import CorruptedDataError, InsecurePathError, NotEnoughSpac
 from replicad.model.cityhash import file_hash
 from replicad.storage import part_transfer
 from replicad.storage.checksums import Checksum, Checksums
+from replicad.storage.part import PartDirectory
 from replicad.storage.part_transfer import (
     EMPTY_TTL_INFOS,
     SMALL_PART_BYTES,
@@ -101,6 +102,10 @@ async def test_receive_real_response(tmp_path: Path) -> None:
     for p in PART.iterdir():
         assert (got.path / p.name).read_bytes() == p.read_bytes()
     assert len(list(got.path.iterdir())) == 20
+    # what the commit takes instead of reading the files back: the same as reading them
+    on_disk = PartDirectory.at(got.path)
+    assert got.written == (on_disk.checksums, on_disk.columns_text, on_disk.rows, on_disk.bytes_on_disk)
+    assert got.rows == int((PART / "count.txt").read_bytes())
     # the minimalistic value from ZooKeeper is accepted as the expectation as well
     zk = Checksums.parse((PART / "checksums.txt").read_bytes()).minimalistic()
     got2 = await receive_part(stream(REAL_RESPONSE), tmp_path / "b", 0, zk, fsync=True)
