@@ -29,6 +29,7 @@ import os
 import re
 import struct
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -407,7 +408,16 @@ class _SpaceGuard:
                                      "(interserver.max_fetch_part_bytes)")
 
     async def _check_free(self, need: int) -> None:
+        # a reading of the last second serves a part that needs a small share of it (a backlog of small
+        # parts made one thread trip per part for this); a larger need, or a short disk, reads it again
+        now = time.monotonic()
+        seen = _RECENT_FREE.get(self.directory)
+        if seen is not None and now - seen[0] < FREE_SPACE_REUSE_S and need * FREE_SPACE_SHARE <= seen[1]:
+            return
         free = await asyncio.to_thread(_free_bytes, self.directory)
+        if len(_RECENT_FREE) > 1000:
+            _RECENT_FREE.clear()
+        _RECENT_FREE[self.directory] = (now, free)
         if need > free:
             raise NotEnoughSpaceError(f"Cannot fetch part: {need} more bytes are needed, the disk has {free} "
                                       "bytes free")
@@ -418,6 +428,12 @@ def _is_json_object(text: str) -> bool:
         return isinstance(json.loads(text), dict)
     except ValueError:
         return False
+
+
+#: directory -> (when, free bytes) of its last free-space reading
+_RECENT_FREE: dict[Path, tuple[float, int]] = {}
+FREE_SPACE_REUSE_S = 1.0
+FREE_SPACE_SHARE = 1024  # a reading is reused for a need of at most 1/1024 of the free bytes it saw
 
 
 def _free_bytes(directory: Path) -> int:
