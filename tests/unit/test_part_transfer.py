@@ -377,7 +377,7 @@ async def test_a_recent_free_space_reading_serves_small_parts_only(
     for i in range(3):
         await receive_part(stream(body), tmp_path / f"p{i}", 1, CHECKSUMS)
     assert len(reads) == 1
-    free[0] = CHECKSUMS.total_size - 1  # the disk filled up meanwhile; the reading says too little for a share
+    free[0] = CHECKSUMS.total_size - 1  # the disk filled up; the recent reading is too small for a share
     monkeypatch.setattr(part_transfer, "_RECENT_FREE",
                         {tmp_path: (time.monotonic(), CHECKSUMS.total_size * 100)})
     with pytest.raises(NotEnoughSpaceError):
