@@ -13,8 +13,13 @@ its own chroot, one system at a time, so the two never compete for the cores):
 - **drain**: log entries per second a replica works through after it was stopped while 1,000 and 10,000
   parts were inserted elsewhere (from the moment it answers again until it holds every row; start-up
   time is left out, it differs between the systems and is not the queue's);
+- with each of clone and drain, the CPU time of both servers (the source serves the parts) per part or
+  entry: a figure the other engineers' load on a shared machine disturbs less than the elapsed time;
 - **clients**: insert throughput into one replica of a 2-replica set with 1, 4 and 16 concurrent
   clients (10,000-row TSV blocks, ``insert_deduplicate=0`` so a repeated block is written again).
+
+``python -m bench --only scale --scale-curves clone,drain --scale-parts 1000,3000`` runs some curves at
+other sizes (the default clone and drain sizes, 1,000 and 10,000, take about 8 minutes of the run).
 
 Each curve gets a growth order (the log-log slope of cost against the work: flat, sub-linear, linear or
 worse; for the clients curve the speed-up instead), a table and a plot (bench/scale_plot.py).
@@ -288,21 +293,25 @@ def replicas_curve(system: System, zk: ZooKeeperServer, kz: KazooClient, ctx: Co
             ctx.say(f"scale replicas: {system} {k} replicas: lag p50 {value:.0f} ms over {len(lags)} parts")
 
 
-def clone_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, clone: Curve) -> None:
+def clone_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, clone: Curve,
+                cpu: Curve) -> None:
     with scale_set(system, zk, ctx.work_dir / "scale-clone", 2) as s:
         for n in sz.clone_parts:
             table = f"scale.clone{n}"
             s.create(table, PARTS_DDL, on=(0,))
             insert_parts(s.replicas[0], table, n)
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), s.cpu()
             s.create(table, PARTS_DDL, on=(1,))
             wait_count(s.replicas[1], table, n, timeout=1800)
-            seconds = time.monotonic() - t0
+            seconds, cpu_s = time.monotonic() - t0, s.cpu() - c0
             clone.points.setdefault(system, []).append(Point(n, seconds))
-            ctx.say(f"scale clone: {system} {n} parts: new replica complete in {seconds:.1f} s")
+            cpu.points.setdefault(system, []).append(Point(n, 1000 * cpu_s / n))
+            ctx.say(f"scale clone: {system} {n} parts: new replica complete in {seconds:.1f} s, "
+                    f"{cpu_s:.1f} CPU-s of both servers")
 
 
-def drain_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, drain: Curve) -> None:
+def drain_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, drain: Curve,
+                cpu: Curve) -> None:
     with scale_set(system, zk, ctx.work_dir / "scale-drain", 2) as s:
         for n in sz.drain_entries:
             table = f"scale.drain{n}"
@@ -311,13 +320,14 @@ def drain_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSize
             insert_parts(s.replicas[0], table, n)
             s.start_server(1)
             r = s.replicas[1]
-            t0, done0 = time.monotonic(), r.count(table)  # from readiness: start-up times differ
+            t0, c0, done0 = time.monotonic(), s.cpu(), r.count(table)  # from readiness: start-ups differ
             wait_count(r, table, n, timeout=1800)
-            seconds = time.monotonic() - t0
+            seconds, cpu_s = time.monotonic() - t0, s.cpu() - c0
             rate = (n - done0) / seconds
             drain.points.setdefault(system, []).append(Point(n, rate))
+            cpu.points.setdefault(system, []).append(Point(n, 1000 * cpu_s / max(1, n - done0)))
             ctx.say(f"scale drain: {system} {n} log entries: {n - done0} drained in {seconds:.1f} s after "
-                    f"the replica answered ({rate:.0f} entries/s)")
+                    f"the replica answered ({rate:.0f} entries/s), {cpu_s:.1f} CPU-s of both servers")
 
 
 def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, clients: Curve) -> None:
@@ -374,8 +384,12 @@ def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | N
         "lag": Curve("lag", "Replication lag p50 (until on the last replica)", "replicas", "ms",
                      higher_is_better=False),
         "clone": Curve("clone", "New replica: time to hold every part", "parts", "s", higher_is_better=False),
+        "clone_cpu": Curve("clone_cpu", "New replica: CPU of both servers per part", "parts", "ms",
+                           higher_is_better=False),
         "drain": Curve("drain", "Queue drain rate after a backlog", "log entries", "entries/s",
                        higher_is_better=True),
+        "drain_cpu": Curve("drain_cpu", "Queue drain: CPU of both servers per entry", "log entries", "ms",
+                           higher_is_better=False),
         "clients": Curve("clients", "Insert throughput (10k-row blocks)", "concurrent clients", "rows/s",
                          higher_is_better=True),
     }
@@ -391,9 +405,9 @@ def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | N
             if "replicas" in only:
                 replicas_curve(system, zk, kz, ctx, sz, curves["lag"])
             if "clone" in only:
-                clone_curve(system, zk, ctx, sz, curves["clone"])
+                clone_curve(system, zk, ctx, sz, curves["clone"], curves["clone_cpu"])
             if "drain" in only:
-                drain_curve(system, zk, ctx, sz, curves["drain"])
+                drain_curve(system, zk, ctx, sz, curves["drain"], curves["drain_cpu"])
             if "clients" in only:
                 clients_curve(system, zk, ctx, sz, curves["clients"])
     finally:
