@@ -185,6 +185,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="with --only scale: the curves to run (comma-separated)")
     p.add_argument("--scale-parts", default=None,
                    help="with --only scale: the clone and drain sizes, e.g. 1000,3000 (default 1000,10000)")
+    p.add_argument("--scale-tables", default=None,
+                   help="with --only scale: the table counts of the idle curves (default 1,10,100,500)")
     return p.parse_args(argv)
 
 
@@ -242,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.scale_parts:
                 parts = tuple(int(n) for n in args.scale_parts.split(","))
                 sz = dataclasses.replace(sz, clone_parts=parts, drain_entries=parts)
+            if args.scale_tables:
+                sz = dataclasses.replace(sz, tables=tuple(int(n) for n in args.scale_tables.split(",")))
             report.add(scale.run(ctx, quick=sizes.quick, plot_path=plot, sizes=sz, only=curves))
     finally:
         load.__exit__()

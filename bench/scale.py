@@ -19,7 +19,7 @@ its own chroot, one system at a time, so the two never compete for the cores):
   clients (10,000-row TSV blocks, ``insert_deduplicate=0`` so a repeated block is written again).
 
 ``python -m bench --only scale --scale-curves clone,drain --scale-parts 1000,3000`` runs some curves at
-other sizes (the default clone and drain sizes, 1,000 and 10,000, take about 8 minutes of the run).
+other sizes (the default clone and drain sizes, 1,000 and 10,000, take about 15 minutes of the run).
 
 Each curve gets a growth order (the log-log slope of cost against the work: flat, sub-linear, linear or
 worse; for the clients curve the speed-up instead), a table and a plot (bench/scale_plot.py).
