@@ -111,7 +111,7 @@ class Curve:
         return sorted({p.x for pts in self.points.values() for p in pts})
 
 
-def growth(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, str]:
+def growth(xs: Sequence[float], ys: Sequence[float], higher_is_better: bool = False) -> tuple[float, str]:
     """The log-log slope of ``ys`` against ``xs`` and its name: flat (< 0.2), sub-linear (< 0.8),
     linear (< 1.25) or worse than linear.  Values below 5 % of the largest are lifted to that floor (a
     reading of 0.0 % CPU is "too small to measure", not a thousandfold growth to the next point)."""
@@ -125,6 +125,8 @@ def growth(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, str]:
     slope = sum((x - mx) * (y - my) for x, y in pts) / var if var else 0.0
     name = ("flat" if slope < 0.2 else "sub-linear" if slope < 0.8 else "linear" if slope < 1.25
             else "worse than linear")
+    if higher_is_better and slope <= -0.2:  # a rate that falls as the work grows
+        name = "falling"
     return slope, name
 
 
@@ -430,8 +432,8 @@ def figures(curves: Sequence[Curve]) -> list[Figure]:
         if not ours or not theirs:
             continue
         xs = c.xs()
-        s_ours, g_ours = growth(xs[:len(ours)], ours)
-        s_theirs, g_theirs = growth(xs[:len(theirs)], theirs)
+        s_ours, g_ours = growth(xs[:len(ours)], ours, c.higher_is_better)
+        s_theirs, g_theirs = growth(xs[:len(theirs)], theirs, c.higher_is_better)
         if c.key == "clients":
             status = f"speed-up {ours[-1] / ours[0]:.1f}× vs {theirs[-1] / theirs[0]:.1f}×"
         else:
