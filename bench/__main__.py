@@ -17,6 +17,7 @@ uncounted run is profiled with py-spy and the top functions go into the report (
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import shutil
@@ -182,6 +183,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=REPO / "bench-data", help="scratch directory")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
     p.add_argument("--no-profile", action="store_true", help="do not profile replicad's shortfalls")
+    p.add_argument("--scale-curves", default="tables,replicas,clone,drain,clients",
+                   help="with --only scale: the curves to run (comma-separated)")
+    p.add_argument("--scale-parts", default=None,
+                   help="with --only scale: the clone and drain sizes, e.g. 1000,3000 (default 1000,10000)")
+    p.add_argument("--scale-tables", default=None,
+                   help="with --only scale: the table counts of the idle curves (default 1,10,100,500)")
     return p.parse_args(argv)
 
 
@@ -234,7 +241,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             ctx.say("scale curves (bench/scale.py)")
             plot = output.with_name("BENCHMARKS-scale.png") if output is not None else None
-            report.add(scale.run(ctx, quick=sizes.quick, plot_path=plot))
+            curves = [c.strip() for c in args.scale_curves.split(",") if c.strip()]
+            sz = scale.ScaleSizes.quick() if sizes.quick else scale.ScaleSizes()
+            if args.scale_parts:
+                parts = tuple(int(n) for n in args.scale_parts.split(","))
+                sz = dataclasses.replace(sz, clone_parts=parts, drain_entries=parts)
+            if args.scale_tables:
+                sz = dataclasses.replace(sz, tables=tuple(int(n) for n in args.scale_tables.split(",")))
+            report.add(scale.run(ctx, quick=sizes.quick, plot_path=plot, sizes=sz, only=curves))
     finally:
         load.__exit__()
         if not args.keep:

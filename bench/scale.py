@@ -13,8 +13,13 @@ its own chroot, one system at a time, so the two never compete for the cores):
 - **drain**: log entries per second a replica works through after it was stopped while 1,000 and 10,000
   parts were inserted elsewhere (from the moment it answers again until it holds every row; start-up
   time is left out, it differs between the systems and is not the queue's);
+- with each of clone and drain, the CPU time of both servers (the source serves the parts) per part or
+  entry: a figure the other engineers' load on a shared machine disturbs less than the elapsed time;
 - **clients**: insert throughput into one replica of a 2-replica set with 1, 4 and 16 concurrent
   clients (10,000-row TSV blocks, ``insert_deduplicate=0`` so a repeated block is written again).
+
+``python -m bench --only scale --scale-curves clone,drain --scale-parts 1000,3000`` runs some curves at
+other sizes (the default clone and drain sizes, 1,000 and 10,000, take about 15 minutes of the run).
 
 Each curve gets a growth order (the log-log slope of cost against the work: flat, sub-linear, linear or
 worse; for the clients curve the speed-up instead), a table and a plot (bench/scale_plot.py).
@@ -106,7 +111,7 @@ class Curve:
         return sorted({p.x for pts in self.points.values() for p in pts})
 
 
-def growth(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, str]:
+def growth(xs: Sequence[float], ys: Sequence[float], higher_is_better: bool = False) -> tuple[float, str]:
     """The log-log slope of ``ys`` against ``xs`` and its name: flat (< 0.2), sub-linear (< 0.8),
     linear (< 1.25) or worse than linear.  Values below 5 % of the largest are lifted to that floor (a
     reading of 0.0 % CPU is "too small to measure", not a thousandfold growth to the next point)."""
@@ -120,6 +125,8 @@ def growth(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, str]:
     slope = sum((x - mx) * (y - my) for x, y in pts) / var if var else 0.0
     name = ("flat" if slope < 0.2 else "sub-linear" if slope < 0.8 else "linear" if slope < 1.25
             else "worse than linear")
+    if higher_is_better and slope <= -0.2:  # a rate that falls as the work grows
+        name = "falling"
     return slope, name
 
 
@@ -288,21 +295,25 @@ def replicas_curve(system: System, zk: ZooKeeperServer, kz: KazooClient, ctx: Co
             ctx.say(f"scale replicas: {system} {k} replicas: lag p50 {value:.0f} ms over {len(lags)} parts")
 
 
-def clone_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, clone: Curve) -> None:
+def clone_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, clone: Curve,
+                cpu: Curve) -> None:
     with scale_set(system, zk, ctx.work_dir / "scale-clone", 2) as s:
         for n in sz.clone_parts:
             table = f"scale.clone{n}"
             s.create(table, PARTS_DDL, on=(0,))
             insert_parts(s.replicas[0], table, n)
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), s.cpu()
             s.create(table, PARTS_DDL, on=(1,))
             wait_count(s.replicas[1], table, n, timeout=1800)
-            seconds = time.monotonic() - t0
+            seconds, cpu_s = time.monotonic() - t0, s.cpu() - c0
             clone.points.setdefault(system, []).append(Point(n, seconds))
-            ctx.say(f"scale clone: {system} {n} parts: new replica complete in {seconds:.1f} s")
+            cpu.points.setdefault(system, []).append(Point(n, 1000 * cpu_s / n))
+            ctx.say(f"scale clone: {system} {n} parts: new replica complete in {seconds:.1f} s, "
+                    f"{cpu_s:.1f} CPU-s of both servers")
 
 
-def drain_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, drain: Curve) -> None:
+def drain_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, drain: Curve,
+                cpu: Curve) -> None:
     with scale_set(system, zk, ctx.work_dir / "scale-drain", 2) as s:
         for n in sz.drain_entries:
             table = f"scale.drain{n}"
@@ -311,13 +322,14 @@ def drain_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSize
             insert_parts(s.replicas[0], table, n)
             s.start_server(1)
             r = s.replicas[1]
-            t0, done0 = time.monotonic(), r.count(table)  # from readiness: start-up times differ
+            t0, c0, done0 = time.monotonic(), s.cpu(), r.count(table)  # from readiness: start-ups differ
             wait_count(r, table, n, timeout=1800)
-            seconds = time.monotonic() - t0
+            seconds, cpu_s = time.monotonic() - t0, s.cpu() - c0
             rate = (n - done0) / seconds
             drain.points.setdefault(system, []).append(Point(n, rate))
+            cpu.points.setdefault(system, []).append(Point(n, 1000 * cpu_s / max(1, n - done0)))
             ctx.say(f"scale drain: {system} {n} log entries: {n - done0} drained in {seconds:.1f} s after "
-                    f"the replica answered ({rate:.0f} entries/s)")
+                    f"the replica answered ({rate:.0f} entries/s), {cpu_s:.1f} CPU-s of both servers")
 
 
 def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, clients: Curve) -> None:
@@ -357,7 +369,12 @@ def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSi
             ctx.say(f"scale clients: {system} {c} clients: {rate / 1e3:.0f} k rows/s")
 
 
-def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | None = None) -> list[Figure]:
+CURVES = ("tables", "replicas", "clone", "drain", "clients")
+
+
+def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | None = None,
+        only: Sequence[str] = CURVES, systems: Sequence[System] = SYSTEMS) -> list[Figure]:
+    """The curves named in ``only`` (of :data:`CURVES`) for ``systems``, both by default."""
     from bench import scale_plot
 
     sz = sizes or (ScaleSizes.quick() if quick else ScaleSizes())
@@ -369,8 +386,12 @@ def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | N
         "lag": Curve("lag", "Replication lag p50 (until on the last replica)", "replicas", "ms",
                      higher_is_better=False),
         "clone": Curve("clone", "New replica: time to hold every part", "parts", "s", higher_is_better=False),
+        "clone_cpu": Curve("clone_cpu", "New replica: CPU of both servers per part", "parts", "ms",
+                           higher_is_better=False),
         "drain": Curve("drain", "Queue drain rate after a backlog", "log entries", "entries/s",
                        higher_is_better=True),
+        "drain_cpu": Curve("drain_cpu", "Queue drain: CPU of both servers per entry", "log entries", "ms",
+                           higher_is_better=False),
         "clients": Curve("clients", "Insert throughput (10k-row blocks)", "concurrent clients", "rows/s",
                          higher_is_better=True),
     }
@@ -379,22 +400,28 @@ def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | N
     kz = KazooClient(hosts=zk.hosts)
     kz.start(30)
     try:
-        for system in SYSTEMS:
+        for system in systems:
             ctx.say(f"scale curves: {system}")
-            tables_curve(system, zk, ctx, sz, curves["idle_cpu"], curves["idle_zk"])
-            replicas_curve(system, zk, kz, ctx, sz, curves["lag"])
-            clone_curve(system, zk, ctx, sz, curves["clone"])
-            drain_curve(system, zk, ctx, sz, curves["drain"])
-            clients_curve(system, zk, ctx, sz, curves["clients"])
+            if "tables" in only:
+                tables_curve(system, zk, ctx, sz, curves["idle_cpu"], curves["idle_zk"])
+            if "replicas" in only:
+                replicas_curve(system, zk, kz, ctx, sz, curves["lag"])
+            if "clone" in only:
+                clone_curve(system, zk, ctx, sz, curves["clone"], curves["clone_cpu"])
+            if "drain" in only:
+                drain_curve(system, zk, ctx, sz, curves["drain"], curves["drain_cpu"])
+            if "clients" in only:
+                clients_curve(system, zk, ctx, sz, curves["clients"])
     finally:
         with contextlib.suppress(Exception):
             kz.stop()
             kz.close()
         zk.stop()
-    ctx.sections.append(("Scale curves", scale_plot.markdown(list(curves.values()), plot_path)))
-    if plot_path is not None:
-        scale_plot.plot(list(curves.values()), plot_path)
-    return figures(list(curves.values()))
+    measured = [c for c in curves.values() if c.points]  # a run of some curves (--scale-curves) plots those
+    ctx.sections.append(("Scale curves", scale_plot.markdown(measured, plot_path)))
+    if plot_path is not None and measured:
+        scale_plot.plot(measured, plot_path)
+    return figures(measured)
 
 
 def figures(curves: Sequence[Curve]) -> list[Figure]:
@@ -405,8 +432,8 @@ def figures(curves: Sequence[Curve]) -> list[Figure]:
         if not ours or not theirs:
             continue
         xs = c.xs()
-        s_ours, g_ours = growth(xs[:len(ours)], ours)
-        s_theirs, g_theirs = growth(xs[:len(theirs)], theirs)
+        s_ours, g_ours = growth(xs[:len(ours)], ours, c.higher_is_better)
+        s_theirs, g_theirs = growth(xs[:len(theirs)], theirs, c.higher_is_better)
         if c.key == "clients":
             status = f"speed-up {ours[-1] / ours[0]:.1f}× vs {theirs[-1] / theirs[0]:.1f}×"
         else:

@@ -29,7 +29,7 @@ def markdown(curves: Sequence[Curve], plot_path: Path | None) -> str:
         lines += [f"![scale curves]({plot_path.name})", ""]
     lines += ["Each system measured alone on the same ZooKeeper server (bench/scale.py); growth order = the "
               "log-log slope of the figure against the work (flat < 0.2, sub-linear < 0.8, linear < 1.25, "
-              "worse above); for throughput a falling slope is the bad direction.", "",
+              "worse above); for a rate a falling slope is the bad direction (-0.2 or below: falling).", "",
               "| curve | work | replicad | ClickHouse 18.16 | ratio |", "|:---|---:|---:|---:|---:|"]
     for c in curves:
         ours = {p.x: p.value for p in c.points.get("replicad", [])}
@@ -47,7 +47,7 @@ def markdown(curves: Sequence[Curve], plot_path: Path | None) -> str:
                 cells.append(f"speed-up {pts[-1].value / pts[0].value:.1f}× from {pts[0].x} to {pts[-1].x} "
                              "clients")
                 continue
-            slope, name = growth([p.x for p in pts], [p.value for p in pts])
+            slope, name = growth([p.x for p in pts], [p.value for p in pts], c.higher_is_better)
             cells.append(f"{name} (slope {slope:.2f})")
         lines.append(f"| {c.title} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)

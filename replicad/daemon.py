@@ -280,9 +280,11 @@ class Daemon:
     # ---- systemd watchdog ----------------------------------------------------------------------------------
 
     def _start_loop_monitor(self) -> None:
-        """Measure how late the event loop wakes a 50 ms sleep: its lag histogram and the count of stalls over
-        100 ms go to /metrics (a stall is a request or task that blocked the loop)."""
-        period = 0.05
+        """Measure how late the event loop wakes a 100 ms sleep: its lag histogram and the count of stalls
+        over 100 ms go to /metrics (a stall is a request or task that blocked the loop).  A stall longer than
+        the sleep always covers a wake-up; a 50 ms sleep cost an idle daemon 20 wake-ups a second (a seventh
+        of its CPU with 200 tables)."""
+        period = 0.1
 
         async def watch() -> None:
             loop = asyncio.get_running_loop()

@@ -204,7 +204,7 @@ class TableReader:
 
     async def count(self, where: str | None) -> int:
         if not where:
-            return sum(p.directory.rows for p in self.store.active())
+            return self.store.active_rows()
         expr = await compiled(where)
         names = list(dict.fromkeys(expr.columns)) or [self.columns[0][0]]
         total = 0

@@ -327,9 +327,9 @@ class PartFetcher:
             state = _value(seen) if seen is not None else None
         else:
             received, state = await self._download_from(part_name, source_replica)
-        part, replaced = await self.commit_new_part(
-            received.path, info, received.checksums, received.columns_text, state=state
-        )
+        written = received.written if self.store.remote is None else None  # (zero-copy: other files)
+        part, replaced = await self.commit_new_part(received.path, info, received.checksums,
+                                                    received.columns_text, state=state, written=written)
         self.fetches_total += 1
         log.info("fetched_part", part=part_name, source=source_replica, replaced=[p.name for p in replaced])
         return part, replaced
@@ -387,12 +387,13 @@ class PartFetcher:
         columns_text: str | None = None,
         *,
         state: Awaitable[ReplicaState] | None = None,
+        written: tuple[Checksums, str, int, int | None] | None = None,
     ) -> tuple[LocalPart, list[LocalPart]]:
         """checkPartChecksumsAndCommit for a part made here (fetched, merged): compare with the replicas that
         have it (CorruptedDataError on a mismatch), rename it into place, register it in ZooKeeper and make
         it active.  ``columns_text``: the part's columns.txt (read from ``tmp_dir`` when not given);
-        ``state``: the replicas' registrations of the part, being read already.  ``tmp_dir`` is removed when
-        anything fails."""
+        ``state``: the replicas' registrations of the part, being read already; ``written``: its metadata
+        as ``PartStore.precommit`` takes it (not read back).  ``tmp_dir`` is removed when anything fails."""
         part_name = info.name
         try:
             if columns_text is None:
@@ -412,7 +413,7 @@ class PartFetcher:
             await asyncio.to_thread(shutil.rmtree, tmp_dir, True)
             await asyncio.shield(self._abandon_zero_copy(part_name))
             raise
-        part = await self.store.precommit(tmp_dir, info)
+        part = await self.store.precommit(tmp_dir, info, written)
         try:
             # the check above stands for the first attempt: a replica registering the part meanwhile makes
             # its probe fail, and everything is checked again

@@ -29,6 +29,7 @@ import os
 import re
 import struct
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ from replicad.storage.part_sink import PartSink, ReceivedFile, Write
 
 CHECKSUMS_FILE = "checksums.txt"
 COLUMNS_FILE = "columns.txt"
+COUNT_FILE = "count.txt"
+MAX_COUNT_FILE = 32  # count.txt is a decimal row count: kept from the body when it is at most this long
 #: files a part may carry (and a sender may send) without an entry in checksums.txt
 NO_CHECKSUM_FILES = frozenset(
     {
@@ -294,6 +297,15 @@ class ReceivedPart:
     body_size: int = 0
     extra_files: tuple[str, ...] = field(default=())
     columns_text: str = ""  # columns.txt (kept from the body)
+    rows: int | None = None  # count.txt (kept from the body), None without a readable one
+
+    @property
+    def written(self) -> tuple[Checksums, str, int, int] | None:
+        """(checksums, columns.txt, rows, bytes on disk) as ``PartStore.precommit`` takes them instead of
+        reading the files back; None when count.txt was not kept (a part without one)."""
+        if self.rows is None:
+            return None
+        return self.checksums, self.columns_text, self.rows, sum(f.size for f in self.files.values())
 
 
 class _Body:
@@ -396,7 +408,16 @@ class _SpaceGuard:
                                      "(interserver.max_fetch_part_bytes)")
 
     async def _check_free(self, need: int) -> None:
+        # a reading of the last second serves a part that needs a small share of it (a backlog of small
+        # parts made one thread trip per part for this); a larger need, or a short disk, reads it again
+        now = time.monotonic()
+        seen = _RECENT_FREE.get(self.directory)
+        if seen is not None and now - seen[0] < FREE_SPACE_REUSE_S and need * FREE_SPACE_SHARE <= seen[1]:
+            return
         free = await asyncio.to_thread(_free_bytes, self.directory)
+        if len(_RECENT_FREE) > 1000:
+            _RECENT_FREE.clear()
+        _RECENT_FREE[self.directory] = (now, free)
         if need > free:
             raise NotEnoughSpaceError(f"Cannot fetch part: {need} more bytes are needed, the disk has {free} "
                                       "bytes free")
@@ -409,6 +430,12 @@ def _is_json_object(text: str) -> bool:
         return False
 
 
+#: directory -> (when, free bytes) of its last free-space reading
+_RECENT_FREE: dict[Path, tuple[float, int]] = {}
+FREE_SPACE_REUSE_S = 1.0
+FREE_SPACE_SHARE = 1024  # a reading is reused for a need of at most 1/1024 of the free bytes it saw
+
+
 def _free_bytes(directory: Path) -> int:
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize
@@ -417,7 +444,8 @@ def _free_bytes(directory: Path) -> int:
 async def _receive_file(body: _Body, sink: PartSink, name: str, size: int) -> bytes | None:
     """Hand one file's bytes to ``sink`` in batches; returns them for checksums.txt and columns.txt."""
     what = f"file {name}"
-    keep = name in (CHECKSUMS_FILE, COLUMNS_FILE) and size <= MAX_KEPT_FILE
+    keep = (name in (CHECKSUMS_FILE, COLUMNS_FILE) and size <= MAX_KEPT_FILE) or (
+        name == COUNT_FILE and size <= MAX_COUNT_FILE)
     kept: list[memoryview] = []
     remaining = size
     first = True
@@ -573,6 +601,8 @@ async def _receive(
         expected.check_equal(checksums, True)
     elif expected is not None:
         expected.check_equal(checksums, False)
+    count = kept.get(COUNT_FILE)
+    rows = int(count) if count is not None and count.isdigit() else None
     return ReceivedPart(
-        sink.path, checksums, files, part_type, sum_size, ttl, uuid, body.count, extra, columns_text
+        sink.path, checksums, files, part_type, sum_size, ttl, uuid, body.count, extra, columns_text, rows
     )

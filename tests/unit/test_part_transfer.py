@@ -8,6 +8,7 @@ import random
 import shutil
 import struct
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from replicad.errors import CorruptedDataError, InsecurePathError, NotEnoughSpac
 from replicad.model.cityhash import file_hash
 from replicad.storage import part_transfer
 from replicad.storage.checksums import Checksum, Checksums
+from replicad.storage.part import PartDirectory
 from replicad.storage.part_transfer import (
     EMPTY_TTL_INFOS,
     SMALL_PART_BYTES,
@@ -101,6 +103,10 @@ async def test_receive_real_response(tmp_path: Path) -> None:
     for p in PART.iterdir():
         assert (got.path / p.name).read_bytes() == p.read_bytes()
     assert len(list(got.path.iterdir())) == 20
+    # what the commit takes instead of reading the files back: the same as reading them
+    on_disk = PartDirectory.at(got.path)
+    assert got.written == (on_disk.checksums, on_disk.columns_text, on_disk.rows, on_disk.bytes_on_disk)
+    assert got.rows == int((PART / "count.txt").read_bytes())
     # the minimalistic value from ZooKeeper is accepted as the expectation as well
     zk = Checksums.parse((PART / "checksums.txt").read_bytes()).minimalistic()
     got2 = await receive_part(stream(REAL_RESPONSE), tmp_path / "b", 0, zk, fsync=True)
@@ -340,6 +346,7 @@ async def test_declared_sizes_are_checked_against_the_limit_and_the_free_space(
     assert not target.exists()
     free = [0]
     monkeypatch.setattr(part_transfer, "_free_bytes", lambda _d: free[0])
+    monkeypatch.setattr(part_transfer, "_RECENT_FREE", {})  # the real disk was read above
     # v0: checked at the first file and every SPACE_CHECK_STEP declared bytes; v1: the declared part size
     for version, body, room in ((0, REAL_RESPONSE, 0),
                                 (1, body_header(CHECKSUMS, 1) + REAL_RESPONSE, CHECKSUMS.total_size - 1)):
@@ -351,3 +358,28 @@ async def test_declared_sizes_are_checked_against_the_limit_and_the_free_space(
     free[0] = CHECKSUMS.total_size
     got = await receive_part(stream(REAL_RESPONSE), target, 0, CHECKSUMS)
     assert got.checksums.total_size == CHECKSUMS.total_size
+
+
+async def test_a_recent_free_space_reading_serves_small_parts_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The free space read for one part serves the next ones of the same second while each needs a small share
+    of it; a part needing more than that share reads it again (and is refused when it does not fit)."""
+    reads: list[int] = []
+    free = [CHECKSUMS.total_size * part_transfer.FREE_SPACE_SHARE * 4]
+
+    def fake_free(_d: Path) -> int:
+        reads.append(free[0])
+        return free[0]
+
+    monkeypatch.setattr(part_transfer, "_free_bytes", fake_free)
+    monkeypatch.setattr(part_transfer, "_RECENT_FREE", {})
+    body = body_header(CHECKSUMS, 1) + REAL_RESPONSE
+    for i in range(3):
+        await receive_part(stream(body), tmp_path / f"p{i}", 1, CHECKSUMS)
+    assert len(reads) == 1
+    free[0] = CHECKSUMS.total_size - 1  # the disk filled up; the recent reading is too small for a share
+    monkeypatch.setattr(part_transfer, "_RECENT_FREE",
+                        {tmp_path: (time.monotonic(), CHECKSUMS.total_size * 100)})
+    with pytest.raises(NotEnoughSpaceError):
+        await receive_part(stream(body), tmp_path / "big", 1, CHECKSUMS)
+    assert len(reads) == 2 and not (tmp_path / "big").exists()
