@@ -29,7 +29,6 @@ import os
 import re
 import struct
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,6 @@ from replicad import fault_plant
 from replicad.errors import (
     CorruptedDataError,
     InsecurePathError,
-    NotEnoughSpaceError,
     UnsupportedPartFormatError,
 )
 from replicad.model.cityhash import FileHasher
@@ -48,6 +46,7 @@ from replicad.storage import part_sink
 from replicad.storage.checksums import Checksums, MinimalisticChecksums
 from replicad.storage.part import COMPACT_DATA_FILE, COMPACT_MARKS_FILES
 from replicad.storage.part_sink import PartSink, ReceivedFile, Write
+from replicad.storage.space_guard import SpaceGuard
 
 CHECKSUMS_FILE = "checksums.txt"
 COLUMNS_FILE = "columns.txt"
@@ -77,7 +76,6 @@ MAX_FILES = 100_000
 MAX_FILE_SIZE = 1 << 40
 MAX_NAME_LENGTH = 255
 MAX_PART_BYTES = 1 << 40  # a received part's files add up to at most this (interserver.max_fetch_part_bytes)
-SPACE_CHECK_STEP = 16 << 20  # without a declared size (v0), free space is checked again every this many bytes
 _WHOLE_BODY = 1 << 62  # a chunk size no body reaches
 _U64 = struct.Struct("<Q")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.%+-]+")
@@ -375,70 +373,11 @@ class _Body:
         return await self.exactly(n, what)
 
 
-class _SpaceGuard:
-    """The received part's declared bytes against its limits and the disk's free space."""
-
-    def __init__(self, directory: Path, max_part_bytes: int) -> None:
-        self.directory = directory
-        self.max_part_bytes = max_part_bytes
-        self.total = 0  # file sizes declared so far (each file is whole on disk before the next is declared)
-        self._checked: int | None = None  # ``total`` at the last free-space check
-
-    async def part_declared(self, sum_size: int) -> None:
-        """The sender declared the part's size (v>=1): it must fit, whole."""
-        self._check_limit(sum_size)
-        self._checked = 0
-        await self._check_free(sum_size)
-
-    async def file_declared(self, size: int, sum_size: int | None) -> None:
-        """A file of ``size`` bytes comes next."""
-        self.total += size
-        if sum_size is not None and self.total > sum_size:
-            raise CorruptedDataError(f"The part's files add up to more than the {sum_size} bytes the sender "
-                                     "declared for it")
-        self._check_limit(self.total)
-        if sum_size is None and (self._checked is None or self.total - self._checked >= SPACE_CHECK_STEP
-                                 or size >= SPACE_CHECK_STEP):
-            self._checked = self.total
-            await self._check_free(size)
-
-    def _check_limit(self, total: int) -> None:
-        if total > self.max_part_bytes:
-            raise CorruptedDataError(f"The part is larger than {self.max_part_bytes} bytes "
-                                     "(interserver.max_fetch_part_bytes)")
-
-    async def _check_free(self, need: int) -> None:
-        # a reading of the last second serves a part that needs a small share of it (a backlog of small
-        # parts made one thread trip per part for this); a larger need, or a short disk, reads it again
-        now = time.monotonic()
-        seen = _RECENT_FREE.get(self.directory)
-        if seen is not None and now - seen[0] < FREE_SPACE_REUSE_S and need * FREE_SPACE_SHARE <= seen[1]:
-            return
-        free = await asyncio.to_thread(_free_bytes, self.directory)
-        if len(_RECENT_FREE) > 1000:
-            _RECENT_FREE.clear()
-        _RECENT_FREE[self.directory] = (now, free)
-        if need > free:
-            raise NotEnoughSpaceError(f"Cannot fetch part: {need} more bytes are needed, the disk has {free} "
-                                      "bytes free")
-
-
 def _is_json_object(text: str) -> bool:
     try:
         return isinstance(json.loads(text), dict)
     except ValueError:
         return False
-
-
-#: directory -> (when, free bytes) of its last free-space reading
-_RECENT_FREE: dict[Path, tuple[float, int]] = {}
-FREE_SPACE_REUSE_S = 1.0
-FREE_SPACE_SHARE = 1024  # a reading is reused for a need of at most 1/1024 of the free bytes it saw
-
-
-def _free_bytes(directory: Path) -> int:
-    st = os.statvfs(directory)
-    return st.f_bavail * st.f_frsize
 
 
 async def _receive_file(body: _Body, sink: PartSink, name: str, size: int) -> bytes | None:
@@ -500,7 +439,7 @@ async def receive_part(
     try:
         return await _receive(
             _Body(stream), sink, server_protocol_version, expected_checksums, max_files, max_file_size,
-            _SpaceGuard(path.parent, max_part_bytes),
+            SpaceGuard(path.parent, max_part_bytes),
         )
     except BaseException:
         await asyncio.shield(sink.discard())
@@ -514,7 +453,7 @@ async def _receive(
     expected: Checksums | MinimalisticChecksums | None,
     max_files: int,
     max_file_size: int,
-    space: _SpaceGuard,
+    space: SpaceGuard,
 ) -> ReceivedPart:
     sum_size = ttl = uuid = None
     part_type = "Wide"

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from replicad.errors import CorruptedDataError, InsecurePathError, NotEnoughSpaceError
 from replicad.model.cityhash import file_hash
-from replicad.storage import part_transfer
+from replicad.storage import space_guard
 from replicad.storage.checksums import Checksum, Checksums
 from replicad.storage.part import PartDirectory
 from replicad.storage.part_transfer import (
@@ -345,8 +345,8 @@ async def test_declared_sizes_are_checked_against_the_limit_and_the_free_space(
         await receive_part(stream(REAL_RESPONSE), target, 0, CHECKSUMS, max_part_bytes=100)
     assert not target.exists()
     free = [0]
-    monkeypatch.setattr(part_transfer, "_free_bytes", lambda _d: free[0])
-    monkeypatch.setattr(part_transfer, "_RECENT_FREE", {})  # the real disk was read above
+    monkeypatch.setattr(space_guard, "_free_bytes", lambda _d: free[0])
+    monkeypatch.setattr(space_guard, "_RECENT_FREE", {})  # the real disk was read above
     # v0: checked at the first file and every SPACE_CHECK_STEP declared bytes; v1: the declared part size
     for version, body, room in ((0, REAL_RESPONSE, 0),
                                 (1, body_header(CHECKSUMS, 1) + REAL_RESPONSE, CHECKSUMS.total_size - 1)):
@@ -365,20 +365,20 @@ async def test_a_recent_free_space_reading_serves_small_parts_only(
     """The free space read for one part serves the next ones of the same second while each needs a small share
     of it; a part needing more than that share reads it again (and is refused when it does not fit)."""
     reads: list[int] = []
-    free = [CHECKSUMS.total_size * part_transfer.FREE_SPACE_SHARE * 4]
+    free = [CHECKSUMS.total_size * space_guard.FREE_SPACE_SHARE * 4]
 
     def fake_free(_d: Path) -> int:
         reads.append(free[0])
         return free[0]
 
-    monkeypatch.setattr(part_transfer, "_free_bytes", fake_free)
-    monkeypatch.setattr(part_transfer, "_RECENT_FREE", {})
+    monkeypatch.setattr(space_guard, "_free_bytes", fake_free)
+    monkeypatch.setattr(space_guard, "_RECENT_FREE", {})
     body = body_header(CHECKSUMS, 1) + REAL_RESPONSE
     for i in range(3):
         await receive_part(stream(body), tmp_path / f"p{i}", 1, CHECKSUMS)
     assert len(reads) == 1
     free[0] = CHECKSUMS.total_size - 1  # the disk filled up; the recent reading is too small for a share
-    monkeypatch.setattr(part_transfer, "_RECENT_FREE",
+    monkeypatch.setattr(space_guard, "_RECENT_FREE",
                         {tmp_path: (time.monotonic(), CHECKSUMS.total_size * 100)})
     with pytest.raises(NotEnoughSpaceError):
         await receive_part(stream(body), tmp_path / "big", 1, CHECKSUMS)
