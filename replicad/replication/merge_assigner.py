@@ -121,7 +121,8 @@ class Assigned:
 def _candidates(parts: Sequence[LocalPart], now: float) -> list[MergeCandidate]:
     """Blocking (``bytes_on_disk`` stats the files the first time): run in a thread."""
     return [
-        MergeCandidate(p.name, p.directory.bytes_on_disk, max(0.0, now - p.modification_time)) for p in parts
+        MergeCandidate(p.name, p.directory.bytes_on_disk, max(0.0, now - p.modification_time), p.info)
+        for p in parts
     ]
 
 

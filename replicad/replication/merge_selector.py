@@ -16,9 +16,10 @@ merges that remove many parts.  Windows are scored for all lengths at once with 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 
 import numpy as np
@@ -66,10 +67,12 @@ class MergeCandidate:
     size_bytes: int
     #: Seconds since the part was written.
     age_s: float
+    #: the name already parsed (a part the store holds), else parsed from ``name`` when first needed
+    parsed: PartInfo | None = field(default=None, compare=False, repr=False)
 
-    @property
-    def info(self) -> PartInfo:
-        return PartInfo.parse(self.name)
+    @functools.cached_property
+    def info(self) -> PartInfo:  # parsed once per candidate (ranges, the choice, the mutation scan)
+        return self.parsed if self.parsed is not None else PartInfo.parse(self.name)
 
 
 @dataclass(frozen=True)
@@ -99,12 +102,20 @@ def split_into_ranges(parts: Iterable[MergeCandidate], can_merge: CanMerge) -> l
 
 def _unit(value: Floats, lo: Floats | float, hi: Floats | float) -> Floats:
     """Piecewise-linear map: 0 at or below ``lo``, 1 at or above ``hi``, linear in between."""
-    lo_a = np.broadcast_to(np.asarray(lo, dtype=np.float64), value.shape)
-    hi_a = np.broadcast_to(np.asarray(hi, dtype=np.float64), value.shape)
+    if isinstance(lo, float) and isinstance(hi, float):  # the same float64 arithmetic, no broadcast arrays
+        span_s = hi - lo
+        mid_s: Floats | float = (value - lo) / span_s if span_s > 0 else 1.0
+        return np.where(value <= lo, 0.0, np.where(value >= hi, 1.0, mid_s))
+    lo_a = lo if _same_shape(lo, value) else np.broadcast_to(np.asarray(lo, dtype=np.float64), value.shape)
+    hi_a = hi if _same_shape(hi, value) else np.broadcast_to(np.asarray(hi, dtype=np.float64), value.shape)
     span = hi_a - lo_a
     with np.errstate(divide="ignore", invalid="ignore"):
         mid = np.where(span > 0, (value - lo_a) / np.where(span > 0, span, 1.0), 1.0)
     return np.where(value <= lo_a, 0.0, np.where(value >= hi_a, 1.0, mid))
+
+
+def _same_shape(x: Floats | float, value: Floats) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype == np.float64 and x.shape == value.shape
 
 
 def _lerp(a: float, b: float, t: Floats) -> Floats:
@@ -129,7 +140,8 @@ def _scan_range(
     starts = min(n, s.max_window_starts + 1)
     cum = np.concatenate(([0.0], np.cumsum(sizes)))
     fixed = float(s.size_fixed_cost_to_add)
-    parts_norm = float(_unit(np.array([float(n)]), s.min_parts_to_lower_base, s.max_parts_to_lower_base)[0])
+    parts_norm = float(_unit(np.array([float(n)]), float(s.min_parts_to_lower_base),
+                             float(s.max_parts_to_lower_base))[0])
     log_min, log_max = math.log1p(s.min_size_to_lower_base), math.log1p(s.max_size_to_lower_base)
     run_max = sizes.copy()
     run_min_age = ages.copy()
