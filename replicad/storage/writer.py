@@ -62,6 +62,9 @@ from replicad.storage.part import (
     write_file,
 )
 
+#: the machine's CPUs, read once (os.cpu_count reads /sys on every call: ~6 µs per part written)
+_CPUS = os.cpu_count() or 1
+
 __all__ = [
     "BulkSerializer",
     "PartWriter",
@@ -162,7 +165,7 @@ class PartWriter:
         except BaseException:
             self.abort()
             raise
-        threads = self.settings.threads or (os.cpu_count() or 1)
+        threads = self.settings.threads or _CPUS
         self._threads = min(threads, len(self._cols))
 
     # ---- writing -------------------------------------------------------------------------------------
