@@ -62,7 +62,7 @@ class _Stream:
 
     def __init__(self, directory: Path, name: str, settings: WriterSettings) -> None:
         self.name = name
-        self._bin = open(directory / (name + DATA_EXT), "wb", buffering=0)
+        self._bin = open(os.path.join(directory, name + DATA_EXT), "wb", buffering=0)  # no Path objects
         self._out = CompressedStreamWriter(
             self._bin, settings.method, settings.level, settings.max_compress_block_size
         )
@@ -86,7 +86,7 @@ class _Stream:
             os.fsync(self._bin.fileno())
         self._bin.close()
         marks = bytes(self._marks)
-        write_file(directory / (self.name + MARKS_EXT), marks, fsync)
+        write_file(os.path.join(directory, self.name + MARKS_EXT), marks, fsync)
         return {
             self.name + DATA_EXT: Checksum(
                 file_size=out.file_size,

@@ -329,7 +329,7 @@ class PartWriter:
             self._pool = None
 
         def put(name: str, data: bytes) -> None:
-            write_file(self.path / name, data, fsync)
+            write_file(os.path.join(self.path, name), data, fsync)
             files[name] = plain_checksum(data)
 
         if self.primary_key:
@@ -352,10 +352,10 @@ class PartWriter:
 
         text = columns_text(self.columns)
         text_bytes = text.encode("utf-8")
-        write_file(self.path / COLUMNS_FILE, text_bytes, fsync)
+        write_file(os.path.join(self.path, COLUMNS_FILE), text_bytes, fsync)
         checksums = Checksums(files=files)
         checksums_bytes = checksums.to_bytes()
-        write_file(self.path / CHECKSUMS_FILE, checksums_bytes, fsync)
+        write_file(os.path.join(self.path, CHECKSUMS_FILE), checksums_bytes, fsync)
         if fsync:
             fsync_dir(self.path)
         self._finished = True
