@@ -317,8 +317,8 @@ class Daemon:
 #: how long a thread may hold the GIL while another waits for it (CPython's default: 5 ms).  The loop, kazoo's
 #: connection thread and the part-writing workers hand the GIL to each other several times per small insert;
 #: at 5 ms an answer from ZooKeeper or a finished part write may wait that long for a CPU-bound thread.
-#: Three alternating lag-bench pairs at load 2.5-5.7: ack p50 12.6/11.1/17.7 ms at 1 ms against
-#: 12.5/17.1/20.3 at 5 ms, p99 40/42/123 against 53/63/115, CPU per insert not higher.
+#: Six alternating lag-bench pairs at load 2.5-6.5, medians at 1 ms against 5 ms: ack p50 15.1 vs 16.9 ms,
+#: ack p99 51 vs 71 ms, lag p99 77 vs 94 ms; CPU per insert not higher (18.2 vs 19.6 ms).
 GIL_SWITCH_INTERVAL_S = 0.001
 
 
