@@ -359,7 +359,9 @@ class PartFetcher:
             self.sources.remember_host(source_replica, raw_host, details.active_czxid if details else -1)
         address = ReplicaAddress.parse(raw_host)
         tmp_dir = self.store.layout.tmp_path(TMP_FETCH, part_name)
-        if tmp_dir.exists():
+        # a stale directory of that name is removed by the part's writer thread (PartSink.replace_stale) as it
+        # makes the directory: no stat on the loop per fetch; the zero-copy path fills it otherwise
+        if self.store.remote is not None and await asyncio.to_thread(tmp_dir.exists):
             log.warning("removing_stale_fetch_dir", dir=str(tmp_dir))
             await asyncio.to_thread(shutil.rmtree, tmp_dir, True)
         log.info(
@@ -466,7 +468,7 @@ class PartFetcher:
             params[zero_copy_fetch.COOKIE] = remote.disk.disk_type if remote is not None else ""
         url = f"{address.base_url}/"
         # the directory is made while the request travels (a zero-copy answer fills it from the bucket)
-        sink = None if zero_copy else PartSink(tmp_dir, self.fsync)
+        sink = None if zero_copy else PartSink(tmp_dir, self.fsync, replace_stale=True)
         try:
             async with self._http().post(url, params=params, headers=self.credentials.headers(),
                                          ssl=self.credentials.ssl) as resp:
@@ -487,7 +489,7 @@ class PartFetcher:
                     received = await zero_copy_fetch.receive(remote, part_name, body, version, tmp_dir)
                     self.zero_copy_fetches += 1
                 else:
-                    sink = sink or PartSink(tmp_dir, self.fsync)
+                    sink = sink or PartSink(tmp_dir, self.fsync, replace_stale=True)
                     received = await receive_part(resp.content, tmp_dir, version, expected, sink=sink,
                                                   max_part_bytes=self.max_part_bytes)
         except BaseException as e:
@@ -504,6 +506,8 @@ class PartFetcher:
             if isinstance(e, TimeoutError):
                 raise FetchError(f"Timeout fetching part {part_name} from {address.host}") from e
             raise
+        if sink is not None and sink.replaced_stale:
+            log.warning("removing_stale_fetch_dir", dir=str(tmp_dir))
         if received.body_size == 0:  # pragma: no cover - receive_part refuses empty bodies already
             raise CorruptedDataError(f"Empty answer for part {part_name}")
         self.bytes_received += received.body_size

@@ -99,9 +99,13 @@ class PartSink:
     BATCH_SIZE bytes and waits while BATCHES_PENDING batches are handed over but not yet written, so memory
     stays bounded whatever the part's size; a small part is one hand-off."""
 
-    def __init__(self, path: Path, fsync: bool) -> None:
+    def __init__(self, path: Path, fsync: bool, *, replace_stale: bool = False) -> None:
         self.path = path
         self.fsync = fsync
+        #: a directory already at ``path`` (a fetch's leftover) is removed by the thread before it makes its
+        #: own, instead of a check on the event loop (a stat there per fetched part); ``replaced_stale`` tells
+        self.replace_stale = replace_stale
+        self.replaced_stale = False
         self.created = False
         self.error: Exception | None = None
         self.files: dict[str, ReceivedFile] = {}
@@ -184,7 +188,14 @@ class PartSink:
 
     def _run(self) -> None:
         try:
-            self.path.mkdir()
+            try:
+                self.path.mkdir()
+            except FileExistsError:
+                if not self.replace_stale:
+                    raise
+                shutil.rmtree(self.path, True)
+                self.replaced_stale = True
+                self.path.mkdir()
             self.created = True
         except Exception as e:
             self.error = e

@@ -239,3 +239,24 @@ async def test_sink_made_before_the_body(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         await receive_part(Trickle(body), tmp_path / "taken", 0, cs, sink=taken)
     assert (tmp_path / "taken").is_dir()
+
+
+async def test_sink_replaces_a_stale_directory_in_its_thread(tmp_path: Path) -> None:
+    """A fetch's leftover ``tmp-fetch_`` directory (stale files, a subdirectory) is removed by the writer
+    thread before it makes its own (the fetcher no longer checks on the loop): the received part holds
+    exactly the sent files and bytes; without ``replace_stale`` the directory stays untouched (see above)."""
+    part, cs = make_part(tmp_path, SIZES)
+    body = b"".join(iter_part_body_sync(part, cs, 0))
+    target = tmp_path / "tmp-fetch_stale"
+    (target / "sub").mkdir(parents=True)
+    (target / "stale.bin").write_bytes(b"old")
+    (target / "sub" / "x").write_bytes(b"old")
+    sink = part_sink.PartSink(target, False, replace_stale=True)
+    got = await receive_part(Trickle(body), target, 0, cs, sink=sink)
+    assert got.checksums == cs and sink.replaced_stale and sink.created
+    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in part.iterdir())
+    for f in part.iterdir():
+        assert (target / f.name).read_bytes() == f.read_bytes()
+    fresh = part_sink.PartSink(tmp_path / "tmp-fetch_fresh", False, replace_stale=True)
+    await receive_part(Trickle(body), tmp_path / "tmp-fetch_fresh", 0, cs, sink=fresh)
+    assert not fresh.replaced_stale
