@@ -322,14 +322,17 @@ def drain_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSize
             insert_parts(s.replicas[0], table, n)
             s.start_server(1)
             r = s.replicas[1]
+            src0, dst0 = cpu_seconds(s.replicas[0].pid), cpu_seconds(r.pid)
             t0, c0, done0 = time.monotonic(), s.cpu(), r.count(table)  # from readiness: start-ups differ
             wait_count(r, table, n, timeout=1800)
             seconds, cpu_s = time.monotonic() - t0, s.cpu() - c0
+            src_s, dst_s = cpu_seconds(s.replicas[0].pid) - src0, cpu_seconds(r.pid) - dst0
             rate = (n - done0) / seconds
             drain.points.setdefault(system, []).append(Point(n, rate))
             cpu.points.setdefault(system, []).append(Point(n, 1000 * cpu_s / max(1, n - done0)))
             ctx.say(f"scale drain: {system} {n} log entries: {n - done0} drained in {seconds:.1f} s after "
-                    f"the replica answered ({rate:.0f} entries/s), {cpu_s:.1f} CPU-s of both servers")
+                    f"the replica answered ({rate:.0f} entries/s), {cpu_s:.1f} CPU-s of both servers "
+                    f"(source {src_s:.2f}, draining replica {dst_s:.2f})")
 
 
 def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, clients: Curve) -> None:
