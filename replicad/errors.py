@@ -176,3 +176,15 @@ class UnsupportedPartFormatError(CorruptedDataError):
     """A part layout or codec replicad does not read (a codec such as FPC or GCD, Sparse Nullable ...)."""
 
     code = 48  # NOT_IMPLEMENTED
+
+
+class NoReplicaHasPartError(ReplicadError):
+    code = 234  # NO_REPLICA_HAS_PART
+    retriable = True
+
+
+class FetchError(ReplicadError):
+    """A part's source answered with an error status (429 too busy, 401, 500 …) or the connection failed."""
+
+    code = 1000
+    retriable = True

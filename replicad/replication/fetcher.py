@@ -31,10 +31,12 @@ import aiohttp
 
 from replicad.errors import (
     CorruptedDataError,
+    FetchError,
     KeeperBadVersionError,
     KeeperMultiError,
     KeeperNodeExistsError,
     KeeperNoNodeError,
+    NoReplicaHasPartError,
     ReplicadError,
 )
 from replicad.keeper.client import Keeper
@@ -79,18 +81,6 @@ __all__ = [
     "NoReplicaHasPartError",
     "PartFetcher",
 ]
-
-
-class NoReplicaHasPartError(ReplicadError):
-    code = 234  # NO_REPLICA_HAS_PART
-    retriable = True
-
-
-class FetchError(ReplicadError):
-    """The source answered with an error status (429 too busy, 401, 500 …) or the connection failed."""
-
-    code = 1000
-    retriable = True
 
 
 @dataclass
