@@ -262,34 +262,30 @@ def _csv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
                                          null_values=["\\N"], strings_can_be_null=True,
                                          quoted_strings_can_be_null=False, check_utf8=False)
 
-    def general(data: bytes) -> None:  # pyarrow's reader: the rows, or the error's wording
+    def general(data: bytes) -> list[pa.Array]:  # pyarrow's reader: the rows, or the error's wording
         try:
             table = pa_csv.read_csv(io.BytesIO(data), read_options=read_opts, parse_options=parse_opts,
                                     convert_options=convert_opts)
         except pa.ArrowInvalid as e:
             raise BadInputError(f"Cannot parse input: after row {conv.row}: {_short(e)}") from None
-        pending.append(([table.column(p) for p in positions], None))
+        return [table.column(p) for p in positions]
 
-    pending: list[tuple[list[Any], list[bool] | None]] = []
     carry = b""  # a row the previous block cut inside a quoted field
-    single = len(delim.encode()) == 1
+    delim_byte = delim.encode()
     for block in body.line_blocks(spec.read_block_bytes):
         data = carry + block if carry else block
-        got = _csvsplit.split(data, width, delim.encode(), pa.allocate_buffer) if single else None
+        got = _csvsplit.split(data, width, delim_byte, pa.allocate_buffer) if len(delim_byte) == 1 else None
         if got is None:
             carry = b""
-            general(data)
-        else:
-            parts, used = got
-            carry = data[used:]
-            body.check_line(len(carry))
-            rows = parts[0][0].size // 4 - 1
-            if rows:
-                cols = [pa.Array.from_buffers(pa.binary(), rows, [v, o, d]) for o, d, v, _ in parts]
-                pending.append(([cols[p] for p in positions], [parts[p][3] for p in positions]))
-        for columns, empty in pending:
-            yield from conv.feed(columns, empty=empty)
-        pending.clear()
+            yield from conv.feed(general(data))
+            continue
+        parts, used = got
+        carry = data[used:]
+        body.check_line(len(carry))
+        rows = parts[0][0].size // 4 - 1
+        if rows:
+            cols = [pa.Array.from_buffers(pa.binary(), rows, [v, o, d]) for o, d, v, _ in parts]
+            yield from conv.feed([cols[p] for p in positions], empty=[parts[p][3] for p in positions])
     if carry.strip(b"\r\n"):  # ClickHouse refuses it too (pyarrow took the rest of the body as the value)
         raise BadInputError(f"Cannot parse input: row {conv.row + 1}: a quoted field is not closed before "
                             "the end of the data")
