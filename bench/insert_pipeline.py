@@ -2,7 +2,7 @@
 (``server.formats.parse_body``) -> ``prepare_block`` -> ``split_block`` -> ``write_temp_part`` (sort + write).
 
     .venv/bin/python bench/insert_pipeline.py [--rows 2000000] [--format TSV|CSV|JSONEachRow] [--tz UTC]
-                                              [--method zstd|lz4]
+                                              [--method zstd|lz4] [--sorted]
 
 Rows: the events table of bench/part_writer.py (Date, DateTime, UInt64, String, Float64, UInt8), PARTITION BY
 toYYYYMM(d) ORDER BY k.  A small body is pushed through first (pyarrow's lazy imports).  Prints wall and
@@ -46,8 +46,11 @@ class Body:
         return out
 
 
-def make_body(rows: int, fmt: str) -> bytes:
-    tsv = to_tsv(make_rows(rows))
+def make_body(rows: int, fmt: str, presorted: bool = False) -> bytes:
+    table = make_rows(rows)
+    if presorted:  # as a SELECT from a MergeTree table renders them: already in ORDER BY order
+        table = table.sort_by("k")
+    tsv = to_tsv(table)
     if fmt == "TSV":
         return tsv
     if fmt == "CSV":
@@ -96,8 +99,9 @@ def main() -> None:
     ap.add_argument("--format", default="TSV", choices=["TSV", "CSV", "JSONEachRow"])
     ap.add_argument("--tz", default="UTC")
     ap.add_argument("--method", default="zstd", choices=["zstd", "lz4"])
+    ap.add_argument("--sorted", action="store_true", help="rows already in ORDER BY order")
     args = ap.parse_args()
-    body = make_body(args.rows, args.format)
+    body = make_body(args.rows, args.format, args.sorted)
     work = Path(tempfile.mkdtemp(prefix="bench-insert-pipeline-"))
     try:
         warm = body[:body.rindex(b"\n", 0, 100_000) + 1]

@@ -85,10 +85,28 @@ def sort_indices(key_arrays: Sequence[pa.Array | pa.ChunkedArray]) -> npt.NDArra
         sort_keys = [(f"k{i}", "ascending", "at_end") for i in range(len(key_arrays))]
         return np.asarray(pc.sort_indices(table, sort_keys=sort_keys).to_numpy(), dtype=np.int64)
     keys = [k for k in numeric if k is not None]
+    if in_order(keys):  # rows already sorted (a SELECT from a MergeTree table, a sorted Spark frame)
+        return np.arange(len(keys[0]), dtype=np.int64)
     perm = _stable_argsort(keys[-1])
     for key in reversed(keys[:-1]):
         perm = perm[_stable_argsort(key[perm])]
     return perm
+
+
+def in_order(keys: Sequence[npt.NDArray[Any]]) -> bool:
+    """Whether the rows are already in the order of the sort keys (most significant first): each row's keys
+    compare lexicographically at or below the next row's, as ClickHouse checks a block before sorting it.
+    Vectorised; a NaN compares false, so it falls back to the sort (which puts NaN last)."""
+    first = keys[0]
+    if len(first) < 2:
+        return True
+    if not (first[:-1] <= first[1:]).all():  # the usual unsorted block stops at the cheapest test
+        return False
+    ok = keys[-1][:-1] <= keys[-1][1:]
+    for key in reversed(keys[:-1]):  # in order: less than the next row, or equal and in order on the rest
+        a, b = key[:-1], key[1:]
+        ok = (a < b) | ((a == b) & ok)
+    return bool(ok.all())
 
 
 def _string_rank(arr: pa.Array) -> npt.NDArray[Any]:

@@ -1,4 +1,5 @@
-"""The insert sort permutation: the packed (key, row) sort equals numpy's stable argsort."""
+"""The insert sort permutation: the packed (key, row) sort equals numpy's stable argsort; rows already in
+ORDER BY order are recognised without sorting (and only those)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from replicad.storage.block import _stable_argsort, sort_indices
+from replicad.storage.block import _stable_argsort, in_order, sort_indices
 
 DTYPES = [np.int8, np.uint8, np.int16, np.int32, np.uint32, np.int64, np.uint64]
 
@@ -64,3 +65,26 @@ def test_many_distinct_strings_and_dictionary_keys() -> None:
     assert sort_indices([s, k]).tolist() == _reference([s, k])
     d = pa.array(rng.choice(["x", "y", "", "ü"], n)).dictionary_encode()
     assert sort_indices([d, k]).tolist() == _reference([d.cast(pa.string()), k])
+
+
+@given(st.integers(0, 40).flatmap(lambda n: st.lists(
+    st.lists(st.integers(0, 2), min_size=n, max_size=n), min_size=1, max_size=3)), st.booleans())
+def test_in_order_is_the_lexicographic_row_order(columns: list[list[int]], presort: bool) -> None:
+    rows = list(zip(*columns, strict=True))
+    if presort:
+        rows.sort()
+    keys = [np.array([r[i] for r in rows], np.int64) for i in range(len(columns))]
+    assert in_order(keys) == all(rows[i] <= rows[i + 1] for i in range(len(rows) - 1))
+    assert sort_indices([pa.array(k) for k in keys]).tolist() == _reference([pa.array(k) for k in keys])
+
+
+def test_in_order_traps() -> None:
+    # sorted on the leading key, out of order on the second within a tie: must still be sorted
+    lead, second = np.array([1, 1, 2]), np.array([5, 4, 0])
+    assert not in_order([lead, second])
+    assert sort_indices([pa.array(lead), pa.array(second)]).tolist() == [1, 0, 2]
+    # out of order on the second key only where the leading key rises: already in order
+    assert in_order([np.array([1, 2, 2]), np.array([9, 0, 1])])
+    assert not in_order([np.array([1.0, np.nan, 2.0])])  # NaN goes last: the sort must run
+    assert sort_indices([pa.array([1.0, float("nan"), 2.0])]).tolist() == [0, 2, 1]
+    assert in_order([np.array([], np.int64)]) and in_order([np.array([7])])
