@@ -87,8 +87,10 @@ class TypeSyntaxError(SyntaxError_):
 # ---- file names ---------------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=4096)
 def escape_for_file_name(name: str) -> str:
-    """ClickHouse escapeForFileName: bytes outside ``[A-Za-z0-9_]`` become ``%XX`` (upper-case hex)."""
+    """ClickHouse escapeForFileName: bytes outside ``[A-Za-z0-9_]`` become ``%XX`` (upper-case hex).
+    Cached: a merge or a read names every column's files once per granule batch."""
     out = []
     for b in name.encode("utf-8"):
         c = chr(b)
