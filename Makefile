@@ -43,7 +43,7 @@ lint: venv
 	$(BIN)/lint-imports
 
 test: deps lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests
 
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit
