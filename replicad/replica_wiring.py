@@ -51,8 +51,6 @@ class ReplicaHooks(Protocol):
 
     def _on_pulled(self, entries: list[LogEntry]) -> None: ...
 
-    def _refresh_zk_summary(self) -> Awaitable[None]: ...
-
     def _startup_zookeeper(self) -> Awaitable[None]: ...
 
     def _on_restarted(self) -> None: ...
@@ -133,8 +131,7 @@ def build_collaborators(
     leader = LeaderElection(keeper, paths)
     # self-healing (replicad.replication.cleanup / part_check / restarting / clone)
     cleanup = CleanupThread(f"{spec.name}:cleanup", keeper, paths, store, CleanupSettings.from_settings(s),
-                            is_leader=lambda: leader.is_leader, is_readonly=lambda: hooks.is_readonly,
-                            before_iteration=hooks._refresh_zk_summary)
+                            is_leader=lambda: leader.is_leader, is_readonly=lambda: hooks.is_readonly)
     part_check = PartCheckThread(f"{spec.name}:part_check", keeper, paths, store, queue_state, tz=env.tz,
                                  is_readonly=lambda: hooks.is_readonly, on_queue_changed=executor.wakeup)
     restarting = RestartingThread(f"{spec.name}:restarting", keeper, paths, identifier=identifier,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -304,7 +304,6 @@ class CleanupThread(BackgroundTask):
         *,
         is_leader: Callable[[], bool],
         is_readonly: Callable[[], bool] = lambda: False,
-        before_iteration: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__(name, settings.cleanup_delay_period)
         self.keeper = keeper
@@ -313,7 +312,6 @@ class CleanupThread(BackgroundTask):
         self.settings = settings
         self.is_leader = is_leader
         self.is_readonly = is_readonly
-        self.before_iteration = before_iteration
         self.stats = CleanupStats()
         self._block_ctimes: dict[str, int] = {}
 
@@ -336,8 +334,6 @@ class CleanupThread(BackgroundTask):
             return Outcome("readonly", delay_s=1.0)
         fields: dict[str, Any] = {}
         try:
-            if self.before_iteration is not None:
-                await self.before_iteration()
             fields["removed_parts"] = await self.clear_old_parts()
             fields["removed_tmp_dirs"] = await self.clear_tmp_dirs()
             if self.is_leader():

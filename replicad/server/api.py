@@ -521,6 +521,7 @@ async def handle_table(request: web.Request) -> web.Response:
 
 async def handle_metrics(request: web.Request) -> web.Response:
     state: ApiState = request.app[STATE]
+    await status_mod.refresh_zk_fields(state.catalog)  # ZooKeeper fields no older than 30 s, read on demand
     body = await asyncio.to_thread(state.metrics.render)
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 

@@ -121,6 +121,24 @@ async def read_zk_fields(catalog: Catalog | None, timeout_s: float = ZK_FIELDS_T
     return out
 
 
+async def refresh_zk_fields(catalog: Catalog | None, timeout_s: float = ZK_FIELDS_TIMEOUT_S) -> None:
+    """Have each table re-read the ZooKeeper fields of its ``status()`` unless they are recent (engines
+    with a ``refresh_zk_summary()``): what a ``/metrics`` scrape reads, read when it is asked for."""
+    if catalog is None:
+        return
+
+    async def one(t: TableService) -> None:
+        fn = getattr(t, "refresh_zk_summary", None)
+        if fn is None:
+            return
+        try:
+            await asyncio.wait_for(fn(), timeout_s)
+        except Exception as e:  # a scrape must answer even when ZooKeeper is slow: the older values stay
+            log.info("metrics_zk_fields_unavailable", table=str(t.name), error=f"{type(e).__name__}: {e}")
+
+    await asyncio.gather(*(one(t) for t in catalog.tables()))
+
+
 def build_status(*, replica: str, state: str, started_at: float, version: str,
                  catalog: Catalog | None, supervisor: Supervisor | None,
                  zk_fields: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -133,3 +133,40 @@ async def test_log_and_blocks_stay_bounded(cluster: Cluster, keeper: Keeper) -> 
     assert final_log <= 110  # min_replicated_logs_to_keep * 1.1
     assert max_blocks <= 100 + 100 and max_log <= 110 + 200  # one cleanup period of slack
     assert [await r.count(None) for r in replicas] == [2 * inserts] * 3
+
+
+async def test_idle_cleanup_rounds_read_no_replica_summary_a_scrape_reads_it(cluster: Cluster) -> None:
+    """The system.replicas fields read from ZooKeeper (total/active replicas, log_max_index) are read when
+    asked for, at most once per ZK_SUMMARY_MAX_AGE_S, no longer by every cleanup round of every idle table
+    (2 + N requests per table per round: most of an idle daemon's ZooKeeper traffic with many tables)."""
+    r1 = await cluster.start("r1", FAST_CLEANUP)
+    r2 = await cluster.start("r2", FAST_CLEANUP)
+    reads: list[str] = []
+    for r in (r1, r2):
+        for method in ("exists", "get_children", "get"):
+            real = getattr(r.keeper, method)
+
+            async def spy(path: str, *a: Any, _real: Any = real, **kw: Any) -> Any:
+                reads.append(path)
+                return await _real(path, *a, **kw)
+
+            setattr(r.keeper, method, spy)
+    runs = [r1.cleanup.stats.runs, r2.cleanup.stats.runs]
+    await wait_for(lambda: r1.cleanup.stats.runs >= runs[0] + 3 and r2.cleanup.stats.runs >= runs[1] + 3,
+                   timeout=30, what="three cleanup rounds on both replicas")
+    summary_reads = [p for p in reads if p == PATHS.replicas or p.endswith("/is_active")]
+    assert summary_reads == [], summary_reads
+
+    # asked for: read once, then served from memory while younger than the maximum age
+    await r1.refresh_zk_summary()
+    assert {k: r1.status()[k] for k in ("total_replicas", "active_replicas", "log_max_index")} == {
+        "total_replicas": 2, "active_replicas": 2, "log_max_index": 0}
+    reads.clear()
+    await r1.refresh_zk_summary()
+    assert reads == []
+    await r1.insert_table(rows([1]))
+    await r1.insert_table(rows([2]))
+    await cluster.kill("r2")
+    await r1.refresh_zk_summary(max_age_s=0.0)
+    status = r1.status()
+    assert (status["total_replicas"], status["active_replicas"]) == (2, 1) and status["log_max_index"] >= 1

@@ -130,6 +130,34 @@ def test_tuned_allocator_returns_an_idle_threads_memory() -> None:
     assert untuned == "False" and kept_untuned > 150
 
 
+_SMALL_ALLOCATIONS = """
+import sys
+from replicad.memory import tune_allocators
+if sys.argv[1] == "tuned":
+    tune_allocators()
+import pyarrow as pa
+held = [pa.array(list(range(i, i + 100))) for i in range(50)]  # a few small allocations from Arrow's pool
+with open("/proc/self/smaps_rollup") as f:
+    print(next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages")))
+"""
+
+
+def test_tuned_allocator_backs_small_allocations_with_no_huge_pages() -> None:
+    """A resting daemon makes a few small allocations from Arrow's pool; tuned (``arena_eager_commit`` 0)
+    they cost no transparent huge page, untuned mimalloc commits its whole first arena and the kernel backs
+    it with huge pages (2 x 2 MiB resident) wherever transparent huge pages are not off."""
+    def huge_kb(mode: str) -> int:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC")}
+        out = subprocess.run([sys.executable, "-c", _SMALL_ALLOCATIONS, mode], capture_output=True, text=True,
+                             check=True, env=env)
+        return int(out.stdout)
+
+    assert huge_kb("tuned") == 0
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[never]" not in thp.read_text():
+        assert huge_kb("plain") >= 2048  # the case the option is for
+
+
 def test_parse_pool_releases_in_its_own_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """After a big insert the parser threads (which allocated the blocks) each return their allocator's
     cache, then the process-wide release runs; the caller does not wait for it."""
