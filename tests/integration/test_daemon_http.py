@@ -509,6 +509,10 @@ def test_queue_endpoint(daemon: Daemon, format_tables: dict[str, str]) -> None:
 def test_metrics_parse_as_prometheus_text(daemon: Daemon, format_tables: dict[str, str]) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
+    # what the counters below count, made here (the test passes alone, not only after the error tests)
+    ok(request(daemon.url, "/ping"))
+    bad = query(daemon.url, "INSERT INTO db.err FORMAT JSONEachRow", _json_with(id="abc"))
+    assert bad.status == 400 and bad.exception_code == 27, bad.text
     r = ok(request(daemon.url, "/metrics"))
     assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
