@@ -153,7 +153,8 @@ def write_temp_part(
     extra_types = {name: dtype for name, _a, dtype in pk if name not in schema.types}
     extra_arrays = {name: arr for name, arr, _t in pk if name not in schema.types}
     n = next(_tmp_counter)
-    tmp_dir = layout.new_tmp_dir(TMP_INSERT, f"{block.partition_id}_{n}_{n}_0")
+    # made by the writer (one mkdir; a leftover directory of the name is emptied there)
+    tmp_dir = layout.tmp_path(TMP_INSERT, f"{block.partition_id}_{n}_{n}_0")
     writer = PartWriter(
         tmp_dir,
         list(schema.columns),

@@ -80,6 +80,10 @@ class Converter:
         """The first ``n`` pending rows as one batch; the rest stays pending.  Column by column, each column's
         pieces released once joined (the block is held about once, not twice); the rest keeps only the
         pieces it needs (not the whole joined block, as slices of a combined table did)."""
+        if len(self._pending) == 1 and self._pending_rows == n:  # a small body: its one batch as it is
+            (whole,) = self._pending
+            self._pending, self._pending_rows = [], 0
+            return whole.replace_schema_metadata(self._metadata)
         head: list[pa.RecordBatch] = []
         rest: list[pa.RecordBatch] = []
         seen = 0

@@ -110,8 +110,18 @@ def _hex_unescape(v: bytes | None) -> bytes | None:
     return bytes(out)
 
 
+_ZERO_DATE = b"0000-00-00"
+#: a text column's data buffer up to this size is searched for the zero date with one bytes search (the
+#: two compute calls of the prefix test cost ~15 µs, a 100-row block's search well under one)
+ZERO_DATE_SCAN_BYTES = 1 << 16
+
+
 def zero_dates(arr: pa.Array, epoch: str) -> pa.Array:
     """ClickHouse 18.16 writes the zero Date/DateTime as ``0000-00-00[ 00:00:00]``: read it as ``epoch``."""
+    buffers = arr.buffers()
+    data = buffers[2] if len(buffers) == 3 else None
+    if data is not None and data.size <= ZERO_DATE_SCAN_BYTES and _ZERO_DATE not in data.to_pybytes():
+        return arr  # a small block's text searched at once: no compute call
     if not pc.any(pc.starts_with(arr, "0000-00-00")).as_py():  # a literal prefix test is much cheaper
         return arr
     zero = pc.fill_null(pc.match_substring_regex(arr, r"^0000-00-00( 00:00:00)?$"), False)

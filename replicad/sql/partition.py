@@ -165,6 +165,11 @@ def split_by_partition(table: pa.Table, key: PartitionKey | str | None, types: d
     pk = key if isinstance(key, PartitionKey) else PartitionKey.parse(key)
     if not pk.expressions:
         return [PartitionChunk("all", (), (), table)]
+    constant = _constant_key(table, pk, types, tz)
+    if constant is not None:  # the usual insert block: one partition, proved from the column's two ends
+        arrays, key_types = constant
+        pid = partition_id_at(key_types, arrays, 0)
+        return [PartitionChunk(pid, tuple(key_types), tuple(arrays), table)]
     distinct = _distinct_rows(table, pk)
     arrays, key_types = pk.evaluate(table if distinct is None else distinct[0], types, tz)
     for e, dt in zip(pk.expressions, key_types, strict=True):
@@ -188,6 +193,60 @@ def split_by_partition(table: pa.Table, key: PartitionKey | str | None, types: d
         pid = partition_id_at(key_types, values, 0)
         chunks.append(PartitionChunk(pid, tuple(key_types), values, table.take(pa.array(idx))))
     return chunks
+
+
+#: functions that never decrease as their Date argument grows: a key ``f(d)`` with the same value for the
+#: smallest and the largest ``d`` of a block has it for every row in between
+_MONOTONIC_OF_DATE = ("toYYYYMM", "toYYYYMMDD", "toYear", "toMonday", "toStartOfMonth", "toStartOfQuarter",
+                      "toStartOfYear", "toRelativeDayNum")
+
+
+def _constant_key(table: pa.Table, pk: PartitionKey, types: dict[str, DataType], tz: str
+                  ) -> tuple[list[pa.Array], list[DataType]] | None:
+    """When the key is ``d`` or ``f(d)`` (``f`` in :data:`_MONOTONIC_OF_DATE`) of one Date column without
+    NULLs and ``f`` gives the block's smallest and largest date the same value: the key's value (one-row
+    arrays) and types, from evaluating it over those two dates only (no distinct values, no grouping).
+    None otherwise (the block may span partitions: the caller groups its rows)."""
+    if len(pk.expressions) != 1 or table.num_rows == 0:
+        return None
+    (e,) = pk.expressions
+    columns = e.columns
+    if len(columns) != 1:
+        return None
+    col = columns[0]
+    dtype = types.get(col)
+    if dtype is None or dtype.name != "Date" or col not in table.column_names:
+        return None
+    text = e.text
+    if text != col and not any(text == f"{f}({col})" for f in _MONOTONIC_OF_DATE):
+        return None
+    arr = table.column(col)
+    if arr.null_count:
+        return None
+    lo_hi = pc.min_max(arr)
+    lo, key_types = _key_of_date(pk, col, lo_hi["min"].as_py(), arr.type, types, tz)
+    hi, _types = _key_of_date(pk, col, lo_hi["max"].as_py(), arr.type, types, tz)
+    if not lo.equals(hi):
+        return None
+    return [lo], list(key_types)
+
+
+#: (key text, time zone, date) -> the key's value for that date (a one-row array) and its types: blocks of
+#: a stream of inserts share their dates, and evaluating the key costs tens of µs even for one row
+_KEY_OF_DATE: dict[tuple[str, str, object], tuple[pa.Array, tuple[DataType, ...]]] = {}
+_KEY_OF_DATE_MAX = 4096
+
+
+def _key_of_date(pk: PartitionKey, col: str, day: object, arrow_type: pa.DataType, types: dict[str, DataType],
+                 tz: str) -> tuple[pa.Array, tuple[DataType, ...]]:
+    k = (pk.text, tz, day)
+    hit = _KEY_OF_DATE.get(k)
+    if hit is None:
+        arrays, key_types = pk.evaluate(pa.table({col: pa.array([day], arrow_type)}), types, tz)
+        if len(_KEY_OF_DATE) >= _KEY_OF_DATE_MAX:
+            _KEY_OF_DATE.clear()
+        hit = _KEY_OF_DATE[k] = (arrays[0], tuple(key_types))
+    return hit
 
 
 def _distinct_rows(table: pa.Table, pk: PartitionKey) -> tuple[pa.Table, np.ndarray] | None:

@@ -17,7 +17,7 @@ import pyarrow as pa
 from replicad.datatypes import DataType
 from replicad.datatypes.composite import NullableType
 from replicad.datatypes.strings import StringType
-from replicad.model.cityhash import file_hash
+from replicad.model.cityhash import BytesLike, file_hash
 from replicad.native import _strings
 from replicad.storage.checksums import Checksum
 from replicad.storage.compression import CompressedStreamWriter
@@ -55,6 +55,64 @@ class WriterSettings:
             raise ValueError(f"unknown compression method {self.method!r}")
 
 
+#: a stream's compressed bytes are held in memory up to this size before its ``.bin`` file is made (then
+#: written as they come): a small part's ``.bin`` is created and written whole at its finish, with one open,
+#: one write and one close (no file object, no fstat); memory stays bounded by this per stream
+SPILL_BYTES = 16384
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+
+
+def _write_all(fd: int, data: BytesLike) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class _BinFile:
+    """The ``.bin`` file of a stream: what :class:`CompressedStreamWriter` writes, held until it passes
+    :data:`SPILL_BYTES`, then written through to the file."""
+
+    __slots__ = ("_fd", "_held", "_size", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._held: list[bytes] = []
+        self._size = 0
+        self._fd = -1
+
+    def write(self, data: BytesLike, /) -> int:
+        n = len(data)
+        if self._fd < 0:
+            if self._size + n <= SPILL_BYTES:
+                self._held.append(bytes(data))  # a copy: the compressor reuses its output buffer
+                self._size += n
+                return n
+            self._fd = os.open(self.path, _CREATE, 0o666)  # as open(): the umask decides
+            held, self._held = b"".join(self._held), []
+            _write_all(self._fd, held)
+        _write_all(self._fd, data)
+        return n
+
+    def finish(self, fsync: bool) -> None:
+        """The file complete on disk (fsynced when ``fsync``), closed."""
+        if self._fd < 0:
+            held, self._held = b"".join(self._held), []
+            write_file(self.path, held, fsync)
+            return
+        fd, self._fd = self._fd, -1
+        try:
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        self._held = []
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
 class _Stream:
     """One substream: ``<name>.bin`` (compressed blocks) + ``<name>.mrk`` (16 bytes per granule)."""
 
@@ -62,7 +120,7 @@ class _Stream:
 
     def __init__(self, directory: Path, name: str, settings: WriterSettings) -> None:
         self.name = name
-        self._bin = open(os.path.join(directory, name + DATA_EXT), "wb", buffering=0)  # no Path objects
+        self._bin = _BinFile(os.path.join(directory, name + DATA_EXT))
         self._out = CompressedStreamWriter(
             self._bin, settings.method, settings.level, settings.max_compress_block_size
         )
@@ -82,9 +140,7 @@ class _Stream:
     def finish(self, directory: Path, fsync: bool) -> dict[str, Checksum]:
         out = self._out
         out.close()
-        if fsync:
-            os.fsync(self._bin.fileno())
-        self._bin.close()
+        self._bin.finish(fsync)
         marks = bytes(self._marks)
         write_file(os.path.join(directory, self.name + MARKS_EXT), marks, fsync)
         return {
@@ -99,8 +155,7 @@ class _Stream:
         }
 
     def close(self) -> None:
-        if not self._bin.closed:
-            self._bin.close()
+        self._bin.close()
 
 
 def _serialized_rows(arr: pa.Array) -> dict[str, memoryview]:

@@ -22,7 +22,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, Protocol
 
 import lz4.block
 import pyarrow as pa
@@ -428,6 +428,13 @@ def _parallel_pool() -> ThreadPoolExecutor | None:
     return ThreadPoolExecutor(min(cpus, 4), thread_name_prefix="compress") if cpus > 1 else None
 
 
+class ByteSink(Protocol):
+    """Where a :class:`CompressedStreamWriter` puts its blocks (a binary file, or a part writer's buffered
+    ``.bin``)."""
+
+    def write(self, data: BytesLike, /) -> int: ...
+
+
 class CompressedStreamWriter:
     """Writes a ClickHouse compressed file (.bin) to a binary file object, block by block.
 
@@ -445,7 +452,7 @@ class CompressedStreamWriter:
 
     def __init__(
         self,
-        f: BinaryIO,
+        f: ByteSink,
         method: Method = "lz4",
         level: int = 1,
         max_block_size: int = MAX_COMPRESS_BLOCK_SIZE,

@@ -17,6 +17,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from replicad.datatypes import escape_for_file_name
@@ -75,8 +76,9 @@ class TableDataLayout:
         default_factory=dict, init=False, compare=False, repr=False
     )
 
-    @property
+    @cached_property
     def path(self) -> Path:
+        """``<data_path>/data/<db>/<table>`` (built once: every part written, renamed or removed asks)."""
         db, table = escape_for_file_name(self.database), escape_for_file_name(self.table)
         return Path(self.data_path) / "data" / db / table
 

@@ -15,7 +15,8 @@ from replicad.datatypes import parse_type
 from replicad.sql.partition import PartitionKey, _group_codes, partition_id_at, split_by_partition
 
 TYPES = {"d": parse_type("Date"), "k": parse_type("UInt64"), "s": parse_type("String")}
-KEYS = ["toYYYYMM(d)", "d", "s", "intDiv(k, 3)", "(toYYYYMM(d), s)", "toMonday(d)", "k % 2"]
+KEYS = ["toYYYYMM(d)", "d", "s", "intDiv(k, 3)", "(toYYYYMM(d), s)", "toMonday(d)", "k % 2", "toYear(d)",
+        "toStartOfMonth(d)", "toYYYYMMDD(d)", "toDayOfMonth(d)", "toDayOfWeek(d)"]
 
 
 def _reference(table: pa.Table, key: str) -> list[tuple[str, list[object], pa.Table]]:
@@ -46,3 +47,20 @@ def test_split_matches_per_row_evaluation(rows: list[tuple[dt.date, int, bytes]]
     assert [(p, v) for p, v, _ in got] == [(p, v) for p, v, _ in want]
     for (_, _, g), (_, _, w) in zip(got, want, strict=True):
         assert g.equals(w)
+
+
+def test_equal_ends_prove_one_partition_only_for_non_decreasing_keys() -> None:
+    """The smallest and largest date of the block give the same key value: one partition for a key that
+    never decreases (toYYYYMM), but not for toDayOfMonth / toDayOfWeek, whose rows in between differ."""
+    days = [dt.date(2030, 1, 5), dt.date(2030, 1, 20), dt.date(2030, 2, 5), dt.date(2030, 1, 12)]
+    table = pa.table({"d": pa.array(days, pa.date32()), "k": pa.array([0, 1, 2, 3], pa.uint64()),
+                      "s": pa.array([b"a"] * 4, pa.binary())})
+    for key in KEYS:
+        got = [(c.partition_id, list(c.values), c.table) for c in split_by_partition(table, key, TYPES)]
+        want = _reference(table, key)
+        assert [(p, v) for p, v, _ in got] == [(p, v) for p, v, _ in want], key
+        for (_, _, g), (_, _, w) in zip(got, want, strict=True):
+            assert g.equals(w), key
+    same_month = table.slice(0, 2)
+    assert len(split_by_partition(same_month, "toYYYYMM(d)", TYPES)) == 1
+    assert len(split_by_partition(same_month, "toDayOfMonth(d)", TYPES)) == 2

@@ -114,3 +114,19 @@ def test_tsv_null_in_plain_column_still_refused() -> None:
 def test_zero_dates(value: bytes, expected: bytes) -> None:
     out = zero_dates(pa.array([value, b"2024-01-01", None]), "E")
     assert out.to_pylist() == [expected, b"2024-01-01", None]
+
+
+@pytest.mark.parametrize("scan_bytes", [0, 1 << 16])
+def test_zero_dates_searched_or_tested_alike(scan_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The small-buffer search and the compute prefix test agree, on slices too (a zero date outside the
+    slice is still in the buffer searched)."""
+    from replicad.server import text_values
+
+    monkeypatch.setattr(text_values, "ZERO_DATE_SCAN_BYTES", scan_bytes)
+    arr = pa.array([b"0000-00-00", b"2024-01-01", None, b"2024-01-02", b"0000-00-00 00:00:00", b""])
+    assert zero_dates(arr, "E").to_pylist() == [b"E", b"2024-01-01", None, b"2024-01-02", b"E", b""]
+    assert zero_dates(arr.slice(1, 3), "E").to_pylist() == [b"2024-01-01", None, b"2024-01-02"]
+    assert zero_dates(arr.slice(3, 2), "E").to_pylist() == [b"2024-01-02", b"E"]
+    assert zero_dates(pa.array(["0000-00-00", "2024-01-01"]), "E").to_pylist() == ["E", "2024-01-01"]
+    empty = pa.array([b"", b""])
+    assert zero_dates(empty, "E").to_pylist() == [b"", b""]

@@ -194,6 +194,40 @@ def test_batch_boundaries_do_not_change_bytes(
     assert pa.concat_tables(list(r.iter_batches(granules_per_batch=3))).equals(t)
 
 
+def test_bin_files_the_same_held_or_spilled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream's ``.bin`` is held in memory up to SPILL_BYTES, then written through: the bytes do not
+    depend on where (or whether) it spills, and a writer aborted after a spill leaves no open file."""
+    import os
+
+    from replicad.storage import column_writer
+
+    rng = np.random.default_rng(5)
+    n = 5000
+    t = pa.table({"k": pa.array(rng.integers(0, 1 << 60, n).astype(np.uint64)),
+                  "s": pa.array([b"v%d" % v for v in rng.integers(0, 10**9, n)])})
+    cols = [("k", T("UInt64")), ("s", T("String"))]
+    settings = WriterSettings(index_granularity=512, min_compress_block_size=1024,
+                              max_compress_block_size=4096, fsync=True)
+    parts = {}
+    for spill in (0, 1, 5000, 1 << 30):
+        monkeypatch.setattr(column_writer, "SPILL_BYTES", spill)
+        parts[spill] = write_part(tmp_path / f"p{spill}", cols, [t], settings, primary_key=["k"])
+    files = sorted(f.name for f in parts[0].iterdir())
+    assert len(blocks(parts[0] / "k.bin")) > 3
+    for spill, p in parts.items():
+        assert sorted(f.name for f in p.iterdir()) == files
+        for f in files:
+            assert (p / f).read_bytes() == (parts[0] / f).read_bytes(), (spill, f)
+    monkeypatch.setattr(column_writer, "SPILL_BYTES", 5000)
+    fds = len(os.listdir("/proc/self/fd"))
+    w = PartWriter(tmp_path / "aborted", cols, settings, primary_key=["k"])
+    w.write(t)  # more than 5000 compressed bytes per stream: both files are open now
+    assert len(os.listdir("/proc/self/fd")) > fds
+    w.abort()
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert not (tmp_path / "aborted").exists()
+
+
 # ---- reading -------------------------------------------------------------------------------------------
 
 
