@@ -7,7 +7,9 @@ its own chroot, one system at a time, so the two never compete for the cores):
   replicated tables on a 2-replica set, after the tables have settled;
 - **replicas**: replication lag p50 with 2, 3 and 5 replicas: for each small insert, from its part's
   ``parts/<name>`` znode on the inserting replica to the same znode on the last replica (ZooKeeper's
-  own clock on both ends, so no polling delay counts);
+  own clock on both ends, so no polling delay counts); with it the CPU time of the replicas' servers and
+  the ZooKeeper requests they sent, per insert (the bench's ``count()`` polls included), figures the other
+  engineers' load disturbs less than the lag;
 - **clone**: seconds for a new replica to hold every row of a table of 1,000 and 10,000 parts (one part per
   partition, so nothing merges), from its CREATE TABLE;
 - **drain**: log entries per second a replica works through after it was stopped while 1,000 and 10,000
@@ -205,12 +207,14 @@ class ScaleSet:
     def table_zk_path(self, table: str) -> str:
         return f"{self.chroot}{ZK_PREFIX}/{table.replace('.', '_')}"
 
-    def cpu(self) -> float:
-        return sum(cpu_seconds(r.pid) for r in self.replicas)
+    def cpu(self, k: int | None = None) -> float:
+        """CPU-seconds of the servers (the first ``k``)."""
+        return sum(cpu_seconds(r.pid) for r in self.replicas[:k])
 
-    def zk_requests(self) -> int:
+    def zk_requests(self, k: int | None = None) -> int:
+        """Requests ZooKeeper received from the servers (the first ``k``)."""
         by_port = zk_recved_by_port(self.zk)
-        return sum(by_port.get(p, 0) for r in self.replicas for p in tcp_peer_ports(r.pid, self.zk.port))
+        return sum(by_port.get(p, 0) for r in self.replicas[:k] for p in tcp_peer_ports(r.pid, self.zk.port))
 
 
 @contextlib.contextmanager
@@ -274,25 +278,31 @@ def tables_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSiz
 
 
 def replicas_curve(system: System, zk: ZooKeeperServer, kz: KazooClient, ctx: Context, sz: ScaleSizes,
-                   lag: Curve) -> None:
+                   lag: Curve, cpu: Curve, zkr: Curve) -> None:
     with scale_set(system, zk, ctx.work_dir / "scale-replicas", max(sz.replicas)) as s:
         for k in sz.replicas:
             table = f"scale.lag{k}"
             s.create(table, EVENTS_DDL, on=range(k))
             expected = 0
+            c0, z0 = s.cpu(k), s.zk_requests(k)
             for i in range(sz.lag_inserts):
                 body = to_tsv_fast(with_month(make_events(100, seed=70_000 + 1000 * k + i), i))
                 post(s.replicas[0], f"INSERT INTO {table} FORMAT TSV", body)
                 expected += 100
                 for r in s.replicas[1:k]:
                     wait_count(r, table, expected, timeout=120, poll_s=0.01)
+            cpu_ms = 1000 * (s.cpu(k) - c0) / sz.lag_inserts
+            requests = (s.zk_requests(k) - z0) / sz.lag_inserts
+            cpu.points.setdefault(system, []).append(Point(k, cpu_ms))
+            zkr.points.setdefault(system, []).append(Point(k, requests))
             path = s.table_zk_path(table)
             origin = part_ctimes_ms(kz, path, "r0")
             others = [part_ctimes_ms(kz, path, f"r{j}") for j in range(1, k)]
             lags = [max(o[p] for o in others) - t for p, t in origin.items() if all(p in o for o in others)]
             value = statistics.median(lags) if lags else float("nan")
             lag.points.setdefault(system, []).append(Point(k, value))
-            ctx.say(f"scale replicas: {system} {k} replicas: lag p50 {value:.0f} ms over {len(lags)} parts")
+            ctx.say(f"scale replicas: {system} {k} replicas: lag p50 {value:.0f} ms over {len(lags)} parts, "
+                    f"{cpu_ms:.1f} CPU-ms, {requests:.1f} ZooKeeper requests of the {k} servers per insert")
 
 
 def clone_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, clone: Curve,
@@ -388,6 +398,10 @@ def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | N
                          "requests/s", higher_is_better=False),
         "lag": Curve("lag", "Replication lag p50 (until on the last replica)", "replicas", "ms",
                      higher_is_better=False),
+        "lag_cpu": Curve("lag_cpu", "Replication: CPU of the servers per small insert", "replicas", "ms",
+                         higher_is_better=False),
+        "lag_zk": Curve("lag_zk", "Replication: ZooKeeper requests per small insert", "replicas", "requests",
+                        higher_is_better=False),
         "clone": Curve("clone", "New replica: time to hold every part", "parts", "s", higher_is_better=False),
         "clone_cpu": Curve("clone_cpu", "New replica: CPU of both servers per part", "parts", "ms",
                            higher_is_better=False),
@@ -408,7 +422,7 @@ def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | N
             if "tables" in only:
                 tables_curve(system, zk, ctx, sz, curves["idle_cpu"], curves["idle_zk"])
             if "replicas" in only:
-                replicas_curve(system, zk, kz, ctx, sz, curves["lag"])
+                replicas_curve(system, zk, kz, ctx, sz, curves["lag"], curves["lag_cpu"], curves["lag_zk"])
             if "clone" in only:
                 clone_curve(system, zk, ctx, sz, curves["clone"], curves["clone_cpu"])
             if "drain" in only:

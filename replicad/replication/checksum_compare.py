@@ -5,7 +5,6 @@ header).  Checksums are compared only between registrations of the same columns,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import cast
 
@@ -74,9 +73,14 @@ async def read_registrations(
     include_self: bool,
 ) -> ReplicaState:
     """What the replicas ``names`` (plus or minus ourselves: ``include_self``) registered for the part, in two
-    pipelined rounds: every replica's ``columns`` child; then, where it exists, the ``checksums`` child and
-    the ``columns`` version again (unchanged = a consistent pair), elsewhere the part node (absent, or a
-    single-node header)."""
+    pipelined rounds: every replica's ``columns`` child; then, where it exists, the ``checksums`` child,
+    elsewhere the part node (absent, or a single-node header).
+
+    18.16 reads the ``columns`` version a third time after the checksums (unchanged = a consistent pair).
+    That read is made only for a replica whose checksums node was written after the columns read (a newer
+    ``mzxid``): otherwise the checksums read were already the value when the columns were read (our
+    session's reads see ZooKeeper's states in order), so the pair is consistent as it is, and the answers
+    carry the columns' own stat as the "after" stat (one request less per replica holding the part)."""
     me = paths.replica_name
     if include_self and me not in names:  # checked: absent tells whether we registered it
         names = [*names, me]
@@ -84,15 +88,40 @@ async def read_registrations(
         names = [n for n in names if n != me]
     rps = [paths.replica(r) for r in names]
     columns = await keeper.get_many([rp.part_columns(part_name) for rp in rps])
-    second: list[Awaitable[object]] = []
-    for rp, col in zip(rps, columns, strict=True):
-        if col is None:
-            second.append(_get_or_none(keeper, rp.part(part_name)))
-        else:
-            second.append(_get_or_none(keeper, rp.part_checksums(part_name)))
-            second.append(keeper.exists(rp.part_columns(part_name)))
-    answers = await asyncio.gather(*second)
+    second = await asyncio.gather(*(
+        _get_or_none(keeper, rp.part(part_name) if col is None else rp.part_checksums(part_name))
+        for rp, col in zip(rps, columns, strict=True)))
+    newer = [i for i, (col, raw) in enumerate(zip(columns, second, strict=True))
+             if col is not None and raw is not None and raw[1].mzxid > col[1].mzxid]
+    again: dict[int, ZnodeStat | None] = {}
+    if newer:
+        stats = await asyncio.gather(*(keeper.exists(rps[i].part_columns(part_name)) for i in newer))
+        again = dict(zip(newer, stats, strict=True))
+    answers: list[object] = []
+    for i, (col, raw) in enumerate(zip(columns, second, strict=True)):
+        answers.append(raw)
+        if col is not None:
+            answers.append(again[i] if i in again else col[1])
     return ReplicaState(tuple(rps), tuple(columns), tuple(answers), columns_version, include_self)
+
+
+async def recheck_absent(
+    keeper: Keeper,
+    paths: TablePaths,
+    part_name: str,
+    absent: set[str],
+    columns_version: int,
+    columns_text: str,
+    checksums: Checksums,
+) -> set[str]:
+    """After a commit's probe failed (a replica registered the part meanwhile): read and check again only the
+    replicas whose part paths are in ``absent`` (the registrations checked before stay checked, as of their
+    reading); returns those still without the part.  With several replicas fetching a new part at once their
+    commits meet like this all the time, and reading every replica again made each one's cost grow with the
+    square of the replica count."""
+    names = sorted({path.rsplit("/parts/", 1)[0].rsplit("/", 1)[-1] for path in absent})
+    seen = await read_registrations(keeper, paths, part_name, names, columns_version, include_self=True)
+    return compare_with_replicas(seen, part_name, columns_text, checksums)
 
 
 async def _get_or_none(keeper: Keeper, path: str) -> tuple[bytes, ZnodeStat] | None:

@@ -46,7 +46,7 @@ from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
-from replicad.replication import zero_copy_fetch
+from replicad.replication import checksum_compare, zero_copy_fetch
 from replicad.replication.checksum_compare import ReplicaState, compare_with_replicas, read_registrations
 from replicad.replication.commit import part_commit_ops
 from replicad.replication.exchange import FetchCredentials
@@ -545,8 +545,13 @@ class PartFetcher:
         again with the version read from ZooKeeper."""
         me = self.paths.me
         fresh_columns_version = False
+        recheck: set[str] = set()  # the part paths probed when a probe failed: only those are read again
         for _attempt in range(10):
-            if absent is None or columns_version is None:
+            if recheck and columns_version is not None:  # ours among them: self_read
+                absent = await checksum_compare.recheck_absent(
+                    self.keeper, self.paths, part_name, recheck, columns_version, columns_text, checksums)
+                recheck, self_read = set(), True
+            elif absent is None or columns_version is None:
                 seen = await self._read_replica_state(part_name, fresh_columns_version=fresh_columns_version)
                 absent = compare_with_replicas(seen, part_name, columns_text, checksums)
                 columns_version = seen.columns_version
@@ -569,6 +574,7 @@ class PartFetcher:
                 failed = ops[e.index].path if 0 <= e.index < len(ops) else ""
                 if e.index < len(probes) and isinstance(e.cause, KeeperNodeExistsError):
                     log.info("part_appeared_on_replica_rechecking", part=part_name, path=failed)
+                    recheck = missing
                     continue
                 exists = isinstance(e.cause, KeeperNodeExistsError)
                 if not self_read and failed == me.part(part_name) and exists:

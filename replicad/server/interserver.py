@@ -27,7 +27,8 @@ Compatible with 18.16 and modern fetchers:
 * an unknown endpoint or part → 404 with a message (18.16 answers 200 with an empty body, which every fetcher
   treats as a failed fetch anyway); the part name is validated (PartInfo) before anything is looked up;
 * a small part (its files add up to at most ``part_transfer.SMALL_PART_BYTES``) is read and checked whole
-  in the loop's default executor before anything is answered, then sent with ``Content-Length`` in one
+  in the loop's default executor before anything is answered (once for the replicas fetching it together:
+  :mod:`replicad.server.small_bodies`), then sent with ``Content-Length`` in one
   write: a broken part always gets a 500 with the error.  A larger part is streamed chunked, its files read
   while the body goes out: an error after the headers shows up as a truncated body, which fetchers detect.
 """
@@ -46,12 +47,12 @@ from urllib.parse import parse_qs, urlsplit
 from replicad.errors import BadPartNameError, CorruptedDataError, UnsupportedPartFormatError
 from replicad.logging import get_logger
 from replicad.model.part_info import PartInfo
+from replicad.server.small_bodies import SmallBodies
 from replicad.server.tls import server_context
 from replicad.storage import zero_copy_wire
 from replicad.storage.checksums import Checksums
 from replicad.storage.part_transfer import (
     SEND_MAX_PROTOCOL_VERSION,
-    build_part_body,
     is_small_part,
     iter_part_body,
 )
@@ -220,6 +221,8 @@ class InterserverServer:
         self.sent_parts = 0
         self.zero_copy_sends = 0
         self.requests = 0
+        #: small parts' bodies, built once for the replicas fetching a new part together
+        self.small_bodies = SmallBodies()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._idle: set[asyncio.Task[None]] = set()  # kept-alive connections waiting for a request
@@ -514,7 +517,7 @@ class InterserverServer:
     ) -> bool:
         """A small part: the whole body is built (and checked) before the head, then one write, one drain."""
         try:
-            body = await asyncio.to_thread(build_part_body, part.path, part.checksums, version)
+            body = await self.small_bodies.body(part.path, part.checksums, version)
         except (OSError, CorruptedDataError) as e:
             await self._send_failed(writer, endpoint, part_name, e, keep)
             return True

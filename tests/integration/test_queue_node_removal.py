@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from replicad.errors import KeeperConnectionLossError
+from replicad.keeper.ops import Delete, Op
 from tests.support.table_cluster import Cluster, rows, wait_for
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,7 @@ async def test_queue_node_of_a_done_entry_is_removed_after_a_failed_delete(clust
     r1 = await cluster.start("r1")
     r2 = await cluster.start("r2")
     keeper = r2.keeper
-    real_delete = keeper.delete
+    real_delete, real_multi = keeper.delete, keeper.multi
     failed: list[str] = []
 
     async def flaky_delete(path: str, *args: Any, **kwargs: Any) -> Any:
@@ -29,7 +30,16 @@ async def test_queue_node_of_a_done_entry_is_removed_after_a_failed_delete(clust
             raise KeeperConnectionLossError(f"delete {path}: connection loss")
         return await real_delete(path, *args, **kwargs)
 
+    async def flaky_multi(ops: list[Op], *args: Any, **kwargs: Any) -> Any:
+        # the removal goes with the entry's insert times in one multi
+        removal = [op.path for op in ops if isinstance(op, Delete) and "/queue/queue-" in op.path]
+        if removal and not failed:
+            failed.append(removal[0])
+            raise KeeperConnectionLossError(f"multi (delete {removal[0]}): connection loss")
+        return await real_multi(ops, *args, **kwargs)
+
     keeper.delete = flaky_delete  # type: ignore[method-assign]
+    keeper.multi = flaky_multi  # type: ignore[method-assign]
     try:
         await r1.insert_table(rows([1, 2, 3]))
         await wait_for(lambda: failed and len(r2.queue_state) == 0, what="r2 to run the GET_PART")
@@ -40,3 +50,4 @@ async def test_queue_node_of_a_done_entry_is_removed_after_a_failed_delete(clust
         await wait_for(queue_empty_in_zookeeper, timeout=15, what="the leftover queue node to be removed")
     finally:
         keeper.delete = real_delete  # type: ignore[method-assign]
+        keeper.multi = real_multi  # type: ignore[method-assign]
