@@ -18,7 +18,9 @@ its own chroot, one system at a time, so the two never compete for the cores):
 - with each of clone and drain, the CPU time of both servers (the source serves the parts) per part or
   entry: a figure the other engineers' load on a shared machine disturbs less than the elapsed time;
 - **clients**: insert throughput into one replica of a 2-replica set with 1, 4 and 16 concurrent
-  clients (10,000-row TSV blocks, ``insert_deduplicate=0`` so a repeated block is written again).
+  clients (10,000-row TSV blocks, ``insert_deduplicate=0`` so a repeated block is written again), and the
+  CPU time of both servers per insert while the clients post (merges and the second replica's fetches
+  included): on a shared machine the rate swings with the others' load, the CPU per insert much less.
 
 ``python -m bench --only scale --scale-curves clone,drain --scale-parts 1000,3000`` runs some curves at
 other sizes (the default clone and drain sizes, 1,000 and 10,000, take about 15 minutes of the run).
@@ -345,7 +347,8 @@ def drain_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSize
                     f"(source {src_s:.2f}, draining replica {dst_s:.2f})")
 
 
-def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, clients: Curve) -> None:
+def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, clients: Curve,
+                  cpu: Curve) -> None:
     bodies = [to_tsv_fast(make_events(sz.client_rows, seed=90_000 + j)) for j in range(max(sz.clients))]
     with scale_set(system, zk, ctx.work_dir / "scale-clients", 2) as s:
         table = "scale.clients"
@@ -368,18 +371,22 @@ def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSi
                 finally:
                     me.http.close()
 
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), s.cpu()
             threads = [threading.Thread(target=client, args=(j,)) for j in range(c)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
             rate = sum(rows) / (time.monotonic() - t0)
+            inserts = max(1, sum(rows) // sz.client_rows)
+            cpu_ms = 1000 * (s.cpu() - c0) / inserts  # the merges and the second replica's fetches included
             if errors:
                 ctx.notes.append(f"scale clients: {system} with {c} clients: {len(errors)} failed inserts, "
                                  f"first: {errors[0]}")
             clients.points.setdefault(system, []).append(Point(c, rate))
-            ctx.say(f"scale clients: {system} {c} clients: {rate / 1e3:.0f} k rows/s")
+            cpu.points.setdefault(system, []).append(Point(c, cpu_ms))
+            ctx.say(f"scale clients: {system} {c} clients: {rate / 1e3:.0f} k rows/s, {cpu_ms:.1f} CPU-ms of "
+                    "both servers per insert")
 
 
 CURVES = ("tables", "replicas", "clone", "drain", "clients")
@@ -411,6 +418,8 @@ def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | N
                            higher_is_better=False),
         "clients": Curve("clients", "Insert throughput (10k-row blocks)", "concurrent clients", "rows/s",
                          higher_is_better=True),
+        "clients_cpu": Curve("clients_cpu", "Inserts: CPU of both servers per 10k-row insert",
+                             "concurrent clients", "ms", higher_is_better=False),
     }
     zk = ZooKeeperServer(ctx.work_dir / "scale-zookeeper", heap_mb=1024)
     zk.start()
@@ -428,7 +437,7 @@ def run(ctx: Context, quick: bool, plot_path: Path | None, sizes: ScaleSizes | N
             if "drain" in only:
                 drain_curve(system, zk, ctx, sz, curves["drain"], curves["drain_cpu"])
             if "clients" in only:
-                clients_curve(system, zk, ctx, sz, curves["clients"])
+                clients_curve(system, zk, ctx, sz, curves["clients"], curves["clients_cpu"])
     finally:
         with contextlib.suppress(Exception):
             kz.stop()

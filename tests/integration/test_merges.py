@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 
@@ -11,6 +12,7 @@ from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.replication.merge_assigner import AssignerSettings
+from replicad.replication.table_ops import MERGE_SELECTING_MIN_INTERVAL_S
 from tests.support.table_cluster import (
     ZK_PATH,
     Cluster,
@@ -233,3 +235,33 @@ async def test_new_entries_wake_the_merge_selection(cluster: Cluster) -> None:
 
     await wait_for(merged, what="merged parts on both replicas")
     assert await r2.count(None) == 40
+
+
+async def test_merge_selection_rounds_are_rate_limited(cluster: Cluster) -> None:
+    """A stream of inserts (each pull of new entries) and of merges (each part made) wakes the selection at
+    most once per MERGE_SELECTING_MIN_INTERVAL_S; each round that assigns a merge runs once more at once.
+    The stream is still merged."""
+    slow = AssignerSettings(sleep_s=3600.0)
+    r1 = await cluster.start("r1", assigner=slow)
+    r2 = await cluster.start("r2", assigner=slow)
+    await wait_for(lambda: len(leaders(cluster)) == 1, what="a leader")
+    assigner = cluster.ops[leaders(cluster)[0]].assigner
+    await asyncio.sleep(MERGE_SELECTING_MIN_INTERVAL_S)  # start-up wakes are behind
+    runs0, assigned0, t0 = assigner.runs, assigner.assigned_merges, time.monotonic()
+    n = 0
+    while time.monotonic() - t0 < 4 * MERGE_SELECTING_MIN_INTERVAL_S:
+        await r1.insert_table(rows([n]))
+        n += 1
+    await asyncio.sleep(0.5)
+    elapsed = time.monotonic() - t0
+    rounds, assigned = assigner.runs - runs0, assigner.assigned_merges - assigned0
+    wakes = elapsed / MERGE_SELECTING_MIN_INTERVAL_S + 1
+    assert n >= 20, n
+    assert assigned > 0
+    assert rounds <= wakes + assigned + 1, (rounds, wakes, assigned, n)
+
+    async def merged() -> bool:
+        return len(r2.store.active_names()) < n and await converged([r1, r2])
+
+    await wait_for(merged, what="merged parts on both replicas")
+    assert await r2.count(None) == n

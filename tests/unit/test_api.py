@@ -377,3 +377,31 @@ def test_routing_insert_keeps_inline_data_untouched() -> None:
     s = route("/* c */ SELECT x FROM t WHERE s = 'FROM ORDER BY' -- trailing\n")
     assert isinstance(s, SelectRoute) and s.query.where == "s = 'FROM ORDER BY'"
     assert isinstance(route("system sync replica db.t"), StatementRoute)
+
+
+@pytest.mark.parametrize(("rows", "trips"), [(20_000, 1), (110_000, 3)])
+async def test_a_body_of_one_read_block_is_parsed_in_one_worker_trip(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int, trips: int) -> None:
+    """A 10k-row insert's ~0.7 MB (here ~0.8 MB) is read whole and parsed in one trip to a worker thread;
+    a body larger than a read block (4 MiB, here ~4.3 MB) is streamed: a trip for the column list, one per
+    block, one for the end, at least."""
+    from replicad.server import formats
+    runs: list[object] = []
+    real = formats._run
+
+    async def counting(fn: Any, *args: Any) -> Any:
+        runs.append(fn)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(formats, "_run", counting)
+    line = b"2020-01-02\t2020-01-02 03:04:05\t5\tclick\n"
+    data = line * rows
+    assert (len(data) <= formats.SMALL_BODY_BYTES) == (trips == 1)
+    client, _state, table, _catalog = await serve_fake_api(str(tmp_path), {"max_body_bytes": 64 << 20})
+    try:
+        async with client.post("/", params={"query": "INSERT INTO db.events FORMAT TSV"}, data=data) as r:
+            assert r.status == 200, await r.text()
+        assert table.table().num_rows == rows
+        assert len(runs) == 1 if trips == 1 else len(runs) >= trips
+    finally:
+        await client.close()

@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from itertools import pairwise
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicad.model.part_info import PartInfo
+from replicad.replication import merge_selector
 from replicad.replication.merge_selector import (
     MergeCandidate,
     MergeChoice,
@@ -187,3 +192,123 @@ def test_choice_is_always_a_contiguous_mergeable_window(
     for left, right in pairwise(infos):
         assert can_merge(left, right)
     assert choice.new_part_name == PartInfo.for_merge(infos).name
+
+
+def _scan_range_loop(  # the selector's former loop over the window lengths: the reference
+    sizes: merge_selector.Floats, ages: merge_selector.Floats, range_index: int, max_total: float,
+    s: MergeSelectorSettings, best: merge_selector._Best,
+) -> None:
+    n = len(sizes)
+    if n < 2:
+        return
+    starts = min(n, s.max_window_starts + 1)
+    cum = np.concatenate(([0.0], np.cumsum(sizes)))
+    fixed = float(s.size_fixed_cost_to_add)
+    parts_norm = float(merge_selector._unit(np.array([float(n)]), float(s.min_parts_to_lower_base),
+                             float(s.max_parts_to_lower_base))[0])
+    log_min, log_max = math.log1p(s.min_size_to_lower_base), math.log1p(s.max_size_to_lower_base)
+    run_max = sizes.copy()
+    run_min_age = ages.copy()
+    max_len = n if s.max_parts_to_merge_at_once <= 0 else min(n, s.max_parts_to_merge_at_once)
+    for length in range(2, max_len + 1):
+        count = n - length + 1  # windows [b, b + length)
+        run_max = np.maximum(run_max[:count], sizes[length - 1 : length - 1 + count])
+        run_min_age = np.minimum(run_min_age[:count], ages[length - 1 : length - 1 + count])
+        m = min(count, starts)
+        total = cum[length : length + m] - cum[:m]
+        wmax, wage = run_max[:m], run_min_age[:m]
+        size_norm = merge_selector._unit(np.log1p(total), log_min, log_max)
+        min_age_lo = merge_selector._lerp(
+            s.min_age_to_lower_base_at_min_size, s.min_age_to_lower_base_at_max_size, size_norm
+        )
+        max_age_lo = merge_selector._lerp(
+            s.max_age_to_lower_base_at_min_size, s.max_age_to_lower_base_at_max_size, size_norm
+        )
+        age_norm = merge_selector._unit(wage, min_age_lo, max_age_lo)
+        lowered_base = merge_selector._lerp(s.base, 2.0, np.minimum(1.0, age_norm + parts_norm))
+        allowed = (total + length * fixed) / (wmax + fixed) >= lowered_base
+        if max_total > 0:
+            allowed &= total <= max_total
+        if not allowed.any():
+            continue
+        score = (total + fixed * length) / (length - 1.9)
+        if s.align_parts:
+            prev = np.concatenate(([0.0], sizes[: m - 1]))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                diff = np.abs(np.log2(np.where(prev > 0, total / np.where(prev > 0, prev, 1.0), 1.0)))
+            use = (prev > total * s.align_min_ratio_of_sum_to_prev) & (diff < s.align_max_log2_difference)
+            factor = merge_selector._lerp(s.align_max_score_adjustment, 1.0,
+                                          diff / s.align_max_log2_difference)
+            score = np.where(use, score * factor, score)
+        score = np.where(allowed, score, np.inf)
+        b = int(np.argmin(score))  # first minimum = smallest begin for this length
+        cand = float(score[b])
+        better = cand < best.score or (
+            cand == best.score and (range_index, b, length) < (best.range_index, best.begin, best.length)
+        )
+        if better:
+            best.score, best.range_index, best.begin, best.length = cand, range_index, b, length
+            best.total = float(total[b])
+
+
+def _both(cands: list[MergeCandidate], can_merge: merge_selector.CanMerge, s: MergeSelectorSettings,
+          limit: int | None, monkeypatch: pytest.MonkeyPatch) -> tuple[object, object]:
+    fast = select_merge(cands, can_merge, s, limit)
+    with monkeypatch.context() as m:
+        m.setattr(merge_selector, "_scan_range", _scan_range_loop)
+        slow = select_merge(cands, can_merge, s, limit)
+    return fast, slow
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["a", "b"]), st.sampled_from([1, 7, 1000, 271_821, 5 * MiB, 10**9]),
+                       st.integers(1, 10**9), st.booleans(), st.floats(0, 10**7)), min_size=2, max_size=140),
+    st.sets(st.integers(0, 140), max_size=4),
+    st.sampled_from([0, 2, 5, 100]),
+    st.sampled_from([0, 3, 1000]),
+    st.booleans(),
+    st.sampled_from([None, 0, 50 * MiB]),
+)
+def test_the_windows_scored_at_once_choose_as_the_loop_over_lengths(
+    spec: list[tuple[str, int, int, bool, float]], gaps: set[int], max_at_once: int, starts: int, align: bool,
+    limit: int | None,
+) -> None:
+    """Sizes from a small set (ties between windows) or any; ages any; gaps, window limits, alignment."""
+    cands = [MergeCandidate(f"{pid}_{i}_{i}_0", fixed if tie else size, age)
+             for i, (pid, fixed, size, tie, age) in enumerate(spec)]
+
+    def can_merge(left: PartInfo, right: PartInfo) -> bool:
+        return not any(left.max_block < g <= right.min_block for g in gaps)
+
+    s = dataclasses.replace(MergeSelectorSettings(), max_parts_to_merge_at_once=max_at_once,
+                            max_window_starts=starts, align_parts=align)
+    with pytest.MonkeyPatch.context() as mp:
+        fast, slow = _both(cands, can_merge, s, limit, mp)
+    assert fast == slow
+
+
+def test_a_stream_chooses_as_the_loop_over_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's stream: one big part, merged parts, many young 10k-row parts of equal size."""
+    rng = random.Random(3)
+    for n in (2, 3, 10, 60, 150):
+        cands = [MergeCandidate("202401_0_99_5", 60_000_000, 20.0)]
+        cands += [MergeCandidate(f"202401_{100 + i}_{100 + i}_0",
+                                 271_821 if rng.random() < 0.8 else 1_900_000, max(0.0, 10.0 - 0.1 * i))
+                  for i in range(n)]
+        fast, slow = _both(cands, always, MergeSelectorSettings(), None, monkeypatch)
+        assert fast == slow, n
+        assert fast is not None or n < 5
+
+
+@pytest.mark.parametrize("max_at_once", [0, 5, 100])
+@pytest.mark.parametrize("align", [True, False])
+def test_equal_windows_choose_as_the_loop_over_lengths(max_at_once: int, align: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal parts: many windows score the same; the first begin, then the shortest window, wins."""
+    s = dataclasses.replace(MergeSelectorSettings(), max_parts_to_merge_at_once=max_at_once,
+                            align_parts=align)
+    for n in (5, 20, 120):
+        cands = parts("202401", [271_821] * n, age=5.0)
+        fast, slow = _both(cands, always, s, None, monkeypatch)
+        assert fast == slow and fast is not None, (n, fast, slow)
