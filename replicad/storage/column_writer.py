@@ -21,7 +21,7 @@ from replicad.model.cityhash import BytesLike, file_hash
 from replicad.native import _strings
 from replicad.storage.checksums import Checksum
 from replicad.storage.compression import CompressedStreamWriter
-from replicad.storage.part import DATA_EXT, MARKS_EXT, stream_stem, write_file
+from replicad.storage.part import DATA_EXT, MARKS_EXT, create_file, stream_stem, write_all, write_file
 
 __all__ = ["BulkSerializer", "ColumnWriter", "Method", "WriterSettings", "combine_chunks", "is_serialized",
            "plain_checksum"]
@@ -59,14 +59,6 @@ class WriterSettings:
 #: written as they come): a small part's ``.bin`` is created and written whole at its finish, with one open,
 #: one write and one close (no file object, no fstat); memory stays bounded by this per stream
 SPILL_BYTES = 16384
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-
-
-def _write_all(fd: int, data: BytesLike) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
 
 class _BinFile:
     """The ``.bin`` file of a stream: what :class:`CompressedStreamWriter` writes, held until it passes
@@ -87,10 +79,10 @@ class _BinFile:
                 self._held.append(bytes(data))  # a copy: the compressor reuses its output buffer
                 self._size += n
                 return n
-            self._fd = os.open(self.path, _CREATE, 0o666)  # as open(): the umask decides
+            self._fd = create_file(self.path)
             held, self._held = b"".join(self._held), []
-            _write_all(self._fd, held)
-        _write_all(self._fd, data)
+            write_all(self._fd, held)
+        write_all(self._fd, data)
         return n
 
     def finish(self, fsync: bool) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from replicad.datatypes import DataType, escape_for_file_name, parse_type
 from replicad.errors import CorruptedDataError
-from replicad.model.cityhash import FileHasher, hash_file
+from replicad.model.cityhash import BytesLike, FileHasher, hash_file
 from replicad.sql.expressions_lexer import unquote
 from replicad.storage.checksums import Checksum, Checksums
 from replicad.storage.compression import (
@@ -162,15 +162,26 @@ def fsync_part_files(path: str | os.PathLike[str]) -> None:
     fsync_dir(path)
 
 
+def create_file(path: str | os.PathLike[str], *, exclusive: bool = False) -> int:
+    """A plain descriptor of a new (or truncated) file, open for writing; ``exclusive``: fail if it exists.
+    ``open()`` adds an fstat, an ioctl and a buffered file object."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+    return os.open(path, flags, 0o666)  # as open(): the umask decides
+
+
+def write_all(fd: int, data: BytesLike) -> None:
+    """All of ``data`` to ``fd`` (``os.write`` may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def write_file(path: str | os.PathLike[str], data: bytes, fsync: bool, *, exclusive: bool = False) -> None:
     """Write a whole (small) file, fsynced when ``fsync``; ``exclusive``: fail if it exists.  Plain
-    ``os`` calls: open, write, close (``open()`` adds an fstat, an ioctl and a buffered file object)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
-    fd = os.open(path, flags, 0o666)  # as open(): the umask decides
+    ``os`` calls: open, write, close."""
+    fd = create_file(path, exclusive=exclusive)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         if fsync:
             os.fsync(fd)
     finally:

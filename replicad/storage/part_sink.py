@@ -21,14 +21,13 @@ from pathlib import Path
 from replicad import fault_plant
 from replicad.errors import CorruptedDataError
 from replicad.model.cityhash import FileHasher
-from replicad.storage.part import fsync_dir
+from replicad.storage.part import create_file, fsync_dir, write_all
 
 #: the loop hands the writer thread about this many bytes at a time (with BATCHES_PENDING and the fetcher's
 #: read_bufsize, what a fetch holds: ~4 MiB, whatever the part; 4 MiB batches made a fetch +20 MiB of RSS)
 BATCH_SIZE = 1 << 20
 #: batches handed over but not yet written before the loop waits (memory bound)
 BATCHES_PENDING = 2
-_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -229,13 +228,12 @@ class PartSink:
         # lseek), each a hand-over of the GIL to a busy event loop
         if job.first:
             self._close()
-            self._fd = os.open(f"{self.path}/{job.name}", _CREATE_FLAGS, 0o666)
+            self._fd = create_file(f"{self.path}/{job.name}", exclusive=True)
             self._hasher = FileHasher()
         fd, hasher = self._fd, self._hasher
         for piece in job.pieces:
             hasher.update(piece)
-            while piece:
-                piece = piece[os.write(fd, piece) :]
+            write_all(fd, piece)
         if not job.last:
             return
         try:
