@@ -41,19 +41,6 @@ class _Body:
     size: int = 0
 
 
-def _built(body: _Body, bodies: SmallBodies, key: tuple[str, int]) -> None:
-    kept = bodies._bodies.get(key) is body
-    if body.task.cancelled() or body.task.exception() is not None:
-        if kept:  # a failure is not kept
-            del bodies._bodies[key]
-        return
-    if kept:
-        body.built = time.monotonic()
-        body.size = len(body.task.result())
-        bodies._bytes += body.size
-        bodies._trim()
-
-
 class SmallBodies:
     """Small-part bodies being built or built lately, by (part directory, protocol version)."""
 
@@ -78,9 +65,22 @@ class SmallBodies:
             self._drop(key)
         task = asyncio.ensure_future(asyncio.to_thread(build_part_body, path, checksums, version))
         body = self._bodies[key] = _Body(checksums, task)
-        task.add_done_callback(lambda _t: _built(body, self, key))
+        task.add_done_callback(lambda _t: self._built(body, key))
         self.builds += 1
         return await asyncio.shield(task)
+
+    def _built(self, body: _Body, key: tuple[str, int]) -> None:
+        """A build ended: a success is kept (and counted against ``max_bytes``), a failure dropped."""
+        kept = self._bodies.get(key) is body
+        if body.task.cancelled() or body.task.exception() is not None:
+            if kept:  # a failure is not kept
+                del self._bodies[key]
+            return
+        if kept:
+            body.built = time.monotonic()
+            body.size = len(body.task.result())
+            self._bytes += body.size
+            self._trim()
 
     def __len__(self) -> int:
         return len(self._bodies)
