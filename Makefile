@@ -42,8 +42,11 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# two workers (pytest-xdist), each test file on one of them: most integration tests wait on servers, so two
+# files at a time fit the 2 cores; every worker has its own ZooKeeper and draws its own ports
+TEST_WORKERS ?= 2
 test: deps lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 -n $(TEST_WORKERS) --dist loadfile tests
 
 unit: venv
 	$(BIN)/python -m pytest -q tests/unit

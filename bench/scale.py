@@ -21,6 +21,7 @@ its own chroot, one system at a time, so the two never compete for the cores):
   clients (10,000-row TSV blocks, ``insert_deduplicate=0`` so a repeated block is written again), and the
   CPU time of both servers per insert while the clients post (merges and the second replica's fetches
   included): on a shared machine the rate swings with the others' load, the CPU per insert much less.
+  Each point has a table of its own, dropped after it.
 
 ``python -m bench --only scale --scale-curves clone,drain --scale-parts 1000,3000`` runs some curves at
 other sizes (the default clone and drain sizes, 1,000 and 10,000, take about 15 minutes of the run).
@@ -206,6 +207,12 @@ class ScaleSet:
                 r.http.query(f"CREATE DATABASE IF NOT EXISTS {table.partition('.')[0]}")
             r.http.query(sql, timeout=120)
 
+    def drop(self, table: str, on: Sequence[int]) -> None:
+        for i in on:
+            with contextlib.suppress(BenchHttpError, OSError):
+                self.replicas[i].http.query(f"DROP TABLE IF EXISTS {table}" if self.system == "clickhouse"
+                                            else f"DROP TABLE {table}", timeout=120)
+
     def table_zk_path(self, table: str) -> str:
         return f"{self.chroot}{ZK_PREFIX}/{table.replace('.', '_')}"
 
@@ -351,16 +358,18 @@ def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSi
                   cpu: Curve) -> None:
     bodies = [to_tsv_fast(make_events(sz.client_rows, seed=90_000 + j)) for j in range(max(sz.clients))]
     with scale_set(system, zk, ctx.work_dir / "scale-clients", 2) as s:
-        table = "scale.clients"
-        s.create(table, EVENTS_DDL, on=(0, 1))
         port = s.replicas[0].http.port
         for c in sz.clients:
+            # a fresh table per point: no earlier point's parts to merge again, so a point does not depend on
+            # the ones before it; the table is dropped after it, ending its merges and fetches
+            table = f"scale.clients{c}"
+            s.create(table, EVENTS_DDL, on=(0, 1))
             rows = [0] * c
             errors: list[str] = []
             stop_at = time.monotonic() + sz.client_seconds
 
             def client(j: int, stop_at: float = stop_at, rows: list[int] = rows,
-                       errors: list[str] = errors) -> None:
+                       errors: list[str] = errors, table: str = table) -> None:
                 me = Replica(system, f"client{j}", s.servers[0], port)
                 try:
                     while time.monotonic() < stop_at:
@@ -387,6 +396,7 @@ def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSi
             cpu.points.setdefault(system, []).append(Point(c, cpu_ms))
             ctx.say(f"scale clients: {system} {c} clients: {rate / 1e3:.0f} k rows/s, {cpu_ms:.1f} CPU-ms of "
                     "both servers per insert")
+            s.drop(table, on=(0, 1))
 
 
 CURVES = ("tables", "replicas", "clone", "drain", "clients")

@@ -21,6 +21,8 @@ import random
 import subprocess
 from collections.abc import Sequence
 
+from replicad.devtools.ports import worker_share
+
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
@@ -33,7 +35,8 @@ class Network:
     def __init__(self, members: Sequence[str]) -> None:
         self.members = list(members)
         self.tag = f"{random.randrange(16**4):04x}"
-        self.octet = random.randrange(100, 250)
+        index, count = worker_share()  # concurrent test workers never draw the same subnet
+        self.octet = random.randrange(100 + index, 250, count)
         self.bridge = f"chb{self.tag}"
         self.cuts: set[tuple[str, str]] = set()
         self.down: set[str] = set()
