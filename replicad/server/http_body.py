@@ -187,12 +187,19 @@ async def send_result(request: web.Request, result: QueryResult, fmt: str, heade
     """Stream ``result`` in ``fmt`` (compressed when asked); an error before the first byte is raised (the
     caller answers it with its status), one after it is appended to the body as ClickHouse does."""
     chunks = render(result, fmt, tz)
-    first = await anext(chunks, None)
-    resp = stream_response(request, {**headers, "X-ClickHouse-Format": fmt, "Content-Type": content_type})
+    all_headers = {**headers, "X-ClickHouse-Format": fmt, "Content-Type": content_type}
+    head = [c for c in [await anext(chunks, None)] if c is not None]
+    plain = answer_encoding(request.query, request.headers) is None
+    if plain and head:
+        head += [c for c in [await anext(chunks, None)] if c is not None]
+    if plain and len(head) < 2:  # the whole answer in one piece (a count(), a few rows): one plain response
+        return web.Response(body=head[0] if head else b"", headers=all_headers)
+    resp = stream_response(request, all_headers)
     await resp.prepare(request)
     try:
-        if first:
-            await resp.write(first)
+        for chunk in head:
+            if chunk:
+                await resp.write(chunk)
         async for chunk in chunks:
             await resp.write(chunk)
     except ReplicadError as e:

@@ -40,6 +40,9 @@ OUTPUT_FORMATS: dict[str, str] = {
     "Arrow": "application/octet-stream",
 }
 RENDER_ROWS = 65536  # rows rendered at a time (keeps 32-bit string offsets safe)
+#: a batch this small is rendered on the event loop (tens of µs, less than the trip to a worker thread): a
+#: count() or a handful of rows
+INLINE_RENDER_ROWS = 16
 _TSV_ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\0", "\\0"), ("\b", "\\b"), ("\f", "\\f"),
                 ("\r", "\\r"), ("'", "\\'"))
 _JSON_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("/", "\\/"), ("\n", "\\n"), ("\t", "\\t"), ("\r", "\\r"),
@@ -74,7 +77,10 @@ async def render(result: QueryResult, fmt: str, tz: str = "UTC") -> AsyncIterato
     async for batch in result.batches:
         for start in range(0, batch.num_rows, RENDER_ROWS):
             piece = batch.slice(start, RENDER_ROWS)
-            yield await asyncio.to_thread(render_text, piece, names, types, fmt, tz)
+            if piece.num_rows <= INLINE_RENDER_ROWS:
+                yield render_text(piece, names, types, fmt, tz)
+            else:
+                yield await asyncio.to_thread(render_text, piece, names, types, fmt, tz)
 
 
 def render_text(batch: pa.RecordBatch, names: list[str], types: list[DataType], fmt: str, tz: str) -> bytes:

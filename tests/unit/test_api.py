@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from replicad.config import build_config
 from replicad.errors import QuorumError, TooManyPartsError
+from replicad.server import output_formats
 from replicad.server.api import ApiServer, ApiState, create_app
 from replicad.server.metrics import Metrics
 from replicad.server.routing import InsertRoute, SelectRoute, StatementRoute, route
@@ -202,6 +203,19 @@ async def test_select_formats(api: Api) -> None:
     assert body == b"2\n"
     _, _, body = await api.get("/", query="SELECT 1")
     assert body == b"1\n"
+
+
+async def test_a_one_piece_answer_is_sent_whole_and_a_longer_one_streams(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    await api.post("INSERT INTO db.events FORMAT TSV", ROWS)
+    status, headers, body = await api.get("/", query="SELECT count() FROM db.events")
+    assert (status, body) == (200, b"2\n")
+    assert headers["Content-Length"] == "2" and "Transfer-Encoding" not in headers
+    monkeypatch.setattr(output_formats, "RENDER_ROWS", 1)  # a row per piece: two pieces
+    _, headers, body = await api.get("/", query="SELECT * FROM db.events")
+    assert body == ROWS and headers["Transfer-Encoding"] == "chunked" and "Content-Length" not in headers
+    _, headers, body = await api.get("/", query="SELECT * FROM db.events FORMAT TSVWithNames")
+    assert body.split(b"\n", 1)[1] == ROWS and headers["Transfer-Encoding"] == "chunked"
 
 
 async def test_select_errors(api: Api) -> None:
