@@ -11,7 +11,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -37,6 +37,7 @@ def test_duplicates_and_extremes(dtype: type) -> None:
 
 
 
+@settings(deadline=None, max_examples=60)  # pyarrow's first sort_indices call loads its kernels
 @given(st.sampled_from([*DTYPES, np.float64]), st.integers(1, 6), st.integers(0, 2**32 - 1))
 def test_few_sorted_runs_match_numpy_stable_argsort(dtype: type, runs: int, seed: int) -> None:
     """Keys made of a few sorted runs (as a multi-threaded SELECT from a MergeTree table renders them) take
