@@ -424,7 +424,7 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    if (column_buffers_alloc(&cb, alloc, width, st.rows, st.sizes, st.valued) < 0)
+    if (column_buffers_alloc(&cb, alloc, width, st.rows, st.sizes, st.valued, NULL) < 0)
         goto done;
     Py_BEGIN_ALLOW_THREADS
     fill(s, bb.len, &st, cb.offsets, cb.data, cb.valid);
