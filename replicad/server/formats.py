@@ -159,6 +159,7 @@ async def _aiter(gen: Iterator[Any], body: SyncBody, executor: Executor | None
             del batch  # not held while the next block is parsed
     finally:
         body.error = body.error or ConnectionAbortedError("insert finished")
+        body.cancel_read_ahead()
         with contextlib.suppress(Exception):
             await asyncio.get_running_loop().run_in_executor(executor, gen.close)  # type: ignore[attr-defined]
 
