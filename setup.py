@@ -38,7 +38,7 @@ setup(
         Extension(
             "replicad.native._jsonsplit",
             sources=["replicad/native/jsonsplit.c"],
-            depends=["replicad/native/column_buffers.h"],
+            depends=["replicad/native/column_buffers.h", "replicad/native/text_numbers.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(

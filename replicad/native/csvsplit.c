@@ -258,8 +258,9 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t c = 0; c < width; c++)
-        if (typed[c] && st.rows && !typed_rows(s, st.spans + 2 * c, 2 * width, st.rows, typed[c], st.kinds + c, width,
-                                    (uint8_t *)val_views[c].buf))
+        if (typed[c] && st.rows &&
+            !typed_rows(s, st.spans + 2 * c, 2 * width, st.rows, typed[c], st.kinds + c, width, K_RAW,
+                        (uint8_t *)val_views[c].buf))
             typed[c] = 0; /* some field is not of the kind: the column's texts instead */
     Py_END_ALLOW_THREADS
     if (column_buffers_alloc(&cb, alloc, width, st.rows, st.sizes, st.valued, typed) < 0)

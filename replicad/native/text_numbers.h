@@ -180,13 +180,15 @@ static inline int typed_field(const uint8_t *s, Py_ssize_t len, char kind, uint8
     }
 }
 
-/* Field r of a column: s[bounds[r * stride], bounds[r * stride + 1]), with field_kinds[r * kinds_stride]
- * 0 (a plain field; field_kinds NULL: all are).  1 when every row reads as `kind` into out, else 0. */
-static inline int typed_rows(const uint8_t *s, const int32_t *bounds, Py_ssize_t stride, Py_ssize_t rows, char kind,
-                      const uint8_t *field_kinds, Py_ssize_t kinds_stride, uint8_t *out) {
+/* Field r of a column: s[bounds[r * stride], bounds[r * stride + 1]), read only when its splitter's kind
+ * field_kinds[r * kinds_stride] is `plain` (the field's text as written; field_kinds NULL: every field
+ * is).  1 when every row reads as `kind` into out, else 0. */
+static inline int typed_rows(const uint8_t *s, const int32_t *bounds, Py_ssize_t stride, Py_ssize_t rows,
+                             char kind, const uint8_t *field_kinds, Py_ssize_t kinds_stride, uint8_t plain,
+                             uint8_t *out) {
     for (Py_ssize_t r = 0; r < rows; r++) {
         const int32_t *b = bounds + r * stride;
-        if (field_kinds && field_kinds[r * kinds_stride])
+        if (field_kinds && field_kinds[r * kinds_stride] != plain)
             return 0;
         if (!typed_field(s + b[0], (Py_ssize_t)b[1] - b[0], kind, out, r))
             return 0;

@@ -339,9 +339,17 @@ def _json(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
         del attempts[1]
     # flat objects (no array column) are split in C into value texts, as the row-by-row path gives them
     keys = tuple(n.encode() for n in names) if not any(array_element(t.name) for t in types) else None
+    kinds = text_kinds(len(names), range(len(names)), types, spec.tz)
+    positions = list(range(len(names)))
     for block in body.line_blocks(spec.read_block_bytes):
-        cols = _json_split(block, keys, spec.skip_unknown_fields) if keys is not None else None
-        for i, opts in enumerate(attempts if cols is None else ()):
+        got = _jsonsplit.split(block, keys, spec.skip_unknown_fields, pa.allocate_buffer, kinds) \
+            if keys is not None else None
+        if got is not None:  # flat objects split in C: texts, and the columns read as their values
+            columns, ready = _split_columns(got, positions, types, kinds, spec.tz)
+            yield from conv.feed(columns, ready=ready)
+            continue
+        cols = None
+        for i, opts in enumerate(attempts):
             try:
                 table = pa_json.read_json(io.BytesIO(block), parse_options=opts)
             except pa.ArrowInvalid:

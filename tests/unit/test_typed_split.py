@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from replicad.datatypes import DataType, parse_type
 from replicad.errors import BadInputError
-from replicad.native import _csvsplit, _textints, _tsvsplit
+from replicad.native import _csvsplit, _jsonsplit, _textints, _tsvsplit
 from replicad.server import formats
 from replicad.server.formats import InputSpec, parse_body
 
@@ -222,12 +223,32 @@ def _csv_body(rows: list[list[bytes]], names: bool) -> bytes:
     return head + b"".join(b",".join(cell(c) for c in r) + b"\n" for r in rows)
 
 
+def _json_body(rows: list[list[bytes]], names: bool) -> bytes:
+    """One object a row: digits as JSON numbers, \\N as null, the rest as strings (non-ASCII escaped)."""
+    del names
+    lines = []
+    for r in rows:
+        fields = []
+        for (n, _), cell in zip(COLUMNS, r, strict=True):
+            text = cell.decode("latin-1")
+            digits = cell.lstrip(b"-").isdigit()
+            value = "null" if cell == b"\\N" else text if digits else json.dumps(text)
+            fields.append(f'"{n}":{value}')
+        lines.append("{" + ",".join(fields) + "}\n")
+    return "".join(lines).encode()
+
+
+def _render(fmt: str, rows: list[list[bytes]]) -> bytes:
+    render = _json_body if fmt == "JSONEachRow" else _tsv_body if fmt.startswith("TSV") else _csv_body
+    return render(rows, fmt.endswith("WithNames"))
+
+
 @settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
-@given(rows_strategy, st.sampled_from(["TSV", "TSVWithNames", "CSV", "CSVWithNames"]),
+@given(rows_strategy, st.sampled_from(["TSV", "TSVWithNames", "CSV", "CSVWithNames", "JSONEachRow"]),
        st.sampled_from(["UTC", "Europe/Moscow"]), st.sampled_from([64, 4 << 20]))
 def test_typed_path_gives_the_general_paths_rows_or_error(rows: list[list[bytes]], fmt: str, tz: str,
                                                           block_bytes: int) -> None:
-    body = (_tsv_body if fmt.startswith("TSV") else _csv_body)(rows, fmt.endswith("WithNames"))
+    body = _render(fmt, rows)
     typed, general = _both(fmt, body, tz=tz, read_block_bytes=block_bytes)
     _same(typed, general)
 
@@ -239,8 +260,8 @@ def test_clean_rows_take_the_typed_path_and_match() -> None:
              b"2024-01-%02d" % (i % 28 + 1), b"2024-01-27 01:%02d:%02d" % (i % 60, i % 59),
              b"2024-03-31 02:%02d:00" % (i % 60), b"s%d" % i]
             for i in range(3000)]
-    for fmt in ("TSV", "CSV"):
-        body = (_tsv_body if fmt == "TSV" else _csv_body)(rows, False)
+    for fmt in ("TSV", "CSV", "JSONEachRow"):
+        body = _render(fmt, rows)
         typed, general = _both(fmt, body, tz="Europe/Berlin", read_block_bytes=8192)
         assert not isinstance(typed, str)
         _same(typed, general)
@@ -248,6 +269,9 @@ def test_clean_rows_take_the_typed_path_and_match() -> None:
     assert kinds == b"BhQqDTts"
     got = _tsvsplit.split(_tsv_body(rows, False), len(COLUMNS), True, pa.allocate_buffer, kinds)
     assert got is not None and [o is None for o, _, _, _ in got] == [True] * 7 + [False]
+    names = tuple(n.encode() for n, _ in COLUMNS)
+    split = _jsonsplit.split(_json_body(rows, False), names, False, pa.allocate_buffer, kinds)
+    assert split is not None and [o is None for o, _, _ in split] == [True] * 7 + [False]
 
 
 @pytest.mark.parametrize(("cells", "message"), [
@@ -264,9 +288,9 @@ def test_clean_rows_take_the_typed_path_and_match() -> None:
 def test_bad_values_keep_their_errors(cells: dict[str, bytes], message: str) -> None:
     good = [b"1", b"2", b"3", b"4", b"2024-01-27", b"2024-01-27 01:42:10", b"2024-01-27 01:42:10", b"x"]
     bad = [cells.get(n, g) for (n, _), g in zip(COLUMNS, good, strict=True)]
-    for fmt, render in (("TSV", _tsv_body), ("CSV", _csv_body)):
-        if fmt == "CSV" and b"\\N" in bad:
-            message = "column u8, row 2: NULL is not allowed"
+    for fmt, render in (("TSV", _tsv_body), ("CSV", _csv_body), ("JSONEachRow", _json_body)):
+        if fmt == "JSONEachRow" and b"\\N" in bad:
+            continue  # a JSON null is the column's default (input_format_null_as_default)
         typed, general = _both(fmt, render([good, bad, good], False))
         assert isinstance(typed, str) and message in typed, typed
         assert typed == general
