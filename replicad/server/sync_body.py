@@ -198,13 +198,16 @@ class SyncBody(io.RawIOBase):
 
     def _read_parts(self, n: int | None = -1, ahead: bool = False) -> list[bytes]:
         """What :meth:`read` returns, as the pieces it would join (no piece empty; none at the end);
-        ``ahead`` (:meth:`line_blocks` only): reads ahead, and may return more than ``n`` bytes."""
+        ``ahead`` (:meth:`line_blocks` only): reads ahead, and may return more than ``n`` bytes; bytes put
+        back (a header line's read) are topped up to a whole block (not a block of their own)."""
+        parts: list[bytes] = []
         if self._pending:
             size = len(self._pending) if n is None or n < 0 else min(n, len(self._pending))
             out = bytes(self._pending[:size])
             del self._pending[:size]
-            return [out]
-        parts: list[bytes] = []
+            if not ahead or n is None or n <= size:
+                return [out]
+            parts, n = [out], n - size
         if n is None or n < 0:
             while got := self._fetch(self._chunk):
                 parts += got

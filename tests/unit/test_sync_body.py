@@ -156,3 +156,23 @@ def test_the_next_block_is_read_while_one_is_parsed_and_the_read_ahead_stops() -
 
     assert asyncio.run(go(stop=True)) == [b"a\n" * 10]
     assert asyncio.run(go(stop=False)) == [b"a\n" * 10, b"b\n" * 10, b"c\n" * 10]
+
+
+def test_the_rest_of_a_header_read_is_topped_up_to_a_whole_block() -> None:
+    """*WithNames: the header line is read 64 KiB at a time and the rest put back; the first block is still
+    a whole block (not that rest alone, a small block and one more hand-over to the loop)."""
+    lines = [b"%05d" % i + b"x" * 1018 + b"\n" for i in range(400)]
+    data = b"a\tb\n" + b"".join(lines)
+
+    async def go() -> tuple[bytes, list[bytes]]:
+        loop = asyncio.get_running_loop()
+        body = SyncBody(_Pieces([data[i:i + 4096] for i in range(0, len(data), 4096)]), loop, 1 << 30)
+
+        def work() -> tuple[bytes, list[bytes]]:
+            return body.readline_raw(), list(body.line_blocks(200_000))
+
+        return await loop.run_in_executor(None, work)
+
+    header, blocks = asyncio.run(go())
+    assert header == b"a\tb\n" and b"".join(blocks) == b"".join(lines)
+    assert len(blocks[0]) > 190_000  # a whole block, not the ~64 KiB left from the header's read
