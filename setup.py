@@ -26,24 +26,25 @@ setup(
         Extension(
             "replicad.native._tsvsplit",
             sources=["replicad/native/tsvsplit.c"],
+            depends=["replicad/native/text_numbers.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(
             "replicad.native._csvsplit",
             sources=["replicad/native/csvsplit.c"],
-            depends=["replicad/native/column_buffers.h"],
+            depends=["replicad/native/column_buffers.h", "replicad/native/text_numbers.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(
             "replicad.native._jsonsplit",
             sources=["replicad/native/jsonsplit.c"],
-            depends=["replicad/native/column_buffers.h"],
+            depends=["replicad/native/column_buffers.h", "replicad/native/text_numbers.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(
             "replicad.native._textints",
             sources=["replicad/native/textints.c"],
-            depends=["replicad/native/string_offsets.h"],
+            depends=["replicad/native/string_offsets.h", "replicad/native/text_numbers.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(

@@ -1,5 +1,5 @@
 from collections.abc import Callable
 from typing import Any
 
-def split(block: bytes | bytearray | memoryview, width: int, delim: bytes, alloc: Callable[[int], Any], /
-          ) -> tuple[list[tuple[Any, Any, Any, bool]], int] | None: ...
+def split(block: bytes | bytearray | memoryview, width: int, delim: bytes, alloc: Callable[[int], Any],
+          kinds: bytes | None = None, /) -> tuple[list[tuple[Any, Any, Any, bool]], int] | None: ...

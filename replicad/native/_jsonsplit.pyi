@@ -2,4 +2,5 @@ from collections.abc import Callable
 from typing import Any
 
 def split(block: bytes | bytearray | memoryview, names: tuple[bytes, ...], skip_unknown: bool,
-          alloc: Callable[[int], Any], /) -> list[tuple[Any, Any, Any]] | None: ...
+          alloc: Callable[[int], Any], kinds: bytes | None = None, /
+          ) -> list[tuple[Any, Any, Any]] | None: ...

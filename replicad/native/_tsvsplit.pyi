@@ -1,5 +1,5 @@
 from collections.abc import Callable
 from typing import Any
 
-def split(block: bytes | bytearray | memoryview, width: int, skip_empty: bool, alloc: Callable[[int], Any], /
-          ) -> list[tuple[Any, Any, bool, bool]] | None: ...
+def split(block: bytes | bytearray | memoryview, width: int, skip_empty: bool, alloc: Callable[[int], Any],
+          kinds: bytes | None = None, /) -> list[tuple[Any, Any, bool, bool]] | None: ...

@@ -19,9 +19,10 @@ typedef struct {
 } column_buffers;
 
 /* Allocates the buffers of `width` columns of `rows` rows: column c has sizes[c] value bytes and
- * valued[c] rows with a value.  0, or -1 with a Python error set (column_buffers_free still to call). */
+ * valued[c] rows with a value; none for a column c with skip[c] set (skip NULL: none skipped).  0, or -1
+ * with a Python error set (column_buffers_free still to call). */
 static int column_buffers_alloc(column_buffers *cb, PyObject *alloc, Py_ssize_t width, Py_ssize_t rows,
-                                const Py_ssize_t *sizes, const Py_ssize_t *valued) {
+                                const Py_ssize_t *sizes, const Py_ssize_t *valued, const char *skip) {
     memset(cb, 0, sizeof *cb);
     cb->width = width;
     cb->rows = rows;
@@ -37,6 +38,8 @@ static int column_buffers_alloc(column_buffers *cb, PyObject *alloc, Py_ssize_t 
     Py_ssize_t bitmap = (rows + 7) / 8;
     for (Py_ssize_t i = 0; i < 3 * width; i++) {
         Py_ssize_t c = i / 3, part = i % 3;
+        if (skip && skip[c])
+            continue;
         if (part == 2 && valued[c] == rows)
             continue; /* no validity bitmap */
         Py_ssize_t size = part == 0 ? (rows + 1) * 4 : part == 1 ? sizes[c] + 16 : bitmap;

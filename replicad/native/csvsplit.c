@@ -6,8 +6,8 @@
  * are skipped.
  *
  * Python API (module replicad.native._csvsplit):
- *   split(block, width, delim, alloc) -> (list[tuple[offsets, data, validity | None, has_empty]], used)
- *                                        | None
+ *   split(block, width, delim, alloc, kinds=None)
+ *       -> (list[tuple[offsets | None, data, validity | None, has_empty]], used) | None
  *       `used`: the bytes of the block that made the rows; the rest is a row cut by the block's end
  *       inside a quoted field (its line end was data): the caller puts it before the next block.
  *       Each column's buffers are ready for pa.Array.from_buffers(pa.binary(), rows, [validity, offsets,
@@ -16,6 +16,10 @@
  *       None leaves the block to the general reader (which words the errors): a row with another number
  *       of fields, a quote inside an unquoted field or text after a closing quote, an empty block, a
  *       block of 2 GiB or more.
+ *       kinds (bytes, one per field position; text_numbers.h): a column of a typed kind whose every field
+ *       is unquoted or quoted without "" pairs, not \N, and has that kind's shape and range comes back as
+ *       (None, values, None, False), its values read straight from the block (rows * size bytes,
+ *       little-endian, from alloc); any other column as above.
  * The GIL is released while scanning and copying.
  */
 #define PY_SSIZE_T_CLEAN
@@ -25,6 +29,7 @@
 #include <string.h>
 
 #include "column_buffers.h"
+#include "text_numbers.h"
 
 enum { K_RAW = 0, K_QUOTED = 1, K_NULL = 2 }; /* K_QUOTED: holds "" pairs to collapse */
 
@@ -146,9 +151,12 @@ static int scan(const uint8_t *s, Py_ssize_t len, scan_state *st) {
     return 0;
 }
 
-static void fill(const uint8_t *s, const scan_state *st, const column_buffers *cb) {
+static void fill(const uint8_t *s, Py_ssize_t len, const scan_state *st, const column_buffers *cb,
+                 const char *typed) {
     Py_ssize_t w = st->width;
     for (Py_ssize_t c = 0; c < w; c++) {
+        if (typed[c])
+            continue; /* read already, as its values */
         int32_t *off = cb->offsets[c];
         uint8_t *base = cb->data[c], *o = base, *bits = cb->valid[c];
         off[0] = 0;
@@ -156,8 +164,12 @@ static void fill(const uint8_t *s, const scan_state *st, const column_buffers *c
             const int32_t *sp = st->spans + (r * w + c) * 2;
             uint8_t kind = st->kinds[r * w + c];
             if (kind == K_RAW) {
-                memcpy(o, s + sp[0], (size_t)(sp[1] - sp[0]));
-                o += sp[1] - sp[0];
+                int32_t n = sp[1] - sp[0];
+                if (n <= 16 && sp[0] + 16 <= len) /* a short field: one 16-byte copy (16 bytes of slack) */
+                    memcpy(o, s + sp[0], 16);
+                else
+                    memcpy(o, s + sp[0], (size_t)n);
+                o += n;
             } else if (kind == K_QUOTED) {
                 for (Py_ssize_t j = sp[0]; j < sp[1]; j++) {
                     *o++ = s[j];
@@ -177,9 +189,9 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     Py_buffer bb;
     Py_ssize_t width;
     char delim;
-    PyObject *alloc;
+    PyObject *alloc, *kinds_obj = Py_None;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*ncO", &bb, &width, &delim, &alloc))
+    if (!PyArg_ParseTuple(args, "y*ncO|O", &bb, &width, &delim, &alloc, &kinds_obj))
         return NULL;
     const uint8_t *s = (const uint8_t *)bb.buf;
     PyObject *result = NULL;
@@ -187,6 +199,17 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     memset(&st, 0, sizeof st);
     column_buffers cb;
     memset(&cb, 0, sizeof cb);
+    char *typed = NULL; /* per column: its kind when read as values, 0 when split as texts */
+    PyObject **vals = NULL;
+    Py_buffer *val_views = NULL;
+    const char *kinds = NULL;
+    if (kinds_obj != Py_None) {
+        if (!PyBytes_Check(kinds_obj) || PyBytes_GET_SIZE(kinds_obj) != width) {
+            PyErr_SetString(PyExc_ValueError, "kinds must be bytes, one per field position");
+            goto done;
+        }
+        kinds = PyBytes_AS_STRING(kinds_obj);
+    }
     if (width < 1 || bb.len == 0 || bb.len >= INT32_MAX || delim == '"' || delim == '\n' || delim == '\r') {
         result = Py_NewRef(Py_None);
         goto done;
@@ -197,7 +220,10 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     st.valued = calloc((size_t)width, sizeof(Py_ssize_t));
     st.empty = calloc((size_t)width, 1);
     st.row_n = calloc((size_t)width, sizeof(Py_ssize_t));
-    if (!st.sizes || !st.valued || !st.empty || !st.row_n) {
+    typed = calloc((size_t)width, 1);
+    vals = calloc((size_t)width, sizeof(PyObject *));
+    val_views = calloc((size_t)width, sizeof(Py_buffer));
+    if (!st.sizes || !st.valued || !st.empty || !st.row_n || !typed || !vals || !val_views) {
         PyErr_NoMemory();
         goto done;
     }
@@ -213,16 +239,41 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    if (column_buffers_alloc(&cb, alloc, width, st.rows, st.sizes, st.valued) < 0)
+    for (Py_ssize_t c = 0; kinds && c < width; c++) { /* the typed columns' value buffers */
+        int size = kind_size(kinds[c]);
+        if (!size)
+            continue;
+        vals[c] = PyObject_CallFunction(alloc, "n", st.rows * size);
+        if (!vals[c])
+            goto done;
+        if (PyObject_GetBuffer(vals[c], &val_views[c], PyBUF_WRITABLE) < 0) {
+            Py_CLEAR(vals[c]);
+            goto done;
+        }
+        typed[c] = kinds[c];
+        if (val_views[c].len < st.rows * size) {
+            PyErr_SetString(PyExc_ValueError, "alloc returned a buffer too short");
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < width; c++)
+        if (typed[c] && st.rows &&
+            !typed_rows(s, st.spans + 2 * c, 2 * width, st.rows, typed[c], st.kinds + c, width, K_RAW,
+                        (uint8_t *)val_views[c].buf))
+            typed[c] = 0; /* some field is not of the kind: the column's texts instead */
+    Py_END_ALLOW_THREADS
+    if (column_buffers_alloc(&cb, alloc, width, st.rows, st.sizes, st.valued, typed) < 0)
         goto done;
     Py_BEGIN_ALLOW_THREADS
-    fill(s, &st, &cb);
+    fill(s, bb.len, &st, &cb, typed);
     Py_END_ALLOW_THREADS
     PyObject *list = PyList_New(width);
     if (!list)
         goto done;
     for (Py_ssize_t c = 0; c < width; c++) {
-        PyObject *t = column_buffers_tuple(&cb, c, st.empty[c] ? Py_True : Py_False);
+        PyObject *t = typed[c] ? PyTuple_Pack(4, Py_None, vals[c], Py_None, Py_False)
+                               : column_buffers_tuple(&cb, c, st.empty[c] ? Py_True : Py_False);
         if (!t) {
             Py_DECREF(list);
             goto done;
@@ -238,13 +289,25 @@ done:
     free(st.valued);
     free(st.empty);
     free(st.row_n);
+    if (vals) {
+        for (Py_ssize_t c = 0; c < width; c++) {
+            if (vals[c]) {
+                PyBuffer_Release(&val_views[c]);
+                Py_DECREF(vals[c]);
+            }
+        }
+    }
+    free(vals);
+    free(val_views);
+    free(typed);
     PyBuffer_Release(&bb);
     return result;
 }
 
 static PyMethodDef module_methods[] = {
     {"split", py_split, METH_VARARGS,
-     "split(block, width, delim, alloc) -> ([(offsets, data, validity | None, has_empty)], used) or None."},
+     "split(block, width, delim, alloc, kinds=None) -> ([(offsets | None, data, validity | None, has_empty)], "
+     "used) or None."},
     {NULL, NULL, 0, NULL},
 };
 

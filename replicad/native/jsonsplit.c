@@ -3,7 +3,8 @@
  * value, strings unescaped, as the row-by-row reader hands values to the type converters.
  *
  * Python API (module replicad.native._jsonsplit):
- *   split(block, names, skip_unknown, alloc) -> list[tuple[offsets, data, validity | None]] | None
+ *   split(block, names, skip_unknown, alloc, kinds=None)
+ *       -> list[tuple[offsets | None, data, validity | None]] | None
  *       `block` holds flat JSON objects separated by white space (one per line, as ClickHouse writes
  *       them).  For each name of `names` (a tuple of bytes) the result has a triple ready for
  *       pa.Array.from_buffers(pa.binary(), rows, [validity, offsets, data]): int32 offsets of rows + 1
@@ -16,6 +17,10 @@
  *       else: invalid JSON, an array or object value, a key given twice in an object, a key with an
  *       escape, a control character inside a string, a lone surrogate, a key not in `names` (unless
  *       skip_unknown: its scalar value is skipped), an empty block, or a block of 2 GiB or more.
+ *       kinds (bytes, one per name; text_numbers.h): a column of a typed kind whose every row has a
+ *       number or a string without escapes (not null, omitted, true or false) of that kind's shape and
+ *       range comes back as (None, values, None), its values read straight from the block (rows * size
+ *       bytes, little-endian, from alloc); any other column as above.
  * The GIL is released while scanning and copying.
  */
 #define PY_SSIZE_T_CLEAN
@@ -27,6 +32,7 @@
 #include <emmintrin.h> /* SSE2: part of x86-64 */
 
 #include "column_buffers.h"
+#include "text_numbers.h"
 
 enum { K_NONE = 0, K_RAW = 1, K_ESC = 2, K_TRUE = 3, K_FALSE = 4 };
 
@@ -336,9 +342,11 @@ static uint8_t *unescape(const uint8_t *s, Py_ssize_t i, Py_ssize_t end, uint8_t
 }
 
 static void fill(const uint8_t *s, Py_ssize_t len, const scan_state *st, int32_t *const *offs,
-                 uint8_t *const *datas, uint8_t *const *valid) {
+                 uint8_t *const *datas, uint8_t *const *valid, const char *typed) {
     Py_ssize_t w = st->width;
     for (Py_ssize_t c = 0; c < w; c++) {
+        if (typed[c])
+            continue; /* read already, as its values */
         int32_t *off = offs[c];
         uint8_t *base = datas[c], *o = base;
         uint8_t *bits = valid[c];
@@ -373,10 +381,11 @@ static void fill(const uint8_t *s, Py_ssize_t len, const scan_state *st, int32_t
 
 static PyObject *py_split(PyObject *self, PyObject *args) {
     Py_buffer bb;
-    PyObject *names_obj, *alloc;
+    PyObject *names_obj, *alloc, *kinds_obj = Py_None;
     int skip_unknown;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*O!pO", &bb, &PyTuple_Type, &names_obj, &skip_unknown, &alloc))
+    if (!PyArg_ParseTuple(args, "y*O!pO|O", &bb, &PyTuple_Type, &names_obj, &skip_unknown, &alloc,
+                          &kinds_obj))
         return NULL;
     const uint8_t *s = (const uint8_t *)bb.buf;
     Py_ssize_t width = PyTuple_GET_SIZE(names_obj);
@@ -387,6 +396,17 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     memset(&cb, 0, sizeof cb);
     const uint8_t **names = NULL;
     Py_ssize_t *name_lens = NULL;
+    char *typed = NULL; /* per column: its kind when read as values, 0 when split as texts */
+    PyObject **vals = NULL;
+    Py_buffer *val_views = NULL;
+    const char *kinds = NULL;
+    if (kinds_obj != Py_None) {
+        if (!PyBytes_Check(kinds_obj) || PyBytes_GET_SIZE(kinds_obj) != width) {
+            PyErr_SetString(PyExc_ValueError, "kinds must be bytes, one per name");
+            goto done;
+        }
+        kinds = PyBytes_AS_STRING(kinds_obj);
+    }
     if (width < 1 || bb.len == 0 || bb.len >= INT32_MAX) {
         result = Py_NewRef(Py_None);
         goto done;
@@ -395,7 +415,10 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     name_lens = calloc((size_t)width, sizeof(Py_ssize_t));
     st.sizes = calloc((size_t)width, sizeof(Py_ssize_t));
     st.valued = calloc((size_t)width, sizeof(Py_ssize_t));
-    if (!names || !name_lens || !st.sizes || !st.valued) {
+    typed = calloc((size_t)width, 1);
+    vals = calloc((size_t)width, sizeof(PyObject *));
+    val_views = calloc((size_t)width, sizeof(Py_buffer));
+    if (!names || !name_lens || !st.sizes || !st.valued || !typed || !vals || !val_views) {
         PyErr_NoMemory();
         goto done;
     }
@@ -424,16 +447,41 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    if (column_buffers_alloc(&cb, alloc, width, st.rows, st.sizes, st.valued) < 0)
+    for (Py_ssize_t c = 0; kinds && c < width; c++) { /* the typed columns' value buffers */
+        int size = kind_size(kinds[c]);
+        if (!size || st.valued[c] != st.rows)
+            continue; /* a row without a value: never read as values */
+        vals[c] = PyObject_CallFunction(alloc, "n", st.rows * size);
+        if (!vals[c])
+            goto done;
+        if (PyObject_GetBuffer(vals[c], &val_views[c], PyBUF_WRITABLE) < 0) {
+            Py_CLEAR(vals[c]);
+            goto done;
+        }
+        typed[c] = kinds[c];
+        if (val_views[c].len < st.rows * size) {
+            PyErr_SetString(PyExc_ValueError, "alloc returned a buffer too short");
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < width; c++)
+        if (typed[c] && st.rows &&
+            !typed_rows(s, st.spans + 2 * c, 2 * width, st.rows, typed[c], st.kinds + c, width, K_RAW,
+                        (uint8_t *)val_views[c].buf))
+            typed[c] = 0; /* some value is not of the kind: the column's texts instead */
+    Py_END_ALLOW_THREADS
+    if (column_buffers_alloc(&cb, alloc, width, st.rows, st.sizes, st.valued, typed) < 0)
         goto done;
     Py_BEGIN_ALLOW_THREADS
-    fill(s, bb.len, &st, cb.offsets, cb.data, cb.valid);
+    fill(s, bb.len, &st, cb.offsets, cb.data, cb.valid, typed);
     Py_END_ALLOW_THREADS
     PyObject *list = PyList_New(width);
     if (!list)
         goto done;
     for (Py_ssize_t c = 0; c < width; c++) {
-        PyObject *t = column_buffers_tuple(&cb, c, NULL);
+        PyObject *t = typed[c] ? PyTuple_Pack(3, Py_None, vals[c], Py_None)
+                               : column_buffers_tuple(&cb, c, NULL);
         if (!t) {
             Py_DECREF(list);
             goto done;
@@ -449,13 +497,25 @@ done:
     free(st.valued);
     free(names);
     free(name_lens);
+    if (vals) {
+        for (Py_ssize_t c = 0; c < width; c++) {
+            if (vals[c]) {
+                PyBuffer_Release(&val_views[c]);
+                Py_DECREF(vals[c]);
+            }
+        }
+    }
+    free(vals);
+    free(val_views);
+    free(typed);
     PyBuffer_Release(&bb);
     return result;
 }
 
 static PyMethodDef module_methods[] = {
     {"split", py_split, METH_VARARGS,
-     "split(block, names, skip_unknown, alloc) -> [(offsets, data, validity | None)] per name, or None."},
+     "split(block, names, skip_unknown, alloc, kinds=None) -> [(offsets | None, data, validity | None)] per "
+     "name, or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "string_offsets.h"
+#include "text_numbers.h"
 
 /* -1 = all rows fine, else the first row that is not a plain integer */
 static inline void store(uint8_t *out, Py_ssize_t r, int bytes, uint64_t v) {
@@ -37,62 +38,16 @@ static inline void store(uint8_t *out, Py_ssize_t r, int bytes, uint64_t v) {
 static Py_ssize_t parse_rows(const int32_t *off, const uint8_t *data, const uint8_t *validity,
                              Py_ssize_t offset, Py_ssize_t n, int is_signed, int bits, uint8_t *out) {
     int bytes = bits / 8;
-    /* the largest magnitude allowed: unsigned 2^bits - 1; signed 2^(bits-1) - 1, one more when negative */
-    uint64_t umax = bits == 64 ? UINT64_MAX : ((uint64_t)1 << bits) - 1;
-    uint64_t smax = ((uint64_t)1 << (bits - 1)) - 1;
     for (Py_ssize_t r = 0; r < n; r++) {
         Py_ssize_t k = offset + r;
+        uint64_t v = 0;
         if (validity && !((validity[k >> 3] >> (k & 7)) & 1)) {
             store(out, r, bytes, 0);
             continue;
         }
-        const uint8_t *s = data + off[k];
-        Py_ssize_t len = (Py_ssize_t)off[k + 1] - off[k], i = 0;
-        int neg = 0;
-        if (is_signed && len > 0 && s[0] == '-') {
-            neg = 1;
-            i = 1;
-        }
-        if (i >= len || len - i > 20)
+        if (!plain_integer(data + off[k], (Py_ssize_t)off[k + 1] - off[k], is_signed, bits, &v))
             return r;
-        uint64_t v = 0;
-        if (len - i <= 19) { /* below 10^19: cannot pass 64 bits, no overflow check per digit */
-            while (len - i >= 8) { /* eight digits at a time (SWAR, as fast_float parses them) */
-                uint64_t w;
-                memcpy(&w, s + i, 8);
-                if (((w + 0x4646464646464646ULL) | (w - 0x3030303030303030ULL)) & 0x8080808080808080ULL)
-                    return r; /* a byte that is not a digit */
-                w -= 0x3030303030303030ULL;
-                w = w * 10 + (w >> 8);
-                w = (((w & 0x000000FF000000FFULL) * 0x000F424000000064ULL) +
-                     (((w >> 16) & 0x000000FF000000FFULL) * 0x0000271000000001ULL)) >> 32;
-                v = v * 100000000ULL + (uint32_t)w;
-                i += 8;
-            }
-            for (; i < len; i++) {
-                unsigned d = (unsigned)s[i] - '0';
-                if (d > 9)
-                    return r;
-                v = v * 10 + d;
-            }
-        }
-        for (; i < len; i++) {
-            unsigned d = (unsigned)s[i] - '0';
-            if (d > 9)
-                return r;
-            if (v > (UINT64_MAX - d) / 10)
-                return r; /* beyond 64 bits */
-            v = v * 10 + d;
-        }
-        if (is_signed) {
-            if (neg ? v > smax + 1 : v > smax)
-                return r;
-            store(out, r, bytes, neg ? (uint64_t)0 - v : v);
-        } else {
-            if (v > umax)
-                return r;
-            store(out, r, bytes, v);
-        }
+        store(out, r, bytes, v);
     }
     return -1;
 }
@@ -144,52 +99,13 @@ done:
     return result;
 }
 
-/* Days since 1970-01-01 of a proleptic Gregorian date (the same formula as dates.py's numpy one). */
-static inline int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
-    y -= m <= 2;
-    int64_t era = (y >= 0 ? y : y - 399) / 400;
-    int64_t yoe = y - era * 400;
-    int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
-    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    return era * 146097 + doe - 719468;
-}
-
-static inline int month_length(int64_t y, int64_t m) {
-    static const int len[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    return len[m - 1] + (m == 2 && leap);
-}
-
-/* Two digits at p (0..99), or -1. */
-static inline int two(const uint8_t *p) {
-    unsigned a = (unsigned)p[0] - '0', b = (unsigned)p[1] - '0';
-    return a <= 9 && b <= 9 ? (int)(a * 10 + b) : -1;
-}
-
 /* -1 = every row well formed, else the first row that is not. */
 static Py_ssize_t date_rows(const int32_t *off, const uint8_t *data, Py_ssize_t offset, Py_ssize_t n,
                             int with_time, int64_t *out) {
-    int32_t width = with_time ? 19 : 10;
     for (Py_ssize_t r = 0; r < n; r++) {
         int32_t a = off[offset + r];
-        if (off[offset + r + 1] - a != width)
+        if (!fixed_date(data + a, (Py_ssize_t)off[offset + r + 1] - a, with_time, &out[r]))
             return r;
-        const uint8_t *p = data + a;
-        int hi = two(p), lo = two(p + 2), m = two(p + 5), d = two(p + 8);
-        if (hi < 0 || lo < 0 || m < 0 || d < 0 || p[4] != '-' || p[7] != '-')
-            return r;
-        int64_t y = hi * 100 + lo;
-        if (y < 1900 || y >= 2300 || m < 1 || m > 12 || d < 1 || d > month_length(y, m))
-            return r;
-        int64_t v = days_from_civil(y, m, d);
-        if (with_time) {
-            int hh = two(p + 11), mm = two(p + 14), ss = two(p + 17);
-            if ((p[10] != ' ' && p[10] != 'T') || p[13] != ':' || p[16] != ':' || hh < 0 || hh >= 24 ||
-                mm < 0 || mm >= 60 || ss < 0 || ss >= 60)
-                return r;
-            v = v * 86400 + hh * 3600 + mm * 60 + ss;
-        }
-        out[r] = v;
     }
     return -1;
 }

@@ -3,7 +3,8 @@
  * bytes copied once (no unescaping: that stays with the caller).
  *
  * Python API (module replicad.native._tsvsplit):
- *   split(block, width, skip_empty, alloc) -> list[tuple[offsets, data, has_backslash, has_empty]] | None
+ *   split(block, width, skip_empty, alloc, kinds=None)
+ *       -> list[tuple[offsets | None, data, has_backslash, has_empty]] | None
  *       Lines end at "\n", "\r\n" or a lone "\r" (as pyarrow's CSV reader ends them); the text after the
  *       last line end, when not empty, is one more line.  An empty line is skipped when skip_empty, else
  *       it is a row of one empty field.  Every other line must hold exactly `width` tab-separated fields.
@@ -16,6 +17,9 @@
  *       or None when some line has
  *       another number of fields, the block is empty, or it is 2 GiB or more (the caller's general
  *       reader then deals with the block and words the error).
+ *       kinds (bytes, one per field position; text_numbers.h): a column of a typed kind whose every field
+ *       has that kind's shape and range comes back as (None, values, False, False), its values read
+ *       straight from the block (rows * size bytes, little-endian, from alloc); any other column as above.
  * The GIL is released while splitting.
  */
 #define PY_SSIZE_T_CLEAN
@@ -26,6 +30,8 @@
 
 #include <emmintrin.h> /* SSE2: part of x86-64 */
 #include <pthread.h>
+
+#include "text_numbers.h"
 
 /* Each thread keeps its field-bounds buffer between calls (freed when the thread ends): a fresh one per
  * block cost a page fault per 4 KiB of bounds, as much as the splitting itself. */
@@ -170,12 +176,21 @@ static void release_bounds(fields *f) {
     f->bounds = NULL;
 }
 
-/* Copies the fields row by row, each column to its own cursor; every data buffer has 16 bytes of slack
- * (short fields are copied 16 bytes at a time when the block has 16 bytes left to read). */
+/* What fill does with a column: copy its texts, leave it, or (any other value: a kind of text_numbers.h)
+ * read its fields as values. */
+enum { COPY = 0, SKIP = 1 };
+
+/* Goes through the fields row by row: copies each COPY column's texts to its own cursor (every data buffer
+ * has 16 bytes of slack: short fields are copied 16 bytes at a time when the block has 16 bytes left to
+ * read), reads each typed column's fields into vals[c] as long as ok[c] (cleared at its first field not of
+ * the kind). */
 static void fill(const uint8_t *s, Py_ssize_t len, const fields *f, Py_ssize_t width, Py_ssize_t rows,
-                 int32_t **offsets, uint8_t **data, int32_t *at, uint8_t *empty) {
+                 int32_t **offsets, uint8_t **data, int32_t *at, uint8_t *empty, const char *mode,
+                 uint8_t **vals, uint8_t *ok) {
     const int32_t *b = f->bounds;
     for (Py_ssize_t c = 0; c < width; c++) {
+        if (mode[c] != COPY)
+            continue;
         offsets[c][0] = 0;
         at[c] = 0;
     }
@@ -183,6 +198,11 @@ static void fill(const uint8_t *s, Py_ssize_t len, const fields *f, Py_ssize_t w
         for (Py_ssize_t c = 0; c < width; c++, b += 2) {
             int32_t n = b[1] - b[0];
             const uint8_t *src = s + b[0];
+            if (mode[c] != COPY) {
+                if (mode[c] != SKIP && ok[c] && !typed_field(src, n, mode[c], vals[c], r))
+                    ok[c] = 0;
+                continue;
+            }
             uint8_t *dst = data[c] + at[c];
             if (n <= 16 && b[0] + 16 <= len) {
                 memcpy(dst, src, 16);
@@ -195,29 +215,71 @@ static void fill(const uint8_t *s, Py_ssize_t len, const fields *f, Py_ssize_t w
         }
     }
     for (Py_ssize_t c = 0; c < width; c++)
-        memset(data[c] + at[c], 0, 16); /* the slack holds no stray bytes (copied or left by the allocator) */
+        if (mode[c] == COPY)
+            memset(data[c] + at[c], 0, 16); /* the slack: no stray bytes (copied or left by the allocator) */
+}
+
+/* alloc(size) as a writable buffer of at least size bytes: *obj and *view set (0), or -1 with an error set
+ * and *obj NULL. */
+static int alloc_view(PyObject *alloc, Py_ssize_t size, PyObject **obj, Py_buffer *view) {
+    PyObject *o = PyObject_CallFunction(alloc, "n", size);
+    if (!o)
+        return -1;
+    if (PyObject_GetBuffer(o, view, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(o);
+        return -1;
+    }
+    *obj = o;
+    if (view->len < size || ((uintptr_t)view->buf) % 4) {
+        PyErr_SetString(PyExc_ValueError, "alloc returned a buffer too short or not 4-byte aligned");
+        return -1;
+    }
+    return 0;
+}
+
+/* The offsets and data buffers of the columns whose mode is COPY (objs/views: 2 per column). */
+static int alloc_texts(PyObject *alloc, Py_ssize_t width, Py_ssize_t rows, const Py_ssize_t *sizes,
+                       const char *mode, PyObject **objs, Py_buffer *views, int32_t **offs, uint8_t **datas) {
+    for (Py_ssize_t c = 0; c < width; c++) {
+        if (mode[c] != COPY || objs[2 * c])
+            continue;
+        if (alloc_view(alloc, (rows + 1) * 4, &objs[2 * c], &views[2 * c]) < 0 ||
+            alloc_view(alloc, sizes[c] + 16, &objs[2 * c + 1], &views[2 * c + 1]) < 0)
+            return -1;
+        offs[c] = (int32_t *)views[2 * c].buf;
+        datas[c] = (uint8_t *)views[2 * c + 1].buf;
+    }
+    return 0;
 }
 
 static PyObject *py_split(PyObject *self, PyObject *args) {
     Py_buffer bb;
     Py_ssize_t width;
     int skip_empty;
-    PyObject *alloc;
+    PyObject *alloc, *kinds_obj = Py_None;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*npO", &bb, &width, &skip_empty, &alloc))
+    if (!PyArg_ParseTuple(args, "y*npO|O", &bb, &width, &skip_empty, &alloc, &kinds_obj))
         return NULL;
     const uint8_t *s = (const uint8_t *)bb.buf;
     PyObject *result = NULL;
     fields f = {NULL, 0, 0, NULL};
     Py_ssize_t rows = 0;
     int32_t **offs = NULL, *at = NULL;
-    uint8_t **datas = NULL, *empty = NULL;
-    PyObject **objs = NULL;
-    Py_buffer *views = NULL;
-    Py_ssize_t n_views = 0;
+    uint8_t **datas = NULL, *empty = NULL, **vals = NULL, *ok = NULL;
+    PyObject **objs = NULL, **val_objs = NULL;
+    Py_buffer *views = NULL, *val_views = NULL;
+    char *mode = NULL;
+    const char *kinds = NULL;
     if (width < 1) {
         PyErr_SetString(PyExc_ValueError, "width must be at least 1");
         goto done;
+    }
+    if (kinds_obj != Py_None) {
+        if (!PyBytes_Check(kinds_obj) || PyBytes_GET_SIZE(kinds_obj) != width) {
+            PyErr_SetString(PyExc_ValueError, "kinds must be bytes, one per field position");
+            goto done;
+        }
+        kinds = PyBytes_AS_STRING(kinds_obj);
     }
     if (bb.len == 0 || bb.len >= INT32_MAX) {
         result = Py_NewRef(Py_None);
@@ -228,7 +290,15 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     datas = calloc((size_t)width, sizeof(uint8_t *));
     at = calloc((size_t)width, sizeof(int32_t));
     empty = calloc((size_t)width, 1);
-    if (!f.sizes || !offs || !datas || !at || !empty) {
+    mode = calloc((size_t)width, 1);
+    ok = calloc((size_t)width, 1);
+    vals = calloc((size_t)width, sizeof(uint8_t *));
+    val_objs = calloc((size_t)width, sizeof(PyObject *));
+    val_views = calloc((size_t)width, sizeof(Py_buffer));
+    objs = calloc((size_t)width * 2, sizeof(PyObject *)); /* offsets, data (16 bytes of slack) per column */
+    views = calloc((size_t)width * 2, sizeof(Py_buffer));
+    if (!f.sizes || !offs || !datas || !at || !empty || !mode || !ok || !vals || !val_objs || !val_views ||
+        !objs || !views) {
         PyErr_NoMemory();
         goto done;
     }
@@ -244,43 +314,46 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    objs = calloc((size_t)width * 2, sizeof(PyObject *)); /* offsets, data (16 bytes of slack) per column */
-    views = calloc((size_t)width * 2, sizeof(Py_buffer));
-    if (!objs || !views) {
-        PyErr_NoMemory();
+    for (Py_ssize_t c = 0; kinds && c < width; c++) { /* the typed columns' value buffers */
+        int size = kind_size(kinds[c]);
+        if (!size)
+            continue;
+        if (alloc_view(alloc, rows * size, &val_objs[c], &val_views[c]) < 0)
+            goto done;
+        vals[c] = (uint8_t *)val_views[c].buf;
+        mode[c] = kinds[c];
+        ok[c] = 1;
+    }
+    if (alloc_texts(alloc, width, rows, f.sizes, mode, objs, views, offs, datas) < 0)
         goto done;
-    }
-    for (Py_ssize_t i = 0; i < 2 * width; i++) {
-        Py_ssize_t c = i / 2, size = i % 2 ? f.sizes[c] + 16 : (rows + 1) * 4;
-        objs[i] = PyObject_CallFunction(alloc, "n", size);
-        if (!objs[i] || PyObject_GetBuffer(objs[i], &views[i], PyBUF_WRITABLE) < 0)
-            goto done;
-        n_views = i + 1;
-        if (views[i].len < size) {
-            PyErr_SetString(PyExc_ValueError, "alloc returned a buffer too short");
-            goto done;
-        }
-        if (i % 2)
-            datas[c] = (uint8_t *)views[i].buf;
-        else
-            offs[c] = (int32_t *)views[i].buf;
-    }
-    for (Py_ssize_t c = 0; c < width; c++) {
-        if (((uintptr_t)offs[c]) % 4) {
-            PyErr_SetString(PyExc_ValueError, "alloc returned a buffer not 4-byte aligned");
-            goto done;
-        }
-    }
     Py_BEGIN_ALLOW_THREADS
-    fill(s, bb.len, &f, width, rows, offs, datas, at, empty);
+    fill(s, bb.len, &f, width, rows, offs, datas, at, empty, mode, vals, ok);
     Py_END_ALLOW_THREADS
+    int again = 0; /* typed columns with a field not of their kind: their texts after all */
+    for (Py_ssize_t c = 0; c < width; c++) {
+        int redo = mode[c] != COPY && !ok[c];
+        mode[c] = redo ? COPY : SKIP;
+        again |= redo;
+    }
+    if (again) {
+        if (alloc_texts(alloc, width, rows, f.sizes, mode, objs, views, offs, datas) < 0)
+            goto done;
+        Py_BEGIN_ALLOW_THREADS
+        fill(s, bb.len, &f, width, rows, offs, datas, at, empty, mode, vals, ok);
+        Py_END_ALLOW_THREADS
+    }
     PyObject *list = PyList_New(width);
     if (!list)
         goto done;
     for (Py_ssize_t c = 0; c < width; c++) {
-        int backslash = memchr(datas[c], '\\', (size_t)f.sizes[c]) != NULL;
-        PyObject *pair = PyTuple_Pack(4, objs[2 * c], objs[2 * c + 1], backslash ? Py_True : Py_False,
-                                      empty[c] ? Py_True : Py_False);
+        PyObject *pair;
+        if (ok[c]) {
+            pair = PyTuple_Pack(4, Py_None, val_objs[c], Py_False, Py_False);
+        } else {
+            int backslash = memchr(datas[c], '\\', (size_t)f.sizes[c]) != NULL;
+            pair = PyTuple_Pack(4, objs[2 * c], objs[2 * c + 1], backslash ? Py_True : Py_False,
+                                empty[c] ? Py_True : Py_False);
+        }
         if (!pair) {
             Py_DECREF(list);
             goto done;
@@ -291,24 +364,37 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
 done:
     release_bounds(&f);
     free(f.sizes);
-    for (Py_ssize_t i = 0; i < n_views; i++)
-        PyBuffer_Release(&views[i]);
-    free(views);
-    if (objs)
-        for (Py_ssize_t i = 0; i < 2 * width; i++)
-            Py_XDECREF(objs[i]);
+    for (Py_ssize_t i = 0; objs && i < 2 * width; i++) {
+        if (objs[i]) {
+            PyBuffer_Release(&views[i]);
+            Py_DECREF(objs[i]);
+        }
+    }
+    for (Py_ssize_t c = 0; val_objs && c < width; c++) {
+        if (val_objs[c]) {
+            PyBuffer_Release(&val_views[c]);
+            Py_DECREF(val_objs[c]);
+        }
+    }
     free(objs);
+    free(views);
+    free(val_objs);
+    free(val_views);
+    free(vals);
     free(offs);
     free(datas);
     free(at);
     free(empty);
+    free(mode);
+    free(ok);
     PyBuffer_Release(&bb);
     return result;
 }
 
 static PyMethodDef module_methods[] = {
     {"split", py_split, METH_VARARGS,
-     "split(block, width, skip_empty, alloc) -> [(offsets, data, has_backslash)] per field position, or None."},
+     "split(block, width, skip_empty, alloc, kinds=None) -> [(offsets | None, data, has_backslash, has_empty)] "
+     "per field position, or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,7 +31,7 @@ import pyarrow.json as pa_json
 from replicad.datatypes import DataType
 from replicad.errors import BadInputError, ReplicadError
 from replicad.native import _csvsplit, _jsonsplit, _tsvsplit
-from replicad.server.input_columns import Converter, InputSpec, select_columns
+from replicad.server.input_columns import Converter, InputSpec, select_columns, text_kinds, typed_column
 from replicad.server.sync_body import BodySource, ReceiveTimeoutError, SyncBody, spooled
 from replicad.server.text_values import (
     array_element,
@@ -159,6 +159,7 @@ async def _aiter(gen: Iterator[Any], body: SyncBody, executor: Executor | None
             del batch  # not held while the next block is parsed
     finally:
         body.error = body.error or ConnectionAbortedError("insert finished")
+        body.cancel_read_ahead()
         with contextlib.suppress(Exception):
             await asyncio.get_running_loop().run_in_executor(executor, gen.close)  # type: ignore[attr-defined]
 
@@ -193,18 +194,21 @@ def _tsv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
                                      ignore_empty_lines=width > 1)
     convert_opts = pa_csv.ConvertOptions(column_types={c: pa.binary() for c in col_names}, null_values=[],
                                          strings_can_be_null=False, check_utf8=False)
+    kinds = text_kinds(width, positions, types, spec.tz)
     for block in body.line_blocks(spec.read_block_bytes):
-        got = _tsv_split(block, width)
+        got = _tsvsplit.split(block, width, width > 1, pa.allocate_buffer, kinds)
         if got is None:  # a line with another number of fields (or an unusual block): pyarrow's reader
             try:
                 table = pa_csv.read_csv(io.BytesIO(block), read_options=read_opts, parse_options=parse_opts,
                                         convert_options=convert_opts)
             except pa.ArrowInvalid as e:
                 raise _tsv_shape_error(block, fields, conv.row, e) from None
-            got = [table.column(i) for i in range(width)], [b"\\" in block] * width, [True] * width
-        columns, escaped, empty = got
-        yield from conv.feed([columns[p] for p in positions], escaped=[escaped[p] for p in positions],
-                             empty=[empty[p] for p in positions])
+            yield from conv.feed([table.column(p) for p in positions], escaped=b"\\" in block)
+            continue
+        parts = [(o, d, None) for o, d, _, _ in got]
+        columns, ready = _split_columns(parts, positions, types, kinds, spec.tz)
+        yield from conv.feed(columns, escaped=[got[p][2] for p in positions],
+                             empty=[got[p][3] for p in positions], ready=ready)
     yield from conv.finish()
 
 
@@ -219,6 +223,27 @@ def _tsv_split(block: bytes, width: int) -> tuple[list[pa.Array], list[bool], li
     rows = got[0][0].size // 4 - 1
     return ([pa.Array.from_buffers(pa.binary(), rows, [None, o, d]) for o, d, _, _ in got],
             [e for _, _, e, _ in got], [z for _, _, _, z in got])
+
+
+def _split_columns(parts: Sequence[tuple[Any, Any, Any]], positions: Sequence[int], types: Sequence[DataType],
+                   kinds: bytes, tz: str) -> tuple[list[pa.Array], list[bool]]:
+    """The columns at ``positions`` of a C splitter's answer, ``(offsets, data, validity)`` per field
+    position: a binary array of its texts, or, offsets None, the values of a column it read as its kind
+    (``kinds``, text_kinds) made storage Arrow (typed_column); and which columns are the latter."""
+    o0, d0, _ = parts[0]
+    rows = o0.size // 4 - 1 if o0 is not None else d0.size // _KIND_SIZES[kinds[0]]
+    columns, ready = [], []
+    for p, dt in zip(positions, types, strict=True):
+        o, d, v = parts[p]
+        ready.append(o is None)
+        columns.append(typed_column(dt, chr(kinds[p]), d, rows, tz) if o is None
+                       else pa.Array.from_buffers(pa.binary(), rows, [v, o, d]))
+    return columns, ready
+
+
+#: bytes per value of the splitters' typed kinds (text_kinds)
+_KIND_SIZES = {ord(k): n for k, n in (("B", 1), ("b", 1), ("H", 2), ("h", 2), ("I", 4), ("i", 4), ("D", 4),
+                                      ("Q", 8), ("q", 8), ("T", 8), ("t", 8))}
 
 
 def _tsv_shape_error(block: bytes, fields: Sequence[str], row0: int, e: Exception) -> BadInputError:
@@ -275,9 +300,11 @@ def _csv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
 
     carry = b""  # a row the previous block cut inside a quoted field
     delim_byte = delim.encode()
+    kinds = text_kinds(width, positions, types, spec.tz)
     for block in body.line_blocks(spec.read_block_bytes):
         data = carry + block if carry else block
-        got = _csvsplit.split(data, width, delim_byte, pa.allocate_buffer) if len(delim_byte) == 1 else None
+        got = _csvsplit.split(data, width, delim_byte, pa.allocate_buffer, kinds) if len(delim_byte) == 1 \
+            else None
         if got is None:
             carry = b""
             yield from conv.feed(general(data))
@@ -285,10 +312,8 @@ def _csv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
         parts, used = got
         carry = data[used:]
         body.check_line(len(carry))
-        rows = parts[0][0].size // 4 - 1
-        if rows:
-            cols = [pa.Array.from_buffers(pa.binary(), rows, [v, o, d]) for o, d, v, _ in parts]
-            yield from conv.feed([cols[p] for p in positions], empty=[parts[p][3] for p in positions])
+        columns, ready = _split_columns([(o, d, v) for o, d, v, _ in parts], positions, types, kinds, spec.tz)
+        yield from conv.feed(columns, empty=[parts[p][3] for p in positions], ready=ready)  # none: no rows
     if carry.strip(b"\r\n"):  # ClickHouse refuses it too (pyarrow took the rest of the body as the value)
         raise BadInputError(f"Cannot parse input: row {conv.row + 1}: a quoted field is not closed before "
                             "the end of the data")
@@ -314,9 +339,17 @@ def _json(body: SyncBody, spec: InputSpec) -> Iterator[Any]:
         del attempts[1]
     # flat objects (no array column) are split in C into value texts, as the row-by-row path gives them
     keys = tuple(n.encode() for n in names) if not any(array_element(t.name) for t in types) else None
+    kinds = text_kinds(len(names), range(len(names)), types, spec.tz)
+    positions = list(range(len(names)))
     for block in body.line_blocks(spec.read_block_bytes):
-        cols = _json_split(block, keys, spec.skip_unknown_fields) if keys is not None else None
-        for i, opts in enumerate(attempts if cols is None else ()):
+        got = _jsonsplit.split(block, keys, spec.skip_unknown_fields, pa.allocate_buffer, kinds) \
+            if keys is not None else None
+        if got is not None:  # flat objects split in C: texts, and the columns read as their values
+            columns, ready = _split_columns(got, positions, types, kinds, spec.tz)
+            yield from conv.feed(columns, ready=ready)
+            continue
+        cols = None
+        for i, opts in enumerate(attempts):
             try:
                 table = pa_json.read_json(io.BytesIO(block), parse_options=opts)
             except pa.ArrowInvalid:

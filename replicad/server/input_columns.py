@@ -14,6 +14,8 @@ import pyarrow.compute as pc
 
 from replicad.datatypes import DataType
 from replicad.datatypes.base import BadValue
+from replicad.datatypes.dates import DateTimeType, DateType, localize
+from replicad.datatypes.numeric import IntType
 from replicad.errors import BadInputError
 from replicad.server.sync_body import DEFAULT_MAX_LINE_BYTES, DEFAULT_RECEIVE_TIMEOUT_S
 from replicad.server.text_values import array_element, check_array_rows, tsv_unescape, zero_dates
@@ -55,17 +57,20 @@ class Converter:
         self._metadata = storage_types_metadata(names, types)
 
     def feed(self, columns: list[pa.Array], escaped: bool | Sequence[bool] = True,
-             empty: Sequence[bool] | None = None) -> Iterator[pa.RecordBatch]:
+             empty: Sequence[bool] | None = None, ready: Sequence[bool] | None = None
+             ) -> Iterator[pa.RecordBatch]:
         """Convert one parsed block; ``escaped`` False for the block or for a column: its text has no
         backslash (nothing to unescape); ``empty`` False for a column: none of its fields is empty (no
-        default to fill in; None: not known)."""
+        default to fill in; None: not known); ``ready`` True for a column: storage Arrow already (read as
+        its values by a text splitter: :func:`typed_column`)."""
         n = len(columns[0]) if columns else 0
         if n == 0:
             return
         flags = [escaped] * len(columns) if isinstance(escaped, bool) else escaped
         empties = [True] * len(columns) if empty is None else empty
-        arrays = [self._column(name, dt, arr, esc, emp) for name, dt, arr, esc, emp
-                  in zip(self.names, self.types, columns, flags, empties, strict=True)]
+        done = [False] * len(columns) if ready is None else ready
+        arrays = [arr if rdy else self._column(name, dt, arr, esc, emp) for name, dt, arr, esc, emp, rdy
+                  in zip(self.names, self.types, columns, flags, empties, done, strict=True)]
         self.row += n
         self._pending.append(pa.RecordBatch.from_arrays(arrays, names=self.names))
         self._pending_rows += n
@@ -172,6 +177,43 @@ def _may_have_empty(arr: pa.Array) -> bool:
 
 def _first(mask: pa.Array) -> int:
     return int(pc.index(pc.fill_null(mask, False), True).as_py())
+
+
+# ---- columns the text splitters read as values -----------------------------------------------------------
+
+#: the splitters' kinds of the integer types (replicad/native/text_numbers.h), by (bits, signed)
+_INT_KINDS = {(8, False): "B", (16, False): "H", (32, False): "I", (64, False): "Q",
+              (8, True): "b", (16, True): "h", (32, True): "i", (64, True): "q"}
+
+
+def text_kinds(width: int, positions: Sequence[int], types: Sequence[DataType], tz: str) -> bytes:
+    """The typed kind of each of the ``width`` field positions for the TSV/CSV splitters: the plain
+    (UInt|Int)N, Date and DateTime columns are read as their values in the splitting pass ('s': as texts;
+    Nullable, LowCardinality, Enum and every other type keep the general path)."""
+    kinds = ["s"] * width
+    for pos, dt in zip(positions, types, strict=True):
+        if type(dt) is IntType:
+            kinds[pos] = _INT_KINDS[(dt.bits, dt.signed)]
+        elif type(dt) is DateType:
+            kinds[pos] = "D"
+        elif type(dt) is DateTimeType:
+            kinds[pos] = "T" if (dt.tz or tz) == "UTC" else "t"
+    return "".join(kinds).encode()
+
+
+def typed_column(dt: DataType, kind: str, values: pa.Buffer, rows: int, tz: str) -> pa.Array:
+    """A column a splitter read as values of ``kind`` (text_kinds) as storage Arrow: what ``dt.convert``
+    makes of the same texts (the splitter read only fields of the shape and range that path parses in C)."""
+    if kind == "D":
+        return pa.Array.from_buffers(pa.date32(), rows, [None, values])
+    if kind in ("T", "t"):
+        local = pa.Array.from_buffers(pa.timestamp("s"), rows, [None, values])
+        if kind == "T":  # UTC: local seconds are unix seconds
+            return local
+        assert isinstance(dt, DateTimeType)
+        # 2 days inside 0..2^32-1 (the splitter checked): no UTC offset takes the time out of range
+        return localize(local, dt.tz or tz).cast(pa.timestamp("s"))
+    return pa.Array.from_buffers(dt.arrow_type, rows, [None, values])
 
 
 # ---- column mapping ------------------------------------------------------------------------------------

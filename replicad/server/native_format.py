@@ -264,12 +264,14 @@ def decode_block(view: memoryview, max_rows: int = MAX_BLOCK_BYTES
     return names, types, arrays, r.pos
 
 
-def iter_blocks(read: Any, *, first_read: int = 1 << 20, max_block_bytes: int = MAX_BLOCK_BYTES
+def iter_blocks(read: Any, *, first_read: int = 4 << 20, max_block_bytes: int = MAX_BLOCK_BYTES
                 ) -> Iterator[tuple[list[str], list[DataType], list[pa.Array]]]:
     """Decode the blocks of a Native stream; ``read(n)`` returns up to ``n`` bytes (b"" at the end).
 
     A block is decoded once it is wholly buffered: a short buffer is topped up (doubling) and the block
-    decoded again from its start.  A block larger than ``max_block_bytes`` is refused."""
+    decoded again from its start.  A block larger than ``max_block_bytes`` is refused.  Reads of 4 MiB
+    (the text formats' block): ClickHouse's blocks of ~0.9 MB (24,576 rows of the bench's events) were
+    decoded twice at every 1 MiB read's end, 86 decodes for 47 blocks (0.082 -> 0.072 s CPU for 41 MB)."""
     data, pos, eof = b"", 0, False
     want = first_read
     while True:

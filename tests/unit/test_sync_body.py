@@ -108,3 +108,71 @@ def test_a_block_is_gathered_on_the_loop_in_one_hand_over() -> None:
     blocks = asyncio.run(go(_Trickle(pieces, pause_at=100, pause_s=0.3)))
     assert b"".join(blocks) == b"".join(pieces)
     assert len(handovers) == 3  # what came before the pause, the rest of the block, the end
+
+
+class _Gated(_Pieces):
+    """Pieces handed out for ``allowed`` reads, then only once ``gate`` is set; counts the reads that
+    started and those cancelled while waiting."""
+
+    def __init__(self, pieces: list[bytes], allowed: int) -> None:
+        super().__init__(pieces)
+        self.gate = asyncio.Event()
+        self.allowed = allowed
+        self.started = self.cancelled = 0
+
+    async def read(self, n: int = -1) -> bytes:
+        self.started += 1
+        if self.started > self.allowed:
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        return await super().read(n)
+
+
+def test_the_next_block_is_read_while_one_is_parsed_and_the_read_ahead_stops() -> None:
+    """Once a block is handed out, the loop already reads the next one (receiving overlaps parsing); when
+    the parse stops early (an error, a closed connection), cancel_read_ahead cancels that read and nothing
+    more is read; without a stop, the read-ahead block is the next one handed out."""
+    async def go(stop: bool) -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        source = _Gated([b"a\n" * 10, b"b\n" * 10, b"c\n" * 10], allowed=1)
+        body = SyncBody(source, loop, 1 << 30, chunk=20)
+        blocks = body.line_blocks(20)
+        got = [await loop.run_in_executor(None, next, blocks)]
+        await asyncio.sleep(0.05)
+        assert source.started == 2  # the second block's read began before the parser asked for it
+        if stop:
+            body.cancel_read_ahead()
+            await asyncio.sleep(0.05)
+            assert source.cancelled == 1 and source.started == 2
+            blocks.close()
+            return got
+        source.gate.set()
+        got += await loop.run_in_executor(None, list, blocks)
+        assert source.cancelled == 0
+        return got
+
+    assert asyncio.run(go(stop=True)) == [b"a\n" * 10]
+    assert asyncio.run(go(stop=False)) == [b"a\n" * 10, b"b\n" * 10, b"c\n" * 10]
+
+
+def test_the_rest_of_a_header_read_is_topped_up_to_a_whole_block() -> None:
+    """*WithNames: the header line is read 64 KiB at a time and the rest put back; the first block is still
+    a whole block (not that rest alone, a small block and one more hand-over to the loop)."""
+    lines = [b"%05d" % i + b"x" * 1018 + b"\n" for i in range(400)]
+    data = b"a\tb\n" + b"".join(lines)
+
+    async def go() -> tuple[bytes, list[bytes]]:
+        loop = asyncio.get_running_loop()
+        body = SyncBody(_Pieces([data[i:i + 4096] for i in range(0, len(data), 4096)]), loop, 1 << 30)
+
+        def work() -> tuple[bytes, list[bytes]]:
+            return body.readline_raw(), list(body.line_blocks(200_000))
+
+        return await loop.run_in_executor(None, work)
+
+    header, blocks = asyncio.run(go())
+    assert header == b"a\tb\n" and b"".join(blocks) == b"".join(lines)
+    assert len(blocks[0]) > 190_000  # a whole block, not the ~64 KiB left from the header's read
