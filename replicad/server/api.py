@@ -42,7 +42,7 @@ from replicad.errors import (
     UnknownTableError,
 )
 from replicad.logging import get_logger
-from replicad.memory import RELEASE_AFTER_BYTES
+from replicad.memory import RELEASE_AFTER_BYTES, deferred_loaded
 from replicad.server import auth, fault_injection, http_body, staging_api, system_queries, tls
 from replicad.server import status as status_mod
 from replicad.server.formats import SMALL_BODY_BYTES, parse_body
@@ -323,6 +323,8 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
                             code=READONLY_CODE)
     _start_query(request, state.metrics, "insert" if isinstance(r, InsertRoute) else
                  "select" if isinstance(r, SelectRoute) else r.kind.value)
+    if not _without_compute(r):
+        await deferred_loaded()  # pyarrow.compute, in a worker thread the first time (replicad.memory)
     if isinstance(r, InsertRoute):
         if r.inline_data:
             prefix = (r.inline_data + "\n").encode() + prefix
@@ -330,6 +332,14 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
     if isinstance(r, SelectRoute):
         return await _select(request, state, r, params, given, headers)
     return await _statement(state, r, text, given, headers)
+
+
+def _without_compute(r: InsertRoute | SelectRoute | StatementRoute) -> bool:
+    """Whether a request needs no Arrow compute kernel: ``count()`` without WHERE, a constant, SYSTEM SYNC
+    REPLICA (what a replicating daemon is asked); any other statement, SELECT or insert may."""
+    if isinstance(r, SelectRoute):
+        return r.constant is not None or (r.is_count and r.query.where is None)
+    return isinstance(r, StatementRoute) and r.kind is StatementKind.SYNC_REPLICA
 
 
 async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: Mapping[str, Any],
