@@ -25,7 +25,7 @@ from replicad.storage.part import create_file, fsync_dir, write_all
 
 #: the loop hands the writer thread about this many bytes at a time (with BATCHES_PENDING and the fetcher's
 #: read_bufsize, what a fetch holds: ~4 MiB, whatever the part; 4 MiB batches made a fetch +20 MiB of RSS)
-BATCH_SIZE = 1 << 20
+BATCH_SIZE = 1 << 18
 #: batches handed over but not yet written before the loop waits (memory bound)
 BATCHES_PENDING = 2
 

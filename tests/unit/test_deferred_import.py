@@ -98,7 +98,7 @@ def test_nothing_deferred_when_already_imported() -> None:
 @pytest.mark.parametrize("key", ["toYYYYMM(d)", "toYYYYMM(ts)", "toMonday(d)", "toDate(ts)", "d",
                                  "tuple()", "intDiv(k, 100)", "toYYYYMMDD(d)", "toStartOfMonth(d)"])
 def test_create_table_key_checks_need_no_compute_kernel(key: str) -> None:
-    """A daemon parses every table's CREATE TABLE at start (the key checks evaluate the keys over zero rows)."""
+    """A daemon parses each table's CREATE TABLE at start: the key checks evaluate keys over zero rows."""
     out = run(f"""
         from replicad import memory
         memory.keep_out()  # as the daemon: pandas (which imports pyarrow.compute) kept out
