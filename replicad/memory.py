@@ -20,6 +20,10 @@ huge pages (the kernel's ``madvise`` mode), and the few small allocations a rest
 them, 4 MiB of its resident set (a resting daemon with one table: 122 -> 118 MiB, anonymous 65.4 -> 61.5).
 They must be set before pyarrow is loaded: mimalloc reads its options once, when the library initialises.
 
+:func:`import_without_default_tls`: aiohttp.connector makes two default TLS client contexts when imported,
+each parsing the system's CA bundle (~2 MiB of the resident set); the daemon never uses them (its fetcher
+checks HTTPS peers with a context of its own), so it imports aiohttp with the default CA locations unset.
+
 :func:`defer_import`: ``pyarrow.compute`` registers Arrow's compute kernels when imported (about 7 MiB of the
 resident set: the pages of libarrow_compute it touches, the Python wrappers it generates, pydoc).  A daemon
 that only replicates never calls a kernel, so the daemon puts a stand-in in ``sys.modules`` that imports the
@@ -123,6 +127,31 @@ def tune_allocators() -> bool:
         return False
     for name, value in MIMALLOC_OPTIONS.items():
         os.environ.setdefault(name, value)
+    return True
+
+
+#: OpenSSL's environment variables for its default CA file and directory
+CA_LOCATION_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR")
+
+
+def import_without_default_tls(module: str = "aiohttp") -> bool:
+    """Import ``module`` (aiohttp) with the default CA locations set to nothing for the time of the import
+    (for the daemon process only, before any thread that reads the environment): the default contexts aiohttp
+    makes then hold no CA, and one used by mistake would refuse every peer rather than trust one.  The fetcher
+    passes its own context to every HTTPS request (replicad.replication.exchange.system_tls_context).  False,
+    and nothing done, when ``module`` is imported already."""
+    if module in sys.modules:
+        return False
+    saved = {name: os.environ.get(name) for name in CA_LOCATION_VARIABLES}
+    os.environ.update(dict.fromkeys(CA_LOCATION_VARIABLES, os.devnull))
+    try:
+        importlib.import_module(module)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return True
 
 

@@ -462,7 +462,7 @@ class PartFetcher:
         sink = None if zero_copy else PartSink(tmp_dir, self.fsync, replace_stale=True)
         try:
             async with self._http().post(url, params=params, headers=self.credentials.headers(),
-                                         ssl=self.credentials.ssl) as resp:
+                                         ssl=await self.credentials.ssl_for(url)) as resp:
                 if resp.status == 429:
                     raise FetchError(
                         f"Too busy replica {address.host}:{address.replication_port} (429). Will try later.",

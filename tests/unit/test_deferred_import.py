@@ -111,3 +111,19 @@ def test_create_table_key_checks_need_no_compute_kernel(key: str) -> None:
     """)
     pending, _type = out.split()
     assert pending == "True"
+
+
+def test_aiohttp_imported_without_the_ca_bundle() -> None:
+    """aiohttp's import-time default client contexts get no CA (the fetcher has its own: test_auth's
+    tls-system-ca case); the environment is as it was after the import."""
+    out = run("""
+        import os
+        from replicad import memory
+        os.environ["SSL_CERT_FILE"] = "/somewhere/ca.pem"
+        os.environ.pop("SSL_CERT_DIR", None)
+        assert memory.import_without_default_tls()
+        import aiohttp.connector as c
+        print(c._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509_ca"], os.environ["SSL_CERT_FILE"],
+              "SSL_CERT_DIR" in os.environ, memory.import_without_default_tls())
+    """)
+    assert out.split() == ["0", "/somewhere/ca.pem", "False", "False"]
