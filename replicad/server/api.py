@@ -44,8 +44,8 @@ from replicad.errors import (
 from replicad.logging import get_logger
 from replicad.memory import RELEASE_AFTER_BYTES, deferred_loaded
 from replicad.server import auth, fault_injection, http_body, staging_api, system_queries, tls
+from replicad.server import formats as input_formats  # deferred in the daemon (replicad.memory)
 from replicad.server import status as status_mod
-from replicad.server.formats import SMALL_BODY_BYTES, parse_body
 from replicad.server.insert_input import input_spec, spool_dir
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from replicad.server.metrics import Metrics
@@ -360,18 +360,19 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
         if pool is not None:
             pool.enter()
         try:
-            small = (request.content_length is not None and request.content_length <= SMALL_BODY_BYTES
+            length = request.content_length
+            small = (length is not None and length <= input_formats.SMALL_BODY_BYTES
                      and request.headers.get("Content-Encoding", "").strip().lower() in ("", "identity"))
             name = str(table.name)
             source = http_body.request_body(request)
             if small:  # parsed whole here: bad rows count as insert errors, as when parsed during the insert
                 try:
-                    parsed = await parse_body(source, spec, limit, prefix, whole=True)
+                    parsed = await input_formats.parse_body(source, spec, limit, prefix, whole=True)
                 except ReplicadError as e:
                     state.metrics.insert_errors.labels(name, str(e.code)).inc()
                     raise
             else:
-                parsed = await parse_body(source, spec, limit, prefix)
+                parsed = await input_formats.parse_body(source, spec, limit, prefix)
             stage_times.mark("parse_start")
             try:
                 summary = await table.insert(parsed.batches, parsed.columns, settings)

@@ -1,6 +1,7 @@
-"""A replica that only replicates never imports pyarrow.compute (replicad.memory.defer_import): two real
-daemons, one inserts, the other fetches, answers SYSTEM SYNC REPLICA, count() and its parts list; then the
-first SELECT with a WHERE and an insert on it import the module (in a worker thread) and answer right."""
+"""A replica that only replicates never imports pyarrow.compute nor the insert formats' parsers
+(replicad.memory.defer_import): two real daemons, one inserts, the other fetches, answers SYSTEM SYNC
+REPLICA, count() and its parts list; then the first SELECT with a WHERE and an insert on it import them (in a
+worker thread) and answer right."""
 
 from __future__ import annotations
 
@@ -20,9 +21,13 @@ DDL = ("CREATE TABLE IF NOT EXISTS db.t (d Date, ts DateTime, k UInt64, s String
        "PARTITION BY toYYYYMM(d) ORDER BY (k, ts)")
 
 
-def compute_mapped(d: Daemon) -> bool:
+def mapped(d: Daemon, library: str) -> bool:
     assert d.proc is not None
-    return "pyarrow/_compute.cpython" in Path(f"/proc/{d.proc.pid}/maps").read_text()
+    return library in Path(f"/proc/{d.proc.pid}/maps").read_text()
+
+
+def compute_mapped(d: Daemon) -> bool:
+    return mapped(d, "pyarrow/_compute.cpython")
 
 
 def rows(first: int, n: int) -> bytes:
@@ -45,10 +50,11 @@ def test_a_replicating_daemon_leaves_compute_unloaded(zookeeper: ZooKeeperServer
             parts = ok(request(r2.url, f"/tables/{TABLE}/parts")).json()
             assert sorted(p["partition_id"] for p in parts) == ["202401", "202402", "202403"]
             assert not compute_mapped(r2)
+            assert not mapped(r2, "pyarrow/_csv.cpython")  # the insert formats (replicad.server.formats)
 
             got = ok(query(r2.url, f"SELECT k, s FROM {TABLE} WHERE k % 100 = 7 ORDER BY k")).text
             assert got == "7\tv7\n107\tv107\n207\tv207\n"
-            assert compute_mapped(r2)
+            assert compute_mapped(r2) and mapped(r2, "pyarrow/_csv.cpython")
             ok(query(r2.url, f"INSERT INTO {TABLE} FORMAT TSV", rows(300, 10)))
             ok(query(r1.url, f"SYSTEM SYNC REPLICA {TABLE}", post=True))
             assert ok(query(r1.url, f"SELECT count() FROM {TABLE} WHERE k >= 300")).text == "10\n"
