@@ -155,9 +155,10 @@ def import_without_default_tls(module: str = "aiohttp") -> bool:
     return True
 
 
-#: modules the daemon imports on first use (:func:`defer_import`): Arrow's kernels, and the insert formats'
-#: parsers (with pyarrow's CSV and JSON readers, ~0.5 MiB), which a daemon that takes no insert never needs
-DEFERRED_MODULES = ("pyarrow.compute", "replicad.server.formats")
+#: modules the daemon imports on first use (:func:`defer_import`): Arrow's kernels, the insert formats'
+#: parsers (with pyarrow's CSV and JSON readers, ~0.5 MiB), which a daemon that takes no insert never needs,
+#: and the distributed DDL statements (ON CLUSTER)
+DEFERRED_MODULES = ("pyarrow.compute", "replicad.server.formats", "replicad.ddl.service")
 
 
 class DeferredModule(types.ModuleType):

@@ -30,7 +30,7 @@ from aiohttp import web
 from replicad import stage_times
 from replicad.config import Config
 from replicad.datatypes import parse_type
-from replicad.ddl import service as ddl_service
+from replicad.ddl import service as ddl_service  # deferred in the daemon (replicad.memory)
 from replicad.errors import (
     BadInputError,
     BodyTooLargeError,
@@ -55,6 +55,7 @@ from replicad.server.routing import (
     InsertRoute,
     SelectRoute,
     StatementRoute,
+    on_cluster_of,
     parse_full,
     resolve,
 )
@@ -447,7 +448,7 @@ async def _statement(state: ApiState, r: StatementRoute, text: str, given: Mappi
     stmt = Statement(kind=r.kind, table=r.table, text=text, parsed=parsed, if_exists=r.if_exists,
                      settings=dict(given))
     message = ""
-    cluster = ddl_service.on_cluster_of(parsed)
+    cluster = on_cluster_of(parsed)
     if cluster is not None:  # distributed DDL through ZooKeeper's task queue (replicad.ddl)
         ddl = getattr(catalog, "ddl", None)
         if ddl is None:

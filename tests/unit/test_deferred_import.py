@@ -25,7 +25,7 @@ def test_stand_in_imports_the_module_on_first_attribute_read() -> None:
     out = run("""
         import sys
         from replicad import memory
-        assert memory.defer_import() == ["pyarrow.compute", "replicad.server.formats"]
+        assert memory.defer_import() == ["pyarrow.compute", "replicad.server.formats", "replicad.ddl.service"]
         import pyarrow as pa
         import pyarrow.compute as pc
         maps = lambda: open("/proc/self/maps").read()
@@ -85,12 +85,13 @@ def test_deferred_loaded_imports_in_a_worker_thread() -> None:
         print("MainThread" not in where, len(where), memory.deferred_pending(), callable(pc.sum),
               callable(formats.parse_body))
     """)
-    assert out.split() == ["True", "2", "False", "True", "True"]
+    assert out.split() == ["True", "3", "False", "True", "True"]
 
 
 def test_nothing_deferred_when_already_imported() -> None:
     out = run("""
         import pyarrow.compute
+        import replicad.ddl.service
         import replicad.server.formats
         from replicad import memory
         print(memory.defer_import(), memory.deferred_pending())
