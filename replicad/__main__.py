@@ -73,10 +73,12 @@ def cmd_check_config(path: str) -> int:
 
 
 def cmd_run(path: str) -> int:
-    from replicad.memory import keep_out, tune_allocators
+    from replicad.memory import defer_import, import_without_default_tls, keep_out, tune_allocators
 
     tune_allocators()  # before pyarrow loads (reading the config loads it): its allocator reads options once
     keep_out()  # pandas (pyarrow would import it), rich (structlog, imported with the config): never used
+    defer_import()  # pyarrow.compute: imported when first used (a daemon that only replicates never does)
+    import_without_default_tls()  # aiohttp's unused default client contexts left without the CA bundle
     cfg = _load(path)
     if cfg is None:
         return EX_CONFIG

@@ -19,6 +19,16 @@ its first arena as it uses it instead of all at once: committed whole, the arena
 huge pages (the kernel's ``madvise`` mode), and the few small allocations a resting daemon makes held two of
 them, 4 MiB of its resident set (a resting daemon with one table: 122 -> 118 MiB, anonymous 65.4 -> 61.5).
 They must be set before pyarrow is loaded: mimalloc reads its options once, when the library initialises.
+
+:func:`import_without_default_tls`: aiohttp.connector makes two default TLS client contexts when imported,
+each parsing the system's CA bundle (~2 MiB of the resident set); the daemon never uses them (its fetcher
+checks HTTPS peers with a context of its own), so it imports aiohttp with the default CA locations unset.
+
+:func:`defer_import`: ``pyarrow.compute`` registers Arrow's compute kernels when imported (about 7 MiB of the
+resident set: the pages of libarrow_compute it touches, the Python wrappers it generates, pydoc).  A daemon
+that only replicates never calls a kernel, so the daemon puts a stand-in in ``sys.modules`` that imports the
+real module the first time one of its attributes is read; :func:`load_deferred` does it ahead, in a worker
+thread, for the request handlers about to need it (an import of ~100 ms must not stall the event loop).
 """
 
 from __future__ import annotations
@@ -26,10 +36,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import importlib
 import importlib.abc
 import importlib.machinery
 import os
 import sys
+import threading
+import types
 from collections.abc import Callable, Sequence
 
 #: inserts whose body reached this size return their memory when they end (in the background; a small
@@ -115,3 +128,107 @@ def tune_allocators() -> bool:
     for name, value in MIMALLOC_OPTIONS.items():
         os.environ.setdefault(name, value)
     return True
+
+
+#: OpenSSL's environment variables for its default CA file and directory
+CA_LOCATION_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR")
+
+
+def import_without_default_tls(module: str = "aiohttp") -> bool:
+    """Import ``module`` (aiohttp) with the default CA locations set to nothing for the time of the import
+    (for the daemon process only, before any thread that reads the environment): the default contexts aiohttp
+    makes then hold no CA, and one used by mistake would refuse every peer rather than trust one.  The fetcher
+    passes its own context to every HTTPS request (replicad.replication.exchange.system_tls_context).  False,
+    and nothing done, when ``module`` is imported already."""
+    if module in sys.modules:
+        return False
+    saved = {name: os.environ.get(name) for name in CA_LOCATION_VARIABLES}
+    os.environ.update(dict.fromkeys(CA_LOCATION_VARIABLES, os.devnull))
+    try:
+        importlib.import_module(module)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return True
+
+
+#: modules the daemon imports on first use (:func:`defer_import`): Arrow's kernels, the insert formats'
+#: parsers (with pyarrow's CSV and JSON readers, ~0.5 MiB), which a daemon that takes no insert never needs,
+#: and the distributed DDL statements (ON CLUSTER)
+DEFERRED_MODULES = ("pyarrow.compute", "replicad.server.formats", "replicad.ddl.service")
+
+
+class DeferredModule(types.ModuleType):
+    """Stands in ``sys.modules`` for a module not imported yet.  The first attribute read imports the real
+    module (once, under a lock), copies its namespace into this one (later reads are plain lookups) and
+    leaves the real module in ``sys.modules``; the modules that bound this stand-in keep working with it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.__dict__["_deferred_lock"] = threading.RLock()
+
+    def __getattr__(self, attr: str) -> object:
+        if attr.startswith("__") and attr.endswith("__"):  # probes (copy, inspect, import) do not load it
+            raise AttributeError(attr)
+        return getattr(self.load(), attr)
+
+    def load(self) -> types.ModuleType:
+        """The real module, imported now if it is not yet."""
+        name = self.__name__
+        with self.__dict__["_deferred_lock"]:
+            current = sys.modules.get(name)
+            if current is not None and current is not self:  # loaded, or being loaded by this thread
+                return current
+            del sys.modules[name]
+            try:
+                real = importlib.import_module(name)
+            except BaseException:
+                sys.modules.setdefault(name, self)
+                raise
+            self.__dict__.update({k: v for k, v in real.__dict__.items() if k != "__name__"})
+            parent, _, child = name.rpartition(".")
+            if parent in sys.modules:
+                setattr(sys.modules[parent], child, real)
+            return real
+
+
+def defer_import(names: Sequence[str] = DEFERRED_MODULES) -> list[str]:
+    """Put a :class:`DeferredModule` in ``sys.modules`` for each of ``names`` not imported yet (for the daemon
+    process only); returns those deferred.  Their parent packages are imported now."""
+    deferred = []
+    for name in names:
+        if name in sys.modules:
+            continue
+        parent, _, child = name.rpartition(".")
+        stand_in = DeferredModule(name)
+        if parent:
+            setattr(importlib.import_module(parent), child, stand_in)
+        sys.modules[name] = stand_in
+        deferred.append(name)
+    return deferred
+
+
+def deferred_pending() -> bool:
+    """Whether a module :func:`defer_import` deferred is still not imported."""
+    return any(isinstance(sys.modules.get(name), DeferredModule) for name in DEFERRED_MODULES)
+
+
+def load_deferred() -> None:
+    """Import the deferred modules now (blocking: ~100 ms the first time; :func:`deferred_loaded` runs it in a
+    worker thread)."""
+    for name in DEFERRED_MODULES:
+        module = sys.modules.get(name)
+        if isinstance(module, DeferredModule):
+            module.load()
+
+
+async def deferred_loaded() -> None:
+    """For the event loop, before work that uses a deferred module: imports them in a worker thread the first
+    time, returns at once afterwards (or in a process that deferred nothing)."""
+    if deferred_pending():
+        import asyncio
+
+        await asyncio.to_thread(load_deferred)

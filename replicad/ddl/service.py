@@ -39,16 +39,6 @@ _EVERY_HOST = frozenset((StatementKind.CREATE_TABLE, StatementKind.DROP_TABLE, S
                          StatementKind.OPTIMIZE))
 
 
-def on_cluster_of(parsed: Any) -> str | None:
-    """The ``ON CLUSTER`` name of a parsed statement (None: none)."""
-    if parsed is None:
-        return None
-    table_def = getattr(parsed, "table_def", None)
-    if table_def is not None:
-        return getattr(table_def, "on_cluster", None)
-    return getattr(parsed, "on_cluster", None)
-
-
 class CatalogRunner(StatementRunner):
     """Runs a task's statement (``ON CLUSTER`` removed) against this daemon's tables.  ``route`` and
     ``parse`` are the API's (``replicad.server.routing.route`` / ``parse_full``), given by the catalog."""

@@ -9,11 +9,14 @@ engine never imports the transport (ClickHouse's ``DataPartsExchange::Service`` 
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import functools
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from ssl import SSLContext
 from typing import Protocol
 
 from replicad.storage.checksums import Checksums
@@ -59,8 +62,17 @@ class PartsExchange(Protocol):
 class FetchCredentials:
     user: str | None = None
     password: str | None = None
-    #: how peers' HTTPS answers are checked (True: the system's CAs; a context from interserver.tls_ca_file)
+    #: how peers' HTTPS answers are checked (True: the system's CAs, :func:`system_tls_context`; a context
+    #: from interserver.tls_ca_file)
     ssl: ssl.SSLContext | bool = True
+
+    async def ssl_for(self, url: str) -> SSLContext | bool:
+        """The ``ssl`` argument of the request to ``url``: always a context of ours for HTTPS."""
+        if self.ssl is not True or not url.startswith("https:"):
+            return self.ssl
+        if system_tls_context.cache_info().currsize:
+            return system_tls_context()
+        return await asyncio.to_thread(system_tls_context)  # the CA bundle read once, off the event loop
 
     def headers(self) -> dict[str, str]:
         """``Authorization: Basic …`` when a user is configured (what 18.16 sends: its own credentials)."""
@@ -68,3 +80,14 @@ class FetchCredentials:
             return {}
         token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode("ascii")
         return {"Authorization": f"Basic {token}"}
+
+
+@functools.cache
+def system_tls_context() -> ssl.SSLContext:
+    """Peers' HTTPS answers checked with the system's CAs, as aiohttp's default context does (a TLS client
+    context with the default CA locations, ALPN ``http/1.1``).  Made by the first HTTPS fetch needing it (it
+    reads and parses the CA bundle: call it off the event loop), not by aiohttp when imported: the daemon
+    leaves aiohttp's own defaults without CAs (``replicad.memory.import_without_default_tls``)."""
+    ctx = ssl.create_default_context()
+    ctx.set_alpn_protocols(("http/1.1",))
+    return ctx

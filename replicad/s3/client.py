@@ -11,8 +11,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import botocore.exceptions
-
 from replicad.errors import ReplicadError
 from replicad.s3.endpoint import S3Endpoint
 
@@ -42,6 +40,10 @@ Listing = tuple[list[ObjectInfo], float | None]
 
 
 def _translate(e: Exception, what: str) -> S3Error:
+    # botocore is imported by the first client (see S3Client.__init__): a daemon without an S3 disk has none,
+    # and never maps botocore's exceptions module (~0.3 MiB resident) for the isinstance below
+    import botocore.exceptions
+
     if isinstance(e, botocore.exceptions.ClientError):
         code = str(e.response.get("Error", {}).get("Code", ""))
         if code in ("NoSuchKey", "404", "NotFound"):
@@ -67,10 +69,15 @@ class S3Client:
         read_timeout_s: float = 30.0,
     ) -> None:
         # here, not at the top: boto3 and botocore's config cost a daemon ~9 MiB of resident memory, and
-        # only a daemon with an S3 disk makes a client (the exceptions module, needed by every call, is small)
+        # only a daemon with an S3 disk makes a client
         import boto3
         import botocore.config
         from boto3.s3.transfer import TransferConfig
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        self._boto_error: type[Exception] = BotoCoreError
+        self._client_error: type[Exception] = ClientError
+        self._errors = (BotoCoreError, ClientError)
 
         self.endpoint = endpoint
         self.bucket = endpoint.bucket
@@ -105,7 +112,7 @@ class S3Client:
         size = os.path.getsize(path)
         try:
             self._s3.upload_file(os.fspath(path), self.bucket, key, Config=self._transfer)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+        except self._errors as e:
             raise _translate(e, f"upload of {key}") from e
         except Exception as e:  # s3transfer wraps failures in its own exception types
             raise S3Error(f"upload of {key}: {e}") from e
@@ -115,7 +122,7 @@ class S3Client:
     def put_bytes_sync(self, key: str, data: bytes) -> None:
         try:
             self._s3.put_object(Bucket=self.bucket, Key=key, Body=data)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+        except self._errors as e:
             raise _translate(e, f"put of {key}") from e
         self.bytes_uploaded += len(data)
 
@@ -123,7 +130,7 @@ class S3Client:
         try:
             body = self._s3.get_object(Bucket=self.bucket, Key=key)["Body"]
             data: bytes = body.read()
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+        except self._errors as e:
             raise _translate(e, f"get of {key}") from e
         self.bytes_downloaded += len(data)
         return data
@@ -136,7 +143,7 @@ class S3Client:
             while chunk := body.read(_READ_CHUNK):
                 f.write(chunk)
                 n += len(chunk)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+        except self._errors as e:
             raise _translate(e, f"get of {key}") from e
         self.bytes_downloaded += n
         return n
@@ -145,12 +152,12 @@ class S3Client:
         """The object's size, None if there is none."""
         try:
             answer = self._s3.head_object(Bucket=self.bucket, Key=key)
-        except botocore.exceptions.ClientError as e:
+        except self._client_error as e:
             err = _translate(e, f"head of {key}")
             if isinstance(err, NoSuchKeyError):
                 return None
             raise err from e
-        except botocore.exceptions.BotoCoreError as e:
+        except self._boto_error as e:
             raise _translate(e, f"head of {key}") from e
         return int(answer["ContentLength"])
 
@@ -170,7 +177,7 @@ class S3Client:
                     server_now = _server_time(page)
                 out += [ObjectInfo(o["Key"], int(o["Size"]), o["LastModified"].timestamp())
                         for o in page.get("Contents", ())]
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+        except self._errors as e:
             raise _translate(e, f"list of {prefix!r}") from e
         return out, server_now
 
@@ -183,7 +190,7 @@ class S3Client:
                 answer = self._s3.delete_objects(
                     Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
                 )
-            except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            except self._errors as e:
                 raise _translate(e, "delete") from e
             errors = answer.get("Errors") or []
             if errors:
@@ -193,8 +200,8 @@ class S3Client:
     def create_bucket_sync(self) -> None:
         try:
             self._s3.create_bucket(Bucket=self.bucket)
-        except botocore.exceptions.ClientError as e:
-            code = str(e.response.get("Error", {}).get("Code", ""))
+        except self._client_error as e:
+            code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
             if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise _translate(e, f"create bucket {self.bucket}") from e
 

@@ -30,7 +30,7 @@ from aiohttp import web
 from replicad import stage_times
 from replicad.config import Config
 from replicad.datatypes import parse_type
-from replicad.ddl import service as ddl_service
+from replicad.ddl import service as ddl_service  # deferred in the daemon (replicad.memory)
 from replicad.errors import (
     BadInputError,
     BodyTooLargeError,
@@ -42,10 +42,10 @@ from replicad.errors import (
     UnknownTableError,
 )
 from replicad.logging import get_logger
-from replicad.memory import RELEASE_AFTER_BYTES
+from replicad.memory import RELEASE_AFTER_BYTES, deferred_loaded
 from replicad.server import auth, fault_injection, http_body, staging_api, system_queries, tls
+from replicad.server import formats as input_formats  # deferred in the daemon (replicad.memory)
 from replicad.server import status as status_mod
-from replicad.server.formats import SMALL_BODY_BYTES, parse_body
 from replicad.server.insert_input import input_spec, spool_dir
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from replicad.server.metrics import Metrics
@@ -55,6 +55,7 @@ from replicad.server.routing import (
     InsertRoute,
     SelectRoute,
     StatementRoute,
+    on_cluster_of,
     parse_full,
     resolve,
 )
@@ -323,6 +324,8 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
                             code=READONLY_CODE)
     _start_query(request, state.metrics, "insert" if isinstance(r, InsertRoute) else
                  "select" if isinstance(r, SelectRoute) else r.kind.value)
+    if not _without_compute(r):
+        await deferred_loaded()  # pyarrow.compute, in a worker thread the first time (replicad.memory)
     if isinstance(r, InsertRoute):
         if r.inline_data:
             prefix = (r.inline_data + "\n").encode() + prefix
@@ -330,6 +333,14 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
     if isinstance(r, SelectRoute):
         return await _select(request, state, r, params, given, headers)
     return await _statement(state, r, text, given, headers)
+
+
+def _without_compute(r: InsertRoute | SelectRoute | StatementRoute) -> bool:
+    """Whether a request needs no Arrow compute kernel: ``count()`` without WHERE, a constant, SYSTEM SYNC
+    REPLICA (what a replicating daemon is asked); any other statement, SELECT or insert may."""
+    if isinstance(r, SelectRoute):
+        return r.constant is not None or (r.is_count and r.query.where is None)
+    return isinstance(r, StatementRoute) and r.kind is StatementKind.SYNC_REPLICA
 
 
 async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: Mapping[str, Any],
@@ -350,18 +361,19 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
         if pool is not None:
             pool.enter()
         try:
-            small = (request.content_length is not None and request.content_length <= SMALL_BODY_BYTES
+            length = request.content_length
+            small = (length is not None and length <= input_formats.SMALL_BODY_BYTES
                      and request.headers.get("Content-Encoding", "").strip().lower() in ("", "identity"))
             name = str(table.name)
             source = http_body.request_body(request)
             if small:  # parsed whole here: bad rows count as insert errors, as when parsed during the insert
                 try:
-                    parsed = await parse_body(source, spec, limit, prefix, whole=True)
+                    parsed = await input_formats.parse_body(source, spec, limit, prefix, whole=True)
                 except ReplicadError as e:
                     state.metrics.insert_errors.labels(name, str(e.code)).inc()
                     raise
             else:
-                parsed = await parse_body(source, spec, limit, prefix)
+                parsed = await input_formats.parse_body(source, spec, limit, prefix)
             stage_times.mark("parse_start")
             try:
                 summary = await table.insert(parsed.batches, parsed.columns, settings)
@@ -436,7 +448,7 @@ async def _statement(state: ApiState, r: StatementRoute, text: str, given: Mappi
     stmt = Statement(kind=r.kind, table=r.table, text=text, parsed=parsed, if_exists=r.if_exists,
                      settings=dict(given))
     message = ""
-    cluster = ddl_service.on_cluster_of(parsed)
+    cluster = on_cluster_of(parsed)
     if cluster is not None:  # distributed DDL through ZooKeeper's task queue (replicad.ddl)
         ddl = getattr(catalog, "ddl", None)
         if ddl is None:

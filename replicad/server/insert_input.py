@@ -8,7 +8,7 @@ from typing import Any
 
 from replicad.config import Config
 from replicad.errors import BadInputError
-from replicad.server.formats import InputSpec
+from replicad.server.input_columns import InputSpec
 from replicad.server.routing import InsertRoute
 from replicad.server.sync_body import ParsePool
 from replicad.service import TableService

@@ -359,3 +359,14 @@ def resolve(text: str, default_database: str = "default") -> Route:
     if len(text) > MAX_CACHED_TEXT or text.lstrip()[:6].upper() == "INSERT":
         return _resolve(text, default_database)
     return _resolve_cached(text, default_database)
+
+
+def on_cluster_of(parsed: Any) -> str | None:
+    """The ``ON CLUSTER`` name of a parsed statement (None: none); such a statement goes to the distributed
+    DDL queue (replicad.ddl.service, imported when first needed)."""
+    if parsed is None:
+        return None
+    table_def = getattr(parsed, "table_def", None)
+    if table_def is not None:
+        return getattr(table_def, "on_cluster", None)
+    return getattr(parsed, "on_cluster", None)

@@ -34,6 +34,7 @@ from replicad import settings as settings_table
 from replicad.config import Config
 from replicad.datatypes import DataType, parse_type
 from replicad.errors import SyntaxError_, UnknownTableError
+from replicad.memory import deferred_loaded
 from replicad.server import auth
 from replicad.server.routing import mask, strip_comments
 from replicad.service import Catalog, QueryResult, TableName
@@ -110,16 +111,19 @@ async def answer(text: str, ctx: ServerContext, catalog: Callable[[], Awaitable[
         if not m:
             return None
         name = TableName.parse(re.sub(r"\s*\.\s*", ".", m.group(1)), ctx.database)
+        await deferred_loaded()  # the answers are evaluated here, on the loop (replicad.memory)
         return Answer(await describe(name, ctx, catalog), fmt)
     if not head.startswith("SELECT"):
         return None
     body, fmt = _split_format(sql)
     masked = _mask(body)
     if not re.search(r"\bFROM\b", masked, re.IGNORECASE):
+        await deferred_loaded()
         return Answer(select_constants(body[6:], ctx), fmt)
     m = _SYSTEM_FROM.search(masked)
     if not m:
         return None
+    await deferred_loaded()
     return Answer(select_system(_system_select(body, masked, m), ctx), fmt)
 
 

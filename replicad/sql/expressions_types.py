@@ -208,10 +208,12 @@ def to_numpy(arr: pa.Array, t: TypeInfo) -> tuple[NDArray, NDArray | None]:
         valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         arr = arr.fill_null(pa.scalar(0, arr.type)) if not pa.types.is_date32(arr.type) else arr.cast(
             pa.int32()).fill_null(0)
+    # date32 -> int32 and timestamp -> int64 are the same buffers: viewed, as the casts did (a view needs no
+    # compute kernel: a zero-row evaluation, the key checks of CREATE TABLE, leaves pyarrow.compute unloaded)
     if pa.types.is_date32(arr.type):
-        values = np.asarray(arr.cast(pa.int32()).to_numpy(zero_copy_only=False))
+        values = np.asarray(arr.view(pa.int32()).to_numpy(zero_copy_only=False))
     elif pa.types.is_timestamp(arr.type):
-        values = np.asarray(arr.cast(pa.int64()).to_numpy(zero_copy_only=False))
+        values = np.asarray(arr.view(pa.int64()).to_numpy(zero_copy_only=False))
     else:
         values = np.asarray(arr.to_numpy(zero_copy_only=False))
     return values, valid
@@ -223,10 +225,10 @@ def from_numpy(values: NDArray, dt: DataType, valid: NDArray | None = None) -> p
     mask = None if valid is None else ~valid
     if t.kind == "date":  # Date is UInt16 in ClickHouse: results wrap (toMonday('1970-01-02') = 65533)
         days = np.mod(values.astype(np.int64), 1 << 16).astype(np.int32)
-        return pa.array(days, type=pa.int32(), mask=mask).cast(pa.date32())
+        return pa.array(days, type=pa.int32(), mask=mask).view(pa.date32())
     if t.kind == "datetime":  # DateTime is UInt32
         secs = np.mod(values.astype(np.int64), 1 << 32)
-        return pa.array(secs, type=pa.int64(), mask=mask).cast(pa.timestamp("s"))
+        return pa.array(secs, type=pa.int64(), mask=mask).view(pa.timestamp("s"))
     target = t.np_dtype
     if t.kind in ("int", "enum") and values.dtype.kind == "f":
         with np.errstate(invalid="ignore"):

@@ -24,10 +24,13 @@ from replicad.model.cityhash import FileHasher
 from replicad.storage.part import create_file, fsync_dir, write_all
 
 #: the loop hands the writer thread about this many bytes at a time (with BATCHES_PENDING and the fetcher's
-#: read_bufsize, what a fetch holds: ~4 MiB, whatever the part; 4 MiB batches made a fetch +20 MiB of RSS)
-BATCH_SIZE = 1 << 20
-#: batches handed over but not yet written before the loop waits (memory bound)
-BATCHES_PENDING = 2
+#: read_bufsize, what a fetch holds: well under 1 MiB, whatever the part; the peak RSS of a fetch was +20 MiB
+#: with 4 MiB batches, +6 with 1 MiB ones, +3 with 256 KiB and 2 pending, +2 with 1 pending and aiohttp's
+#: default read buffer (200-400 MB parts, the receiving daemon's CPU time the same within the noise)
+BATCH_SIZE = 1 << 18
+#: batches handed over but not yet written before the loop waits (memory bound): the thread writes one
+#: while the loop gathers the next
+BATCHES_PENDING = 1
 
 
 @dataclass(frozen=True)

@@ -55,12 +55,12 @@ def basic(user: str, password: str) -> dict[str, str]:
 
 
 def start(base: Path, zookeeper: ZooKeeperServer, chroot: str, name: str, *, api: Mapping[str, Any],
-          interserver: Mapping[str, Any] | None = None) -> Daemon:
+          interserver: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Daemon:
     path = daemon_config(base, zookeeper, chroot, name, [DDL], api)
     cfg = yaml.safe_load(path.read_text())
     cfg["interserver"] = {**cfg["interserver"], **dict(interserver or {})}
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    d = Daemon(path, cwd=path.parent, log_path=path.parent / "replicad.log")
+    d = Daemon(path, cwd=path.parent, log_path=path.parent / "replicad.log", env=dict(env or {}))
     d.start()
     try:
         d.wait_ready(None, timeout=60)  # /ping needs no credentials
@@ -220,19 +220,27 @@ def fetch_part(d: Daemon, part: str, headers: Mapping[str, str], *, scheme: str 
         return e.code
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+@pytest.mark.parametrize("tls", [False, True, "system"], ids=["plain", "tls", "tls-system-ca"])
 def test_interserver_credentials_between_two_replicas(zookeeper: ZooKeeperServer, tmp_path: Path,
-                                                      tls: bool) -> None:
+                                                      tls: bool | str) -> None:
+    """``tls-system-ca``: no tls_ca_file, the peer's certificate is trusted as a system CA (OpenSSL's
+    SSL_CERT_FILE); the daemon imports aiohttp with those locations unset (replicad.memory), so the fetch
+    works only through the fetcher's own context, made from the system's CAs when first needed."""
     inter: dict[str, Any] = dict(INTERSERVER)
     context = None
+    env: dict[str, str] = {}
     if tls:
         cert, key = self_signed(tmp_path)
-        inter.update(tls_cert_file=str(cert), tls_key_file=str(key), tls_ca_file=str(cert))
+        inter.update(tls_cert_file=str(cert), tls_key_file=str(key))
+        if tls == "system":
+            env = {"SSL_CERT_FILE": str(cert), "SSL_CERT_DIR": str(tmp_path / "no-ca-directory")}
+        else:
+            inter.update(tls_ca_file=str(cert))
         context = ssl.create_default_context(cafile=str(cert))
-    chroot = make_chroot(zookeeper, f"auth_inter_{int(tls)}")
-    r1 = start(tmp_path, zookeeper, chroot, "r1", api={"users": USERS}, interserver=inter)
+    chroot = make_chroot(zookeeper, f"auth_inter_{tls}")
+    r1 = start(tmp_path, zookeeper, chroot, "r1", api={"users": USERS}, interserver=inter, env=env)
     try:
-        r2 = start(tmp_path, zookeeper, chroot, "r2", api={"users": USERS}, interserver=inter)
+        r2 = start(tmp_path, zookeeper, chroot, "r2", api={"users": USERS}, interserver=inter, env=env)
         try:
             r = sql(r1, f"INSERT INTO {TABLE} FORMAT TSV", b"1\ta\n2\tb\n", headers=WRITER)
             assert r.status == 200, r.text

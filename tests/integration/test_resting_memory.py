@@ -1,0 +1,68 @@
+"""A replica that only replicates never imports pyarrow.compute nor the insert formats' parsers
+(replicad.memory.defer_import): two real daemons, one inserts, the other fetches, answers SYSTEM SYNC
+REPLICA, count() and its parts list; then the first SELECT with a WHERE and an insert on it import them (in a
+worker thread) and answer right."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from replicad.devtools.daemon import Daemon
+from replicad.devtools.zookeeper import ZooKeeperServer
+from tests.support.replicad_daemon import make_chroot, ok, query, request, start_daemon
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+TABLE = "db.t"
+DDL = ("CREATE TABLE IF NOT EXISTS db.t (d Date, ts DateTime, k UInt64, s String) "
+       "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/t', '{replica}') "
+       "PARTITION BY toYYYYMM(d) ORDER BY (k, ts)")
+
+
+def mapped(d: Daemon, library: str) -> bool:
+    assert d.proc is not None
+    return library in Path(f"/proc/{d.proc.pid}/maps").read_text()
+
+
+def compute_mapped(d: Daemon) -> bool:
+    return mapped(d, "pyarrow/_compute.cpython")
+
+
+def rows(first: int, n: int) -> bytes:
+    return b"".join(b"2024-0%d-1%d\t2024-01-02 03:04:05\t%d\tv%d\n" % (1 + k % 3, k % 10, k, k)
+                    for k in range(first, first + n))
+
+
+def test_a_replicating_daemon_leaves_compute_unloaded(zookeeper: ZooKeeperServer, tmp_path: Path) -> None:
+    chroot = make_chroot(zookeeper, "resting")
+    r1 = start_daemon(tmp_path, zookeeper, chroot, "r1", tables=[DDL], wait_table=TABLE)
+    try:
+        r2 = start_daemon(tmp_path, zookeeper, chroot, "r2", tables=[DDL], wait_table=TABLE)
+        try:
+            ok(query(r1.url, f"INSERT INTO {TABLE} FORMAT TSV", rows(0, 300)))
+            assert compute_mapped(r1)  # the insert needed it
+            ok(query(r2.url, f"SYSTEM SYNC REPLICA {TABLE}", post=True))
+            assert ok(query(r2.url, f"SELECT count() FROM {TABLE}")).text == "300\n"
+            assert ok(query(r2.url, f"SELECT count() FROM {TABLE} FORMAT JSONEachRow")).text == \
+                '{"count()":"300"}\n'
+            parts = ok(request(r2.url, f"/tables/{TABLE}/parts")).json()
+            assert sorted(p["partition_id"] for p in parts) == ["202401", "202402", "202403"]
+            assert not compute_mapped(r2)
+            assert not mapped(r2, "pyarrow/_csv.cpython")  # the insert formats (replicad.server.formats)
+
+            got = ok(query(r2.url, f"SELECT k, s FROM {TABLE} WHERE k % 100 = 7 ORDER BY k")).text
+            assert got == "7\tv7\n107\tv107\n207\tv207\n"
+            assert compute_mapped(r2) and mapped(r2, "pyarrow/_csv.cpython")
+            ok(query(r2.url, f"INSERT INTO {TABLE} FORMAT TSV", rows(300, 10)))
+            ok(query(r1.url, f"SYSTEM SYNC REPLICA {TABLE}", post=True))
+            assert ok(query(r1.url, f"SELECT count() FROM {TABLE} WHERE k >= 300")).text == "10\n"
+            assert r2.stop() == 0
+        finally:
+            if r2.running:
+                r2.kill()
+        assert r1.stop() == 0
+    finally:
+        if r1.running:
+            r1.kill()
