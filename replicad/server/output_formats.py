@@ -23,6 +23,7 @@ import pyarrow.ipc as pa_ipc
 
 from replicad.datatypes import DataType
 from replicad.errors import BadInputError
+from replicad.memory import deferred_pending
 from replicad.server import native_format
 from replicad.service import QueryResult
 
@@ -41,7 +42,8 @@ OUTPUT_FORMATS: dict[str, str] = {
 }
 RENDER_ROWS = 65536  # rows rendered at a time (keeps 32-bit string offsets safe)
 #: a batch this small is rendered on the event loop (tens of µs, less than the trip to a worker thread): a
-#: count() or a handful of rows
+#: count() or a handful of rows; not while pyarrow.compute is still unloaded, unless it needs no kernel (a few
+#: integers, :func:`_few_int_rows`): its import must not stall the loop (replicad.memory)
 INLINE_RENDER_ROWS = 16
 _TSV_ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\0", "\\0"), ("\b", "\\b"), ("\f", "\\f"),
                 ("\r", "\\r"), ("'", "\\'"))
@@ -77,21 +79,25 @@ async def render(result: QueryResult, fmt: str, tz: str = "UTC") -> AsyncIterato
     async for batch in result.batches:
         for start in range(0, batch.num_rows, RENDER_ROWS):
             piece = batch.slice(start, RENDER_ROWS)
+            text = None
             if piece.num_rows <= INLINE_RENDER_ROWS:
-                yield render_text(piece, names, types, fmt, tz)
-            else:
-                yield await asyncio.to_thread(render_text, piece, names, types, fmt, tz)
+                text = render_few_ints(piece, names, types, fmt, tz)
+                if text is None and not deferred_pending():
+                    text = render_text(piece, names, types, fmt, tz)
+            if text is None:
+                text = await asyncio.to_thread(render_text, piece, names, types, fmt, tz)
+            yield text
 
 
 def render_text(batch: pa.RecordBatch, names: list[str], types: list[DataType], fmt: str, tz: str) -> bytes:
     """Rows of one batch in a text format (every row ends with ``\\n``)."""
     if batch.num_rows == 0:
         return b""
-    style: Style = "json" if fmt == "JSONEachRow" else "csv" if fmt.startswith("CSV") else "tsv"
-    user = [dt.to_user_arrow(batch.column(i), tz) for i, dt in enumerate(types)]
-    if batch.num_rows <= FEW_ROWS and all(_plain_ints(a) for a in user):
-        return _few_int_rows(user, names, style)
-    cols = [column_text(a, style) for a in user]
+    few = render_few_ints(batch, names, types, fmt, tz)
+    if few is not None:
+        return few
+    style = _style(fmt)
+    cols = [column_text(dt.to_user_arrow(batch.column(i), tz), style) for i, dt in enumerate(types)]
     if style == "json":
         pieces: list[pa.Array | pa.Scalar] = []
         for i, (name, col) in enumerate(zip(names, cols, strict=True)):
@@ -108,6 +114,22 @@ def render_text(batch: pa.RecordBatch, names: list[str], types: list[DataType], 
 
 #: a result of at most this many rows of integers (``SELECT count()``, ``SELECT 1``) is written in Python
 FEW_ROWS = 16
+
+
+def _style(fmt: str) -> Style:
+    return "json" if fmt == "JSONEachRow" else "csv" if fmt.startswith("CSV") else "tsv"
+
+
+def render_few_ints(batch: pa.RecordBatch, names: list[str], types: list[DataType], fmt: str,
+                    tz: str) -> bytes | None:
+    """:func:`render_text` of a batch of at most :data:`FEW_ROWS` rows of integer columns without nulls, else
+    None (no compute kernel needed: cheap enough for the event loop)."""
+    if not 0 < batch.num_rows <= FEW_ROWS:
+        return None
+    user = [dt.to_user_arrow(batch.column(i), tz) for i, dt in enumerate(types)]
+    if not all(_plain_ints(a) for a in user):
+        return None
+    return _few_int_rows(user, names, _style(fmt))
 
 
 def _plain_ints(arr: pa.Array | pa.ChunkedArray) -> bool:
