@@ -1,0 +1,135 @@
+"""An insert block's first part takes its block-number lock while its files are being written.
+
+The lock's multi (the deduplication probe on ``blocks/<id>`` and the ``block-`` ephemeral node, see
+:mod:`replicad.keeper.block_lock`) needs the part's block id, which hashes the ``.bin`` files' uncompressed
+sizes and hashes only (``getZeroLevelPartBlockID``).  Those are known once the writer has compressed every
+stream's last block (:meth:`PartWriter.seal`), before a single file of the part exists: a small part's
+compressed bytes are still in memory.  So the writer's thread computes the block id there and starts the
+lock on the event loop (:meth:`EarlyLock.sealed`), then makes the part's files while ZooKeeper answers: the
+insert waits for the longer of the two, not their sum.  The ids, the ZooKeeper requests and the bytes are
+those of the sequential path (the lock is the same multi, with the same block id; only its start moved).
+
+When the lock has come back by the time the files are written, the same thread also renames the
+``tmp_insert_`` directory to the part's name (:meth:`EarlyLock.rename_if_locked`), as the commit would have
+done in a thread trip of its own: rename before the commit multi, ClickHouse's order, so a crash at any point
+leaves what it left before (a ``tmp_`` directory removed at start-up, or a renamed part unknown to ZooKeeper,
+which the start-up check moves to ``detached/``).
+
+A lock that will not be used (the write failed after the lock was started) is released in the background
+(:meth:`EarlyLock.abandon`); a duplicate block (``None`` lock) removes the written part as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+from replicad.errors import KeeperError
+from replicad.keeper.block_lock import BlockNumberLock
+from replicad.keeper.client import Keeper
+from replicad.logging import get_logger
+from replicad.model.block_id import block_id_from_checksums, block_id_from_token, block_token
+from replicad.model.part_info import PartInfo
+from replicad.storage.checksums import Checksum
+from replicad.storage.layout import TableDataLayout
+
+log = get_logger(__name__)
+
+#: background releases of abandoned locks (a reference keeps each task alive until it is done)
+_RELEASING: set[asyncio.Task[None]] = set()
+
+Take = Callable[[str, str], Coroutine[Any, Any, BlockNumberLock | None]]
+
+
+def block_id_of(partition_id: str, files: Mapping[str, Checksum], deduplicate: bool, token: str | None,
+                ordinal: int) -> str:
+    """A part's deduplication block id ("" without deduplication): from the token and the part's ordinal in
+    the INSERT when a token is given, else from the ``.bin`` entries of its checksums (``files`` may hold
+    the other entries too: they are ignored)."""
+    if not deduplicate:
+        return ""
+    if token:
+        return block_id_from_token(partition_id, block_token(token, ordinal))
+    return block_id_from_checksums(
+        partition_id, [(name, c.uncompressed_size, c.uncompressed_hash) for name, c in files.items()]
+    )
+
+
+class EarlyLock:
+    """The lock of one insert block's first part, started from the writer's thread once its block id is
+    known.  ``take(partition_id, block_id)`` is the allocator's coroutine (``None``: duplicate block);
+    ``known(name)`` tells whether the table already has a part of that name (then the rename is left to
+    the commit, which deals with such a leftover)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, keeper: Keeper, take: Take, *, deduplicate: bool,
+                 token: str | None, ordinal: int, layout: TableDataLayout | None,
+                 known: Callable[[str], bool]) -> None:
+        self._loop = loop
+        self._keeper = keeper
+        self._take = take
+        self._deduplicate, self._token, self._ordinal = deduplicate, token, ordinal
+        self._layout = layout  # None: the part is never renamed by the writer's thread (S3 disk)
+        self._known = known
+        self._future: concurrent.futures.Future[BlockNumberLock | None] | None = None
+        self.partition_id = ""
+        self.block_id = ""
+        #: where the writer's thread renamed the part to (its final name), None if it did not
+        self.renamed: Path | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._future is not None
+
+    def sealed(self, partition_id: str, files: Mapping[str, Checksum]) -> None:
+        """(writer's thread) The first part's ``.bin`` checksums are known: start its lock on the loop."""
+        if self._future is not None:
+            return
+        self.partition_id = partition_id
+        self.block_id = block_id_of(partition_id, files, self._deduplicate, self._token, self._ordinal)
+        self._future = asyncio.run_coroutine_threadsafe(self._take(partition_id, self.block_id), self._loop)
+
+    def rename_if_locked(self, tmp_dir: Path) -> Path:
+        """(writer's thread, the part's files written) Rename ``tmp_dir`` to the part's name if the lock is
+        already held (never waits for it); the part's directory is returned, renamed or not."""
+        fut = self._future
+        if self._layout is None or fut is None or not fut.done() or fut.cancelled() or fut.exception():
+            return tmp_dir
+        lock = fut.result()
+        if lock is None:
+            return tmp_dir
+        name = PartInfo.for_insert(self.partition_id, lock.number).name
+        if self._known(name) or self._layout.part_path(name).exists():
+            return tmp_dir
+        self.renamed = self._layout.commit(tmp_dir, name)
+        return self.renamed
+
+    async def lock(self) -> BlockNumberLock | None:
+        """(loop) The lock, once ZooKeeper has answered (the allocator's errors are raised here)."""
+        if self._future is None:
+            raise RuntimeError("the early lock was not started")
+        return await asyncio.wrap_future(self._future)
+
+    def abandon(self) -> None:
+        """(loop) The lock will not be used (the block's write failed): released once it is held, in the
+        background (left alone, its ephemeral node would hold back merges of the partition on every replica
+        until our session ended)."""
+        if self._future is None:
+            return
+        task = self._loop.create_task(self._release())
+        _RELEASING.add(task)
+        task.add_done_callback(_RELEASING.discard)
+
+    async def _release(self) -> None:
+        try:
+            lock = await self.lock()
+        except (Exception, asyncio.CancelledError):  # no lock was taken
+            return
+        if lock is None:
+            return
+        try:
+            await lock.unlock(self._keeper)
+        except KeeperError as e:
+            log.warning("abandoned_block_lock_not_released", path=lock.path, error=str(e))
