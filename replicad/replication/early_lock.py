@@ -73,7 +73,10 @@ class EarlyLock:
         self._deduplicate, self._token, self._ordinal = deduplicate, token, ordinal
         self._layout = layout  # None: the part is never renamed by the writer's thread (S3 disk)
         self._known = known
-        self._future: concurrent.futures.Future[BlockNumberLock | None] | None = None
+        #: the lock's outcome for the writer's thread (set on the loop when the task ends)
+        self._ready: concurrent.futures.Future[BlockNumberLock | None] | None = None
+        #: the allocation on the loop (made by the first loop iteration after :meth:`sealed`)
+        self._task: asyncio.Task[BlockNumberLock | None] | None = None
         self.partition_id = ""
         self.block_id = ""
         #: where the writer's thread renamed the part to (its final name), None if it did not
@@ -81,23 +84,42 @@ class EarlyLock:
 
     @property
     def started(self) -> bool:
-        return self._future is not None
+        return self._ready is not None
 
     def sealed(self, partition_id: str, files: Mapping[str, Checksum]) -> None:
         """(writer's thread) The first part's ``.bin`` checksums are known: start its lock on the loop."""
-        if self._future is not None:
+        if self._ready is not None:
             return
         self.partition_id = partition_id
         self.block_id = block_id_of(partition_id, files, self._deduplicate, self._token, self._ordinal)
-        self._future = asyncio.run_coroutine_threadsafe(self._take(partition_id, self.block_id), self._loop)
+        self._ready = concurrent.futures.Future()
+        self._loop.call_soon_threadsafe(self._start)  # the thread's context: the insert's stage clock
 
-    def rename_if_locked(self, tmp_dir: Path) -> Path:
-        """(writer's thread, the part's files written) Rename ``tmp_dir`` to the part's name if the lock is
-        already held (never waits for it); the part's directory is returned, renamed or not."""
-        fut = self._future
-        if self._layout is None or fut is None or not fut.done() or fut.cancelled() or fut.exception():
+    def _start(self) -> None:
+        task = self._task = self._loop.create_task(self._take(self.partition_id, self.block_id))
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[BlockNumberLock | None]) -> None:
+        ready = self._ready
+        assert ready is not None
+        if task.cancelled():
+            ready.cancel()
+        elif (exc := task.exception()) is not None:
+            ready.set_exception(exc)
+        else:
+            ready.set_result(task.result())
+
+    def rename_if_locked(self, tmp_dir: Path, wait_s: float = 0.0) -> Path:
+        """(writer's thread, the part's files written) Rename ``tmp_dir`` to the part's name once the lock is
+        held, waiting for it up to ``wait_s`` (the rest of a ZooKeeper round trip: a rename left to the
+        commit costs a thread trip of its own); the part's directory is returned, renamed or not."""
+        ready = self._ready
+        if self._layout is None or ready is None:
             return tmp_dir
-        lock = fut.result()
+        try:
+            lock = ready.result(wait_s)
+        except (Exception, concurrent.futures.CancelledError):  # not yet, or no lock: the commit decides
+            return tmp_dir
         if lock is None:
             return tmp_dir
         name = PartInfo.for_insert(self.partition_id, lock.number).name
@@ -108,15 +130,20 @@ class EarlyLock:
 
     async def lock(self) -> BlockNumberLock | None:
         """(loop) The lock, once ZooKeeper has answered (the allocator's errors are raised here)."""
-        if self._future is None:
+        if self._ready is None:
             raise RuntimeError("the early lock was not started")
-        return await asyncio.wrap_future(self._future)
+        task = self._task
+        if task is None:  # its start is still queued on the loop (it was queued before the write ended)
+            return await asyncio.wrap_future(self._ready)
+        if task.done():
+            return task.result()  # no loop iteration for an answer that is already there
+        return await asyncio.shield(task)
 
     def abandon(self) -> None:
         """(loop) The lock will not be used (the block's write failed): released once it is held, in the
         background (left alone, its ephemeral node would hold back merges of the partition on every replica
         until our session ended)."""
-        if self._future is None:
+        if self._ready is None:
             return
         task = self._loop.create_task(self._release())
         _RELEASING.add(task)

@@ -35,6 +35,11 @@ from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart, pre
 
 _tmp_counter = itertools.count(1)
 
+#: how long the writer's thread waits, its part written, for the early lock before leaving the rename to the
+#: commit (which costs a thread trip): the rest of a ZooKeeper round trip, bounded so that a slow ZooKeeper
+#: cannot hold the worker threads
+EARLY_RENAME_WAIT_S = 0.01
+
 
 @dataclass(frozen=True)
 class TableSchema:
@@ -176,7 +181,7 @@ def write_temp_part(
             stage_times.mark("seal")
         written = writer.finish()
     if early is not None:  # ``written.path`` stays the tmp_insert_ path; ``early.renamed`` the new one
-        early.rename_if_locked(written.path)
+        early.rename_if_locked(written.path, EARLY_RENAME_WAIT_S)
     return written
 
 
