@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import shutil
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,7 @@ class EarlyLock:
         self.block_id = ""
         #: where the writer's thread renamed the part to (its final name), None if it did not
         self.renamed: Path | None = None
+        self._abandoned = False
 
     @property
     def started(self) -> bool:
@@ -120,7 +122,7 @@ class EarlyLock:
             lock = ready.result(wait_s)
         except (Exception, concurrent.futures.CancelledError):  # not yet, or no lock: the commit decides
             return tmp_dir
-        if lock is None:
+        if lock is None or self._abandoned:
             return tmp_dir
         name = PartInfo.for_insert(self.partition_id, lock.number).name
         if self._known(name) or self._layout.part_path(name).exists():
@@ -145,6 +147,7 @@ class EarlyLock:
         until our session ended)."""
         if self._ready is None:
             return
+        self._abandoned = True  # a writer's thread still running (a cancelled insert) renames nothing now
         task = self._loop.create_task(self._release())
         _RELEASING.add(task)
         task.add_done_callback(_RELEASING.discard)
@@ -154,6 +157,8 @@ class EarlyLock:
             lock = await self.lock()
         except (Exception, asyncio.CancelledError):  # no lock was taken
             return
+        if self.renamed is not None:  # under the part's name, never to be committed: not left behind
+            await asyncio.to_thread(shutil.rmtree, self.renamed, True)
         if lock is None:
             return
         try:

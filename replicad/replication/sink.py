@@ -181,6 +181,7 @@ def write_temp_part(
             stage_times.mark("seal")
         written = writer.finish()
     if early is not None:  # ``written.path`` stays the tmp_insert_ path; ``early.renamed`` the new one
+        stage_times.mark("files")
         early.rename_if_locked(written.path, EARLY_RENAME_WAIT_S)
     return written
 

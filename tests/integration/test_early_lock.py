@@ -166,3 +166,32 @@ async def test_a_failed_commit_after_the_writer_renamed_leaves_nothing(
     summary = await r1.insert_table(rows(range(10), month=11))
     assert summary.written_parts == 1, time.monotonic() - started
     assert dirs(r1) == r1.store.active_names()
+
+
+async def test_a_later_part_failing_after_the_first_was_renamed_leaves_nothing(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two partitions: the first part is locked and renamed by the writer's thread, the second part's
+    write fails; neither the renamed directory nor the lock survives the insert's error."""
+    r1 = await cluster.start("r1")
+    done = lock_event(r1, monkeypatch)
+    real = PartWriter.finish
+    finished = 0
+
+    def finish(self: PartWriter) -> Any:
+        nonlocal finished
+        finished += 1
+        if finished == 1:
+            assert done.wait(5.0)  # the first part's lock is back: its thread renames it
+            return real(self)
+        raise OSError(5, "injected: the second part cannot be written")
+
+    monkeypatch.setattr(PartWriter, "finish", finish)
+    block = rows(range(10), month=10)
+    more = rows(range(100, 110), month=11)
+    both = block.__class__.from_batches([*block.to_batches(), *more.to_batches()])
+    with pytest.raises(OSError, match="injected"):
+        await r1.insert_table(both)
+    await wait_for(lambda: _no_locks(r1), timeout=10.0)
+    assert finished == 2
+    assert dirs(r1) == []
+    assert r1.store.active_names() == []
