@@ -44,7 +44,7 @@ from replicad.errors import (
     ReplicadError,
     UnknownInsertStatusError,
 )
-from replicad.keeper.block_lock import BlockNumberAllocator, BlockNumberLock
+from replicad.keeper.block_lock import BlockNumberAllocator, BlockNumberLock, SentLock
 from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Check, Create, Op
 from replicad.keeper.paths import TablePaths
@@ -144,12 +144,16 @@ class PartCommitter:
         :func:`replicad.replication.sink.write_block`; ``ordinal``: that part's in the INSERT)."""
         from replicad.replication.early_lock import EarlyLock
 
-        def take(partition_id: str, block_id: str) -> Coroutine[Any, Any, BlockNumberLock | None]:
-            return self.allocator.allocate(self.keeper, partition_id, block_id or None)
+        def send(partition_id: str, block_id: str) -> SentLock | None:
+            return self.allocator.send(self.keeper, partition_id, block_id or None)
 
-        return EarlyLock(asyncio.get_running_loop(), self.keeper, take, deduplicate=deduplicate, token=token,
-                         ordinal=ordinal, layout=self.store.layout if self.store.remote is None else None,
-                         known=self.store.knows)
+        def take(partition_id: str, block_id: str,
+                 sent: SentLock | None) -> Coroutine[Any, Any, BlockNumberLock | None]:
+            return self.allocator.allocate(self.keeper, partition_id, block_id or None, sent=sent)
+
+        return EarlyLock(asyncio.get_running_loop(), self.keeper, send, take, deduplicate=deduplicate,
+                         token=token, ordinal=ordinal, known=self.store.knows,
+                         layout=self.store.layout if self.store.remote is None else None)
 
     async def commit(
         self,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from replicad.errors import KeeperError
-from replicad.keeper.block_lock import BlockNumberLock
+from replicad.keeper.block_lock import BlockNumberLock, SentLock
 from replicad.keeper.client import Keeper
 from replicad.logging import get_logger
 from replicad.model.block_id import block_id_from_checksums, block_id_from_token, block_token
@@ -42,7 +42,10 @@ log = get_logger(__name__)
 #: background releases of abandoned locks (a reference keeps each task alive until it is done)
 _RELEASING: set[asyncio.Task[None]] = set()
 
-Take = Callable[[str, str], Coroutine[Any, Any, BlockNumberLock | None]]
+#: ``(partition id, block id)`` → the lock's multi sent from the calling thread (None: leave it to ``Take``)
+Send = Callable[[str, str], SentLock | None]
+#: ``(partition id, block id, the multi sent or None)`` → the allocation on the loop
+Take = Callable[[str, str, SentLock | None], Coroutine[Any, Any, BlockNumberLock | None]]
 
 
 def block_id_of(partition_id: str, files: Mapping[str, Checksum], deduplicate: bool, token: str | None,
@@ -65,11 +68,12 @@ class EarlyLock:
     ``known(name)`` tells whether the table already has a part of that name (then the rename is left to
     the commit, which deals with such a leftover)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, keeper: Keeper, take: Take, *, deduplicate: bool,
-                 token: str | None, ordinal: int, layout: TableDataLayout | None,
+    def __init__(self, loop: asyncio.AbstractEventLoop, keeper: Keeper, send: Send, take: Take, *,
+                 deduplicate: bool, token: str | None, ordinal: int, layout: TableDataLayout | None,
                  known: Callable[[str], bool]) -> None:
         self._loop = loop
         self._keeper = keeper
+        self._send = send
         self._take = take
         self._deduplicate, self._token, self._ordinal = deduplicate, token, ordinal
         self._layout = layout  # None: the part is never renamed by the writer's thread (S3 disk)
@@ -95,10 +99,14 @@ class EarlyLock:
         self.partition_id = partition_id
         self.block_id = block_id_of(partition_id, files, self._deduplicate, self._token, self._ordinal)
         self._ready = concurrent.futures.Future()
-        self._loop.call_soon_threadsafe(self._start)  # the thread's context: the insert's stage clock
+        try:  # the multi goes out from this thread: no wait for the loop to wake up and send it
+            sent = self._send(partition_id, self.block_id)
+        except Exception:  # not sent (no connection, ...): the loop's allocation says why
+            sent = None
+        self._loop.call_soon_threadsafe(self._start, sent)  # the thread's context: the insert's stage clock
 
-    def _start(self) -> None:
-        task = self._task = self._loop.create_task(self._take(self.partition_id, self.block_id))
+    def _start(self, sent: SentLock | None) -> None:
+        task = self._task = self._loop.create_task(self._take(self.partition_id, self.block_id, sent))
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[BlockNumberLock | None]) -> None:

@@ -195,3 +195,48 @@ async def test_a_later_part_failing_after_the_first_was_renamed_leaves_nothing(
     assert finished == 2
     assert dirs(r1) == []
     assert r1.store.active_names() == []
+
+
+def sends(replica: TableReplica, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Records, per early lock, whether its multi left from the writer's thread (allocator.send)."""
+    allocator = replica.committer.allocator
+    real = allocator.send
+    out: list[bool] = []
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        sent = real(*args, **kwargs)
+        out.append(sent is not None and threading.current_thread() is not threading.main_thread())
+        return sent
+
+    monkeypatch.setattr(allocator, "send", send)
+    return out
+
+
+async def test_the_lock_multi_sent_from_the_writer_thread(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the partition's block_numbers node and the holder are known, the lock's multi is sent by the
+    writer's thread; the first insert of a partition makes them on the loop as before.  Numbers follow."""
+    r1 = await cluster.start("r1")
+    sent = sends(r1, monkeypatch)
+    for i in range(3):
+        await r1.insert_table(rows(range(i * 10, i * 10 + 10), month=11))
+    assert sent == [False, True, True]
+    assert sorted(r1.store.active_names()) == ["202611_0_0_0", "202611_1_1_0", "202611_2_2_0"]
+    assert await lock_nodes(r1) == []
+
+
+async def test_a_sent_lock_whose_holder_vanished_is_taken_again(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The multi sent from the writer's thread fails with NoNode when the shared holder
+    (temp/abandonable_lock-insert) was removed behind the replica's back: the allocation makes it again and
+    takes a number, as the loop's does."""
+    r1 = await cluster.start("r1")
+    sent = sends(r1, monkeypatch)
+    await r1.insert_table(rows(range(10), month=11))
+    await r1.keeper.delete(f"{r1.paths.temp}/abandonable_lock-insert")
+    summary = await r1.insert_table(rows(range(10, 20), month=11))
+    assert sent == [False, True]
+    assert summary.written_parts == 1
+    assert len(await sorted_rows(r1)) == 20
+    assert await lock_nodes(r1) == []
+    assert sorted(dirs(r1)) == sorted(r1.store.active_names())
