@@ -22,7 +22,9 @@ The lock is released either by the commit multi (``unlock_ops``) or explicitly w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
 
 from replicad import stage_times
 from replicad.errors import KeeperError, KeeperMultiError, KeeperNodeExistsError, KeeperNoNodeError
@@ -63,6 +65,16 @@ class BlockNumberLock:
         await keeper.multi(self.unlock_ops())
 
 
+@dataclass(frozen=True)
+class SentLock:
+    """A lock's multi already sent (:meth:`BlockNumberAllocator.send`); its answer is read on the loop."""
+
+    partition_id: str
+    block_id: str | None
+    ops: list[Op]
+    future: asyncio.Future[Any] = field(compare=False)
+
+
 class BlockNumberAllocator:
     """Allocates block numbers for one table, remembering which ``block_numbers/<pid>`` nodes and holders
     exist."""
@@ -97,25 +109,47 @@ class BlockNumberAllocator:
         stage_times.mark("zk_holder")
         self._known_holders.add(holder)
 
+    def _lock_ops(self, partition_id: str, block_id: str | None) -> tuple[str, str, list[Op]]:
+        """(holder path, ``block-`` prefix, the lock's multi)."""
+        holder = f"{self._paths.temp}/{HOLDER_INSERT if block_id else HOLDER_OTHER}"
+        prefix = self._paths.block_number_prefix(partition_id)
+        ops: list[Op] = []
+        if block_id:
+            block_path = self._paths.block(block_id)
+            ops += [Create(block_path, b""), Delete(block_path)]
+        ops += [Check(holder, -1), Create(prefix, holder.encode(), ephemeral=True, sequence=True)]
+        return holder, prefix, ops
+
+    def send(self, keeper: Keeper, partition_id: str, block_id: str | None = None) -> SentLock | None:
+        """(any thread) The lock's multi of :meth:`allocate` sent now, from the calling thread, when the
+        partition's node and the holder are known to exist (else None: :meth:`allocate` makes them first).
+        Pass the result to :meth:`allocate` as ``sent``."""
+        holder, _prefix, ops = self._lock_ops(partition_id, block_id)
+        if partition_id not in self._known_partitions or holder not in self._known_holders:
+            return None
+        return SentLock(partition_id, block_id, ops, keeper.send_multi(ops))
+
     async def allocate(
-        self, keeper: Keeper, partition_id: str, block_id: str | None = None
+        self, keeper: Keeper, partition_id: str, block_id: str | None = None, *, sent: SentLock | None = None
     ) -> BlockNumberLock | None:
         """Take the next block number of ``partition_id``.
 
-        ``None`` when ``blocks/<block_id>`` exists (a duplicate block).
+        ``None`` when ``blocks/<block_id>`` exists (a duplicate block).  ``sent``: the multi already sent by
+        :meth:`send` for the same partition and block id (its answer is taken as this call's first attempt).
         """
-        holder = f"{self._paths.temp}/{HOLDER_INSERT if block_id else HOLDER_OTHER}"
-        prefix = self._paths.block_number_prefix(partition_id)
+        if sent is not None and (sent.partition_id, sent.block_id) != (partition_id, block_id):
+            raise ValueError("the lock sent was for another partition or block")
         for attempt in (0, 1):
-            await self.ensure_partition(keeper, partition_id)
-            await self._ensure_holder(keeper, holder)
-            ops: list[Op] = []
-            if block_id:
-                block_path = self._paths.block(block_id)
-                ops += [Create(block_path, b""), Delete(block_path)]
-            ops += [Check(holder, -1), Create(prefix, holder.encode(), ephemeral=True, sequence=True)]
+            if sent is not None and attempt == 0:
+                holder, prefix, ops = self._lock_ops(partition_id, block_id)
+                answer = keeper.multi_answer(sent.future, sent.ops)
+            else:
+                await self.ensure_partition(keeper, partition_id)
+                holder, prefix, ops = self._lock_ops(partition_id, block_id)
+                await self._ensure_holder(keeper, holder)
+                answer = keeper.multi(ops)
             try:
-                results = await keeper.multi(ops)
+                results = await answer
             except KeeperMultiError as e:
                 if block_id and e.index == 0 and isinstance(e.cause, KeeperNodeExistsError):
                     return None

@@ -285,7 +285,9 @@ class Keeper(SessionTracker):
     # ------------------------------------------------------------------ plumbing
 
     def _submit(self, kind: str, what: str, start: Callable[[], AsyncResult]) -> asyncio.Future[Any]:
-        """Issue one request; its future resolves on the loop (raw kazoo value or translated error)."""
+        """Issue one request; its future resolves on the loop (raw kazoo value or translated error).  Also
+        called from a worker thread (:meth:`send_multi`): nothing here touches the loop but making the
+        future, which is only resolved and awaited on the loop."""
         loop = self._require_loop()
         if self._closed:
             raise KeeperSessionExpiredError(f"{what}: client closed")
@@ -487,6 +489,22 @@ class Keeper(SessionTracker):
         ops = list(ops)
         if not ops:
             return []
+        return await self.multi_answer(self.send_multi(ops), ops)
+
+    def send_multi(self, ops: list[Op]) -> asyncio.Future[Any]:
+        """Send a (non-empty) multi now, from any thread (kazoo's request queue and wake-up are thread-safe):
+        a worker thread need not hand it to the loop first.  The returned future resolves on the loop; await
+        it there with :meth:`multi_answer`."""
+        what = f"multi ({len(ops)} ops, first: {_describe(ops[0])})"
+        return self._submit("multi", what, functools.partial(self._multi_request, ops))
+
+    async def multi_answer(self, sent: asyncio.Future[Any], ops: list[Op]) -> list[MultiResult]:
+        """(loop) The results of a multi sent by :meth:`send_multi` (errors as :meth:`multi` raises them)."""
+        what = f"multi ({len(ops)} ops, first: {_describe(ops[0])})"
+        raw: list[Any] = await self._wait(sent, what)
+        return _multi_results(ops, raw)
+
+    def _multi_request(self, ops: list[Op]) -> AsyncResult:
         tx = self._zk.transaction()
         for op in ops:
             if isinstance(op, Create):
@@ -502,9 +520,7 @@ class Keeper(SessionTracker):
                 tx.check(op.path, op.version)
             else:
                 raise TypeError(f"not a keeper op: {op!r}")
-        what = f"multi ({len(ops)} ops, first: {_describe(ops[0])})"
-        raw: list[Any] = await self._wait(self._submit("multi", what, tx.commit_async), what)
-        return _multi_results(ops, raw)
+        return tx.commit_async()
 
     async def try_multi(self, ops: Iterable[Op]) -> MultiOutcome:
         """Like ``multi`` but an op failure is returned (``failed_index``, ``error``, ``zk_code``) instead

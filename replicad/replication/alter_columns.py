@@ -431,7 +431,12 @@ class TableAlter:
         for attempt in range(4):
             try:
                 async with self.gate.shared():
-                    temp_parts = await write_block(table, r.schema, r.layout, r.writer_settings, ctx)
+                    # the first part's lock taken while it is written (not on a retry: a partition already
+                    # committed is written again, then dropped, without a commit to use its lock)
+                    early = None if done else r.committer.early_lock(
+                        deduplicate=ctx.deduplicate, token=ctx.token, ordinal=ctx.ordinal)
+                    temp_parts = await write_block(table, r.schema, r.layout, r.writer_settings, ctx,
+                                                   early=early)
                     skipped = [tp.path for tp in temp_parts if tp.partition_id in done]
                     if skipped:
                         await asyncio.to_thread(_remove_dirs, skipped)

@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from replicad import stage_times
 from replicad.errors import (
@@ -43,7 +44,7 @@ from replicad.errors import (
     ReplicadError,
     UnknownInsertStatusError,
 )
-from replicad.keeper.block_lock import BlockNumberAllocator
+from replicad.keeper.block_lock import BlockNumberAllocator, BlockNumberLock, SentLock
 from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Check, Create, Op
 from replicad.keeper.paths import TablePaths
@@ -58,6 +59,9 @@ from replicad.replication.quorum import (
     wait_for_quorum,
 )
 from replicad.storage.checksums import Checksums
+
+if TYPE_CHECKING:
+    from replicad.replication.early_lock import EarlyLock
 
 log = get_logger(__name__)
 
@@ -81,6 +85,15 @@ class TempPart:
     block_id: str  # "" = no deduplication
     #: the writer's sum of its files' sizes (None: not known, as for a part taken from a directory)
     bytes_on_disk: int | None = None
+    #: the block-number lock taken while the part was written (:mod:`replicad.replication.early_lock`);
+    #: when its ``renamed`` is set, the part is there, no longer at ``path``
+    early: EarlyLock | None = field(default=None, compare=False)
+
+    @property
+    def where(self) -> Path:
+        """The part's directory now: ``path``, or the part's name if the writer's thread renamed it."""
+        renamed = self.early.renamed if self.early is not None else None
+        return renamed if renamed is not None else self.path
 
 
 @dataclass(frozen=True)
@@ -126,6 +139,22 @@ class PartCommitter:
         self._enqueue_part_check = enqueue_part_check
         self._on_committed = on_committed
 
+    def early_lock(self, *, deduplicate: bool, token: str | None, ordinal: int) -> EarlyLock:
+        """A lock for the next insert block's first part, taken while it is written (pass it to
+        :func:`replicad.replication.sink.write_block`; ``ordinal``: that part's in the INSERT)."""
+        from replicad.replication.early_lock import EarlyLock
+
+        def send(partition_id: str, block_id: str) -> SentLock | None:
+            return self.allocator.send(self.keeper, partition_id, block_id or None)
+
+        def take(partition_id: str, block_id: str,
+                 sent: SentLock | None) -> Coroutine[Any, Any, BlockNumberLock | None]:
+            return self.allocator.allocate(self.keeper, partition_id, block_id or None, sent=sent)
+
+        return EarlyLock(asyncio.get_running_loop(), self.keeper, send, take, deduplicate=deduplicate,
+                         token=token, ordinal=ordinal, known=self.store.knows,
+                         layout=self.store.layout if self.store.remote is None else None)
+
     async def commit(
         self,
         part: TempPart,
@@ -139,13 +168,16 @@ class PartCommitter:
         creates (a staged part's "published" marker); one that exists already makes the part a duplicate."""
         block_id = part.block_id
         try:
-            lock = await self.allocator.allocate(self.keeper, part.partition_id, block_id or None)
+            if part.early is not None:  # taken while the part was written, with the same block id
+                lock = await part.early.lock()
+            else:
+                lock = await self.allocator.allocate(self.keeper, part.partition_id, block_id or None)
         except BaseException:  # no block number (ZooKeeper gone, …): the written part must not stay behind
-            await _remove_tmp(part.path)
+            await _remove_tmp(part.where)
             raise
         if lock is None:
             log.info("block_deduplicated", block_id=block_id, stage="precheck")
-            await _remove_tmp(part.path)
+            await _remove_tmp(part.where)
             if quorum is not None:
                 await wait_for_existing_quorum(self.keeper, self.paths, block_id, quorum_timeout_s)
             return CommitResult("", True)
@@ -172,10 +204,11 @@ class PartCommitter:
         try:
             stage_times.mark("commit_ops")
             await self.store.precommit(part.path, info,
-                                     (part.checksums, part.columns_text, part.rows, part.bytes_on_disk))
+                                     (part.checksums, part.columns_text, part.rows, part.bytes_on_disk),
+                                     renamed=part.early.renamed if part.early is not None else None)
         except BaseException:
             await _release_quietly(self.keeper, lock.unlock_ops())
-            await _remove_tmp(part.path)
+            await _remove_tmp(part.where)
             raise
         ops += self.store.commit_ops(name)  # the zero-copy lock, in the same multi (S3 disks)
 

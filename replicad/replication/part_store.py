@@ -125,6 +125,11 @@ class PartStore:
     def get(self, name: str) -> LocalPart | None:
         return self._parts.get(name)
 
+    def knows(self, name: str) -> bool:
+        """A part of this name is in the set, in any state (one dictionary look-up: the writer's thread asks
+        it before renaming a fresh part, see :mod:`replicad.replication.early_lock`)."""
+        return name in self._parts
+
     def active(self) -> list[LocalPart]:
         """The active parts in part order (kept between changes)."""
         if self._active_version != self.version:
@@ -185,12 +190,33 @@ class PartStore:
     # ---------------------------------------------------------------------------------------- changes
 
     async def precommit(self, tmp_dir: Path, info: PartInfo,
-                        written: tuple[Checksums, str, int, int | None] | None = None) -> LocalPart:
+                        written: tuple[Checksums, str, int, int | None] | None = None, *,
+                        renamed: Path | None = None) -> LocalPart:
         """Rename a finished temporary directory to the part's name; the part becomes servable.  ``written``:
         the (checksums, columns.txt text, rows, bytes on disk) its writer produced, taken instead of reading
-        them back."""
+        them back.  ``renamed``: the writer's thread already renamed it there (it checked that no part of
+        the name was known: see :mod:`replicad.replication.early_lock`), with ``written`` given."""
         name = info.name
         existing = self._parts.get(name)
+        if renamed is not None:
+            if renamed != self.layout.part_path(name) or written is None:
+                raise ReplicadError(f"part {name} was renamed to {renamed}, not to its own name")
+            if existing is not None:  # cannot be (checked before the rename, and the name was ours alone)
+                raise DuplicatePartError(f"Part {name} already exists")
+            directory = PartDirectory.at(renamed).known(*written)
+        else:
+            directory = await self._rename(tmp_dir, name, existing, written)
+        if self.remote is not None:
+            try:
+                await self.remote.prepare_commit(name, directory.path)
+            except BaseException:
+                await self.remote.rollback(name)
+                await asyncio.to_thread(shutil.rmtree, directory.path, True)
+                raise
+        return self._precommitted(info, directory)
+
+    async def _rename(self, tmp_dir: Path, name: str, existing: LocalPart | None,
+                      written: tuple[Checksums, str, int, int | None] | None) -> PartDirectory:
         if existing is not None and existing.state is not PartState.OUTDATED:
             raise DuplicatePartError(f"Part {name} already exists")
         if existing is not None:  # an outdated leftover of the same name: drop it first
@@ -206,16 +232,11 @@ class PartStore:
                 shutil.rmtree(path, ignore_errors=True)
                 raise
 
-        directory = await asyncio.to_thread(commit)
-        if self.remote is not None:
-            try:
-                await self.remote.prepare_commit(name, directory.path)
-            except BaseException:
-                await self.remote.rollback(name)
-                await asyncio.to_thread(shutil.rmtree, directory.path, True)
-                raise
+        return await asyncio.to_thread(commit)
+
+    def _precommitted(self, info: PartInfo, directory: PartDirectory) -> LocalPart:
         part = LocalPart(info, directory, PartState.PRECOMMITTED)
-        self._parts[name] = part
+        self._parts[info.name] = part
         self._set_live(part)
         return part
 

@@ -23,8 +23,8 @@ import pyarrow as pa
 from replicad import stage_times
 from replicad.datatypes import DataType
 from replicad.errors import BadInputError
-from replicad.model.block_id import block_id_from_checksums, block_id_from_token, block_token
 from replicad.replication.commit import TempPart
+from replicad.replication.early_lock import EarlyLock, block_id_of
 from replicad.sql.expressions import Expr, compile_key
 from replicad.sql.partition import PartitionKey, split_by_partition
 from replicad.sql.table_metadata import ColumnsDescription
@@ -34,6 +34,11 @@ from replicad.storage.layout import TMP_INSERT, TableDataLayout
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart, prepare_block
 
 _tmp_counter = itertools.count(1)
+
+#: how long the writer's thread waits, its part written, for the early lock before leaving the rename to the
+#: commit (which costs a thread trip): the rest of a ZooKeeper round trip, bounded so that a slow ZooKeeper
+#: cannot hold the worker threads
+EARLY_RENAME_WAIT_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -140,9 +145,13 @@ def _key_arrays(
 
 
 def write_temp_part(
-    block: PartitionBlock, schema: TableSchema, layout: TableDataLayout, settings: WriterSettings
+    block: PartitionBlock, schema: TableSchema, layout: TableDataLayout, settings: WriterSettings,
+    early: EarlyLock | None = None,
 ) -> WrittenPart:
-    """Sort the rows and write them to a fresh ``tmp_insert_`` directory (blocking)."""
+    """Sort the rows and write them to a fresh ``tmp_insert_`` directory (blocking).  With ``early``, the
+    part's block-number lock is started as soon as its block id is known, before its files are made, and
+    the directory is renamed to the part's name if the lock is back once they are (see
+    :mod:`replicad.replication.early_lock`)."""
     rows = block.rows
     # the ORDER BY permutation is applied column by column inside the writer (writeWithPermutation): the
     # sorted copy of the whole block is never held (peak RSS of a big insert)
@@ -167,21 +176,18 @@ def write_temp_part(
     )
     with writer:
         writer.write(rows, extra_arrays, order=order)
+        if early is not None:
+            early.sealed(block.partition_id, writer.seal())
+            stage_times.mark("seal")
         written = writer.finish()
+    if early is not None:  # ``written.path`` stays the tmp_insert_ path; ``early.renamed`` the new one
+        stage_times.mark("files")
+        early.rename_if_locked(written.path, EARLY_RENAME_WAIT_S)
     return written
 
 
 def block_id_for(partition_id: str, checksums: Checksums, ctx: InsertContext) -> str:
-    if not ctx.deduplicate:
-        return ""
-    if ctx.token:
-        bid = block_id_from_token(partition_id, block_token(ctx.token, ctx.ordinal))
-    else:
-        bid = block_id_from_checksums(
-            partition_id,
-            [(name, c.uncompressed_size, c.uncompressed_hash) for name, c in checksums.files.items()],
-        )
-    return bid
+    return block_id_of(partition_id, checksums.files, ctx.deduplicate, ctx.token, ctx.ordinal)
 
 
 class _WritesInFlight:
@@ -217,6 +223,7 @@ def write_parts(
     *,
     fill_missing: bool = True,
     max_partitions: int = 0,
+    early: EarlyLock | None = None,
 ) -> list[tuple[str, WrittenPart]]:
     """(blocking) Prepare one insert block, split it by partition and write each partition's part:
     ``(partition id, written part)`` per part.  One worker-thread trip for the whole block: a small insert
@@ -226,7 +233,7 @@ def write_parts(
         if others and settings.threads != 1:
             settings = replace(settings, threads=1)
         return _write_parts(table, schema, layout, settings, fill_missing=fill_missing,
-                            max_partitions=max_partitions)
+                            max_partitions=max_partitions, early=early)
     finally:
         WRITES_IN_FLIGHT.leave()
 
@@ -239,6 +246,7 @@ def _write_parts(
     *,
     fill_missing: bool,
     max_partitions: int,
+    early: EarlyLock | None,
 ) -> list[tuple[str, WrittenPart]]:
     prepared = prepare_block(table, list(schema.columns), schema.tz, fill_missing=fill_missing,
                              defaults=schema.column_defaults)
@@ -251,12 +259,16 @@ def _write_parts(
                             "key (a month), not a fine-grained one", code=252)
     out: list[tuple[str, WrittenPart]] = []
     try:
-        for block in blocks:
-            out.append((block.partition_id, write_temp_part(block, schema, layout, settings)))
+        for i, block in enumerate(blocks):
+            # the early lock is the first part's only: the others are committed one after another as before
+            out.append((block.partition_id,
+                        write_temp_part(block, schema, layout, settings, early if i == 0 else None)))
             stage_times.mark("write_part")
     except BaseException:
         for _pid, written in out:
             shutil.rmtree(written.path, ignore_errors=True)
+        if early is not None and early.renamed is not None:
+            shutil.rmtree(early.renamed, ignore_errors=True)
         raise
     return out
 
@@ -269,14 +281,27 @@ async def write_block(
     ctx: InsertContext,
     *,
     fill_missing: bool = True,
+    early: EarlyLock | None = None,
 ) -> list[TempPart]:
-    """Write one insert block as temporary parts (one per partition); appended to ``ctx.parts`` too."""
-    written_parts = await asyncio.to_thread(write_parts, table, schema, layout, settings,
-                                            fill_missing=fill_missing, max_partitions=ctx.max_partitions)
+    """Write one insert block as temporary parts (one per partition); appended to ``ctx.parts`` too.  With
+    ``early`` (made for ``ctx``'s next ordinal), the first part's lock is taken while its files are written
+    and that part carries it to the commit; a failed write lets it go."""
+    try:
+        written_parts = await asyncio.to_thread(write_parts, table, schema, layout, settings,
+                                                fill_missing=fill_missing, max_partitions=ctx.max_partitions,
+                                                early=early)
+    except BaseException:
+        if early is not None:
+            early.abandon()
+        raise
     out: list[TempPart] = []
-    for partition_id, written in written_parts:
+    for i, (partition_id, written) in enumerate(written_parts):
         bid = block_id_for(partition_id, written.checksums, ctx)
         ctx.ordinal += 1
+        carried = early if i == 0 and early is not None and early.started else None
+        if carried is not None and (carried.block_id, carried.partition_id) != (bid, partition_id):
+            carried.abandon()  # cannot happen: the same checksums' .bin entries
+            raise AssertionError(f"early block id {carried.block_id} differs from {bid}")
         part = TempPart(
             path=written.path,
             partition_id=partition_id,
@@ -285,6 +310,7 @@ async def write_block(
             columns_text=written.columns_text,
             block_id=bid,
             bytes_on_disk=written.bytes_on_disk,
+            early=carried,
         )
         out.append(part)
         ctx.parts.append(part)

@@ -108,7 +108,7 @@ class _BinFile:
 class _Stream:
     """One substream: ``<name>.bin`` (compressed blocks) + ``<name>.mrk`` (16 bytes per granule)."""
 
-    __slots__ = ("_bin", "_marks", "_min", "_out", "name")
+    __slots__ = ("_bin", "_marks", "_min", "_out", "_sealed", "name")
 
     def __init__(self, directory: Path, name: str, settings: WriterSettings) -> None:
         self.name = name
@@ -118,6 +118,7 @@ class _Stream:
         )
         self._marks = bytearray()
         self._min = settings.min_compress_block_size
+        self._sealed: Checksum | None = None
 
     def mark(self) -> None:
         """A granule starts here: flush if min_compress_block_size is buffered, then record the mark."""
@@ -129,22 +130,27 @@ class _Stream:
     def append(self, data: bytes) -> None:
         self._out.write(data)
 
-    def finish(self, directory: Path, fsync: bool) -> dict[str, Checksum]:
-        out = self._out
-        out.close()
-        self._bin.finish(fsync)
-        marks = bytes(self._marks)
-        write_file(os.path.join(directory, self.name + MARKS_EXT), marks, fsync)
-        return {
-            self.name + DATA_EXT: Checksum(
+    def seal(self) -> Checksum:
+        """The stream's last block compressed: the ``.bin`` checksum is known (its file is made only now
+        if it passed :data:`SPILL_BYTES`; otherwise by :meth:`finish`).  Idempotent."""
+        if self._sealed is None:
+            out = self._out
+            out.close()
+            self._sealed = Checksum(
                 file_size=out.file_size,
                 file_hash=out.file_hash,
                 is_compressed=True,
                 uncompressed_size=out.uncompressed_size,
                 uncompressed_hash=out.uncompressed_hash,
-            ),
-            self.name + MARKS_EXT: plain_checksum(marks),
-        }
+            )
+        return self._sealed
+
+    def finish(self, directory: Path, fsync: bool) -> dict[str, Checksum]:
+        data = self.seal()
+        self._bin.finish(fsync)
+        marks = bytes(self._marks)
+        write_file(os.path.join(directory, self.name + MARKS_EXT), marks, fsync)
+        return {self.name + DATA_EXT: data, self.name + MARKS_EXT: plain_checksum(marks)}
 
     def close(self) -> None:
         self._bin.close()
@@ -235,6 +241,7 @@ class ColumnWriter:
         self._strings = type(dtype) is StringType and not raw and suffixes == [""]
         self._nullable_strings = (type(dtype) is NullableType and type(dtype.inner) is StringType and not raw
                                   and suffixes == [".null", ""])
+        self._sealed = False
 
     def _append(self, parts: Mapping[str, bytes]) -> None:
         for suffix, stream in self.pairs:
@@ -303,9 +310,17 @@ class ColumnWriter:
             stream.append(_strings.encode_take(offsets, data, taken))
         return True
 
+    def seal(self) -> dict[str, Checksum]:
+        """Every stream's last block compressed (a stateful type's suffix first): the ``.bin`` checksums
+        (``<stream>.bin`` → checksum).  Idempotent; :meth:`finish` seals first if this was not called."""
+        if not self._sealed:
+            if self.state is not None:
+                self._append(self.state.suffix())
+            self._sealed = True
+        return {s.name + DATA_EXT: s.seal() for s in self.streams}
+
     def finish(self, directory: Path, fsync: bool) -> dict[str, Checksum]:
-        if self.state is not None:
-            self._append(self.state.suffix())
+        self.seal()
         out: dict[str, Checksum] = {}
         for s in self.streams:
             out.update(s.finish(directory, fsync))

@@ -306,6 +306,25 @@ class PartWriter:
 
     # ---- finishing -----------------------------------------------------------------------------------
 
+    def seal(self) -> dict[str, Checksum]:
+        """Compress every stream's last block: the part's ``.bin`` checksums (``<stream>.bin`` → checksum),
+        hence its deduplication block id, are known before :meth:`finish` makes its files (a small part's
+        compressed bytes are still in memory).  The bytes written are the same, sealed first or not."""
+        if self._finished or self._closed:
+            raise RuntimeError("PartWriter is finished")
+        try:
+            files: dict[str, Checksum] = {}
+            if self._pool is None:
+                for col in self._cols:
+                    files.update(col.seal())
+            else:
+                for result in self._pool.map(lambda c: c.seal(), self._cols):
+                    files.update(result)
+            return files
+        except BaseException:
+            self.abort()
+            raise
+
     def finish(self) -> WrittenPart:
         """Flush every stream and write the metadata files; return the part's description."""
         if self._finished:

@@ -642,3 +642,35 @@ def test_write_with_permutation(tmp_path: Path, threads: int) -> None:
     for f in sorted(x.name for x in (tmp_path / "a").iterdir()):
         a = (tmp_path / "a" / f).read_bytes()
         assert a == (tmp_path / "b" / f).read_bytes() == (tmp_path / "c" / f).read_bytes(), f
+
+
+def test_sealed_first_same_bytes_and_bin_checksums(tmp_path: Path) -> None:
+    """PartWriter.seal (the ``.bin`` checksums known before the files exist, for the early block-number
+    lock) changes no byte: the files and the checksums are those of a writer finished without it, the
+    sealed checksums are the finished ones' ``.bin`` entries, and a small part has no file but its
+    directory when sealed."""
+    from replicad.replication.early_lock import block_id_of
+
+    rng = np.random.default_rng(7)
+    n = 300
+    t = pa.table({"k": pa.array(rng.integers(0, 1 << 40, n).astype(np.uint64)),
+                  "s": pa.array([b"v%d" % v for v in rng.integers(0, 10**6, n)]),
+                  "ls": pa.array([b"a", b"bb", b"ccc"] * 100)})
+    cols = [("k", T("UInt64")), ("s", T("Nullable(String)")), ("ls", T("LowCardinality(String)"))]
+    t = prepare_block(t, cols, "UTC")
+    settings = WriterSettings(index_granularity=64, fsync=False, threads=1)
+    plain = write_part(tmp_path / "plain", cols, [t], settings, primary_key=["k"])
+    with PartWriter(tmp_path / "sealed", cols, settings, primary_key=["k"]) as w:
+        w.write(t)
+        sealed = w.seal()
+        assert list((tmp_path / "sealed").iterdir()) == []  # nothing made yet but the directory
+        assert w.seal() == sealed  # idempotent
+        done = w.finish()
+    files = sorted(f.name for f in plain.iterdir())
+    assert sorted(f.name for f in (tmp_path / "sealed").iterdir()) == files
+    for f in files:
+        assert (plain / f).read_bytes() == (tmp_path / "sealed" / f).read_bytes(), f
+    assert sealed == {k: v for k, v in done.checksums.files.items() if k.endswith(".bin")}
+    assert len(sealed) == 5  # k, s.null, s, ls.dict, ls
+    on_disk = Checksums.parse((plain / "checksums.txt").read_bytes())
+    assert block_id_of("all", sealed, True, None, 0) == block_id_of("all", on_disk.files, True, None, 0)
