@@ -58,6 +58,7 @@ from replicad.server.routing import (
     on_cluster_of,
     parse_full,
     resolve,
+    without_compute,
 )
 from replicad.server.sync_body import ParsePool
 from replicad.service import (
@@ -138,15 +139,11 @@ class ApiState:
 STATE = web.AppKey("state", ApiState)
 
 
-def error_text(e: ReplicadError) -> str:
-    return f"Code: {e.code}. DB::Exception: {e}\n"
-
-
 def error_response(e: ReplicadError) -> web.Response:
     headers = {"X-ClickHouse-Exception-Code": str(e.code)}
     if isinstance(e, TooManyPartsError):
         headers["Retry-After"] = str(max(1, int(getattr(e, "retry_after", 1))))
-    return web.Response(status=e.http_status, text=error_text(e), headers=headers,
+    return web.Response(status=e.http_status, text=http_body.error_text(e), headers=headers,
                         content_type="text/plain", charset="utf-8")
 
 
@@ -324,7 +321,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
                             code=READONLY_CODE)
     _start_query(request, state.metrics, "insert" if isinstance(r, InsertRoute) else
                  "select" if isinstance(r, SelectRoute) else r.kind.value)
-    if not _without_compute(r):
+    if not without_compute(r):
         await deferred_loaded()  # pyarrow.compute, in a worker thread the first time (replicad.memory)
     if isinstance(r, InsertRoute):
         if r.inline_data:
@@ -333,14 +330,6 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
     if isinstance(r, SelectRoute):
         return await _select(request, state, r, params, given, headers)
     return await _statement(state, r, text, given, headers)
-
-
-def _without_compute(r: InsertRoute | SelectRoute | StatementRoute) -> bool:
-    """Whether a request needs no Arrow compute kernel: ``count()`` without WHERE, a constant, SYSTEM SYNC
-    REPLICA (what a replicating daemon is asked); any other statement, SELECT or insert may."""
-    if isinstance(r, SelectRoute):
-        return r.constant is not None or (r.is_count and r.query.where is None)
-    return isinstance(r, StatementRoute) and r.kind is StatementKind.SYNC_REPLICA
 
 
 async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: Mapping[str, Any],

@@ -370,3 +370,11 @@ def on_cluster_of(parsed: Any) -> str | None:
     if table_def is not None:
         return getattr(table_def, "on_cluster", None)
     return getattr(parsed, "on_cluster", None)
+
+
+def without_compute(r: InsertRoute | SelectRoute | StatementRoute) -> bool:
+    """Whether a request needs no Arrow compute kernel: ``count()`` without WHERE, a constant, SYSTEM SYNC
+    REPLICA (what a replicating daemon is asked); any other statement, SELECT or insert may."""
+    if isinstance(r, SelectRoute):
+        return r.constant is not None or (r.is_count and r.query.where is None)
+    return isinstance(r, StatementRoute) and r.kind is StatementKind.SYNC_REPLICA
