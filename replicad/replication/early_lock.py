@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import shutil
+import threading
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ class EarlyLock:
         #: where the writer's thread renamed the part to (its final name), None if it did not
         self.renamed: Path | None = None
         self._abandoned = False
+        #: held by the writer's thread from its look at ``_abandoned`` until ``renamed`` is set, and by the
+        #: release's removal: a rename racing an abandon is either not done or removed
+        self._rename_mutex = threading.Lock()
 
     @property
     def started(self) -> bool:
@@ -130,13 +134,14 @@ class EarlyLock:
             lock = ready.result(wait_s)
         except (Exception, concurrent.futures.CancelledError):  # not yet, or no lock: the commit decides
             return tmp_dir
-        if lock is None or self._abandoned:
+        if lock is None:
             return tmp_dir
         name = PartInfo.for_insert(self.partition_id, lock.number).name
-        if self._known(name) or self._layout.part_path(name).exists():
-            return tmp_dir
-        self.renamed = self._layout.commit(tmp_dir, name)
-        return self.renamed
+        with self._rename_mutex:
+            if self._abandoned or self._known(name) or self._layout.part_path(name).exists():
+                return tmp_dir
+            self.renamed = self._layout.commit(tmp_dir, name)
+            return self.renamed
 
     async def lock(self) -> BlockNumberLock | None:
         """(loop) The lock, once ZooKeeper has answered (the allocator's errors are raised here)."""
@@ -165,11 +170,17 @@ class EarlyLock:
             lock = await self.lock()
         except (Exception, asyncio.CancelledError):  # no lock was taken
             return
-        if self.renamed is not None:  # under the part's name, never to be committed: not left behind
-            await asyncio.to_thread(shutil.rmtree, self.renamed, True)
+        await asyncio.to_thread(self._remove_renamed)
         if lock is None:
             return
         try:
             await lock.unlock(self._keeper)
         except KeeperError as e:
             log.warning("abandoned_block_lock_not_released", path=lock.path, error=str(e))
+
+    def _remove_renamed(self) -> None:
+        """(worker thread, after :meth:`abandon`) Removes the part the writer's thread renamed, if it did:
+        under the part's name, never to be committed, it is not left behind."""
+        with self._rename_mutex:
+            if self.renamed is not None:
+                shutil.rmtree(self.renamed, True)
