@@ -47,6 +47,11 @@ setup(
             extra_compile_args=["-O3"],
         ),
         Extension(
+            "replicad.native._kmerge",
+            sources=["replicad/native/kmerge.c"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
             "replicad.native._siphash",
             sources=["replicad/native/siphash.c"],
             extra_compile_args=["-O3"],

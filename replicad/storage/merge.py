@@ -42,8 +42,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
 from replicad.datatypes import DataType
@@ -52,7 +50,7 @@ from replicad.errors import CorruptedDataError
 from replicad.sql.expressions import Expr, compile_expression, compile_key
 from replicad.sql.expressions_ast import Function, Literal
 from replicad.sql.partition import PartitionKey
-from replicad.storage.block import numpy_sort_key, sort_indices
+from replicad.storage.merge_runs import merge_runs, reference_order
 from replicad.storage.part import PartDirectory
 from replicad.storage.read_ahead import ahead
 from replicad.storage.reader import PartReader
@@ -436,24 +434,19 @@ def _merge(
         if len(pieces) == 1:
             yield pieces[0]
             continue
+        done = merge_runs([t for t, _ in pieces], [k for _, k in pieces])
+        if done is not None:
+            merged, order = done
+            yield merged, [_merged_key(e, [k[i] for _, k in pieces], merged, keys, order)
+                           for i, e in enumerate(keys.sorting)]
+            continue
         table = _concat_tables([t for t, _ in pieces])
         cols = [_concat_key(e, [k[i] for _, k in pieces], table, keys) for i, e in enumerate(keys.sorting)]
-        order = pa.array(_merge_order(cols), pa.int64())
+        order = pa.array(reference_order(cols), pa.int64())
         merged = take_rows(table, order)
         sorted_keys = [_sorted_key(e, c, merged, keys, order)
                        for e, c in zip(keys.sorting, cols, strict=True)]
         yield merged, sorted_keys
-
-
-def _merge_order(cols: Sequence[pa.Array]) -> npt.NDArray[np.int64]:
-    """The stable ORDER BY permutation of concatenated sorted runs.  Numeric keys (strings as their ranks)
-    go to numpy's stable sorts (timsort: it finds the runs, O(n log runs)); others to pyarrow."""
-    numeric = [k for k in (numpy_sort_key(c) for c in cols) if k is not None]
-    if len(numeric) != len(cols):
-        return sort_indices(cols)
-    if len(numeric) == 1:
-        return np.argsort(numeric[0], kind="stable").astype(np.int64, copy=False)
-    return np.lexsort(numeric[::-1]).astype(np.int64, copy=False)
 
 
 def _chunks(a: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
@@ -492,16 +485,31 @@ def _concat_key(e: Expr, pieces: list[pa.Array], table: pa.Table, keys: TableKey
     return pa.concat_arrays([c for p in pieces for c in _chunks(p)])
 
 
-def _sorted_key(e: Expr, key: pa.Array, merged: pa.Table, keys: TableKeys, order: pa.Array) -> pa.Array:
-    """A sorting-key array in merged order: a plain column's is the merged column (no second take)."""
+def _merged_key(e: Expr, pieces: list[pa.Array], merged: pa.Table, keys: TableKeys,
+                order: pa.Array) -> pa.Array:
+    """A sorting-key array in merged order from the runs' key ``pieces``: a plain column's is the merged
+    column; an expression's is taken from the concatenated pieces."""
+    plain = _plain_key(e, merged, keys, pieces[0].type)
+    if plain is not None:
+        return plain
+    return pa.concat_arrays([c for p in pieces for c in _chunks(p)]).take(order)
+
+
+def _plain_key(e: Expr, merged: pa.Table, keys: TableKeys, key_type: pa.DataType) -> pa.Array | None:
     if e.text in keys.types:
         i = merged.schema.get_field_index(e.text)
         if i >= 0:
             col = merged.column(i)
             arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-            if arr.type == key.type:
+            if arr.type == key_type:
                 return arr
-    return key.take(order)
+    return None
+
+
+def _sorted_key(e: Expr, key: pa.Array, merged: pa.Table, keys: TableKeys, order: pa.Array) -> pa.Array:
+    """A sorting-key array in merged order: a plain column's is the merged column (no second take)."""
+    plain = _plain_key(e, merged, keys, key.type)
+    return plain if plain is not None else key.take(order)
 
 
 def merge_parts(

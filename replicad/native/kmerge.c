@@ -1,0 +1,622 @@
+/*
+ * k-way merge of sorted runs, and gathering rows from the runs in merged order.
+ *
+ * A merge round hands over k runs (a cut of each source part's pending rows), each sorted by the
+ * table's sorting key.  Their merged order is ClickHouse's (MergingSortedBlockInputStream): by the key,
+ * ties to the lower run number, and inside a run row order.  Key order: ascending; integers by value;
+ * floats by value with -0.0 equal to 0.0 and NaN after every number (all NaNs equal); byte strings
+ * unsigned byte-wise, a prefix first.
+ *
+ * Python API (module replicad.native._kmerge):
+ *   merge(kinds, runs) -> (sources: bytes, rows: bytes, order: bytes)
+ *       kinds: one character per key column: b B h H i I q Q (signed/unsigned 8..64-bit integers), f d
+ *       (float32/float64), s S (byte strings with int32/int64 offsets).  runs: a list of tuples, one per
+ *       run, with per key column one buffer of the run's values (numbers), or two buffers (strings: the
+ *       run's n + 1 offsets into the data buffer, then the data).  sources holds, per merged row, the
+ *       run it comes from (int32), rows its row in that run (int32), order its index in the runs laid
+ *       end to end (int64).
+ *   gather_fixed(width, runs, sources, rows) -> bytes
+ *       runs: one buffer per run of fixed-width values (width bytes each); returns the values in merged
+ *       order: row i is row rows[i] of run sources[i].
+ *   gather_binary(runs, sources, rows) -> (offsets: bytes, data: bytes)
+ *       runs: one (offsets, data) pair per run (n + 1 offsets into data, int32 or int64, all runs
+ *       alike); returns the values in merged order as Arrow offsets (starting at 0, the runs' offset
+ *       width) and data (with 32 bytes to spare after the last value).
+ * All raise ValueError for inconsistent input (sizes, offsets out of order or outside the data, a run
+ * asked for more rows than it has) and never read outside the given buffers.  The GIL is released while
+ * working on large inputs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define GIL_THRESHOLD 16384
+#define MAX_KEYS 64
+
+typedef struct {
+    char kind;
+    const uint8_t *data;     /* values, or string data */
+    const uint8_t *offsets;  /* strings: n + 1 offsets */
+    Py_ssize_t data_len;
+} key_col;
+
+typedef struct {
+    Py_ssize_t n;
+    Py_ssize_t pos;
+    uint64_t head; /* the normalized first key column of row pos */
+    key_col cols[MAX_KEYS];
+} run_state;
+
+static int kind_width(char kind) {
+    switch (kind) {
+    case 'b': case 'B': return 1;
+    case 'h': case 'H': return 2;
+    case 'i': case 'I': case 'f': return 4;
+    case 'q': case 'Q': case 'd': return 8;
+    default: return 0;
+    }
+}
+
+static inline int64_t str_offset(const key_col *c, Py_ssize_t i) {
+    if (c->kind == 's')
+        return ((const int32_t *)c->offsets)[i];
+    return ((const int64_t *)c->offsets)[i];
+}
+
+static inline uint64_t norm_double(double v) {
+    if (isnan(v))
+        return UINT64_MAX;
+    if (v == 0.0)
+        v = 0.0; /* -0.0 sorts as 0.0 */
+    uint64_t bits;
+    memcpy(&bits, &v, 8);
+    return (bits >> 63) ? ~bits : (bits | ((uint64_t)1 << 63));
+}
+
+/* An unsigned 64-bit number whose order is the key's order (strings: their first 8 bytes, big-endian,
+ * zero-padded: equal prefixes need the full comparison). */
+static inline uint64_t norm(const key_col *c, Py_ssize_t i) {
+    const uint8_t *p = c->data;
+    switch (c->kind) {
+    case 'B': return p[i];
+    case 'H': { uint16_t v; memcpy(&v, p + 2 * i, 2); return v; }
+    case 'I': { uint32_t v; memcpy(&v, p + 4 * i, 4); return v; }
+    case 'Q': { uint64_t v; memcpy(&v, p + 8 * i, 8); return v; }
+    case 'b': return (uint64_t)(int64_t)(int8_t)p[i] ^ ((uint64_t)1 << 63);
+    case 'h': { int16_t v; memcpy(&v, p + 2 * i, 2); return (uint64_t)(int64_t)v ^ ((uint64_t)1 << 63); }
+    case 'i': { int32_t v; memcpy(&v, p + 4 * i, 4); return (uint64_t)(int64_t)v ^ ((uint64_t)1 << 63); }
+    case 'q': { int64_t v; memcpy(&v, p + 8 * i, 8); return (uint64_t)v ^ ((uint64_t)1 << 63); }
+    case 'f': { float v; memcpy(&v, p + 4 * i, 4); return norm_double((double)v); }
+    case 'd': { double v; memcpy(&v, p + 8 * i, 8); return norm_double(v); }
+    default: {
+        int64_t a = str_offset(c, i), b = str_offset(c, i + 1);
+        int64_t len = b - a < 8 ? b - a : 8;
+        uint64_t v = 0;
+        for (int64_t j = 0; j < len; j++)
+            v |= (uint64_t)p[a + j] << (56 - 8 * j);
+        return v;
+    }
+    }
+}
+
+static inline int is_string(char kind) { return kind == 's' || kind == 'S'; }
+
+/* <0, 0, >0: row i of column a against row j of column b (same kind). */
+static inline int compare_col(const key_col *a, Py_ssize_t i, const key_col *b, Py_ssize_t j) {
+    if (is_string(a->kind)) {
+        int64_t a0 = str_offset(a, i), a1 = str_offset(a, i + 1);
+        int64_t b0 = str_offset(b, j), b1 = str_offset(b, j + 1);
+        int64_t la = a1 - a0, lb = b1 - b0;
+        int c = memcmp(a->data + a0, b->data + b0, (size_t)(la < lb ? la : lb));
+        if (c)
+            return c;
+        return la < lb ? -1 : la > lb;
+    }
+    uint64_t x = norm(a, i), y = norm(b, j);
+    return x < y ? -1 : x > y;
+}
+
+typedef struct {
+    run_state *runs;
+    int nkeys;
+    int first_full; /* first key column compared in full after equal heads (0 for a string) */
+    int full;       /* equal heads need the full comparison (several key columns, or a string) */
+    int k;
+} merger;
+
+/* A run's head as a tournament tree holds it: the normalized first key column, the run number (k and
+ * above: an exhausted run, after every other). */
+typedef struct {
+    uint64_t key;
+    int64_t run;
+} entry;
+
+#define EXHAUSTED ((int64_t)1 << 40)
+
+/* Whether entry a goes before entry b: by key, then (equal heads) the other key columns, then run. */
+static inline int before(const merger *m, entry a, entry b) {
+    if (a.key != b.key)
+        return a.key < b.key;
+    if (m->full && a.run < m->k && b.run < m->k) {
+        const run_state *ra = &m->runs[a.run], *rb = &m->runs[b.run];
+        for (int c = m->first_full; c < m->nkeys; c++) {
+            int r = compare_col(&ra->cols[c], ra->pos, &rb->cols[c], rb->pos);
+            if (r)
+                return r < 0;
+        }
+    }
+    return a.run < b.run;
+}
+
+static inline entry head_of(const merger *m, int64_t r) {
+    entry e;
+    const run_state *rs = &m->runs[r];
+    if (rs->pos < rs->n) {
+        e.key = norm(&rs->cols[0], rs->pos);
+        e.run = r;
+    } else {
+        e.key = UINT64_MAX;
+        e.run = EXHAUSTED + r;
+    }
+    return e;
+}
+
+/* A winner tree over the runs' heads: node i holds the first of its two children (leaves: size + run). */
+static void run_merge(merger *m, entry *tree, int size, int32_t *sources, int32_t *rows, int64_t *order,
+                      const int64_t *bases) {
+    int k = m->k;
+    for (int i = 0; i < size; i++) {
+        if (i < k) {
+            tree[size + i] = head_of(m, i);
+        } else {
+            tree[size + i].key = UINT64_MAX;
+            tree[size + i].run = EXHAUSTED + i;
+        }
+    }
+    for (int i = size - 1; i >= 1; i--)
+        tree[i] = before(m, tree[2 * i], tree[2 * i + 1]) ? tree[2 * i] : tree[2 * i + 1];
+    Py_ssize_t out = 0;
+    while (tree[1].run < k) {
+        int64_t w = tree[1].run;
+        run_state *r = &m->runs[w];
+        sources[out] = (int32_t)w;
+        rows[out] = (int32_t)r->pos;
+        order[out] = bases[w] + r->pos;
+        out++;
+        r->pos++;
+        entry v = head_of(m, w);
+        int i = size + (int)w;
+        tree[i] = v;
+        if (m->full) {
+            while (i > 1) {
+                entry sib = tree[i ^ 1];
+                if (before(m, sib, v))
+                    v = sib;
+                i >>= 1;
+                tree[i] = v;
+            }
+        } else {
+            while (i > 1) { /* one key column, a number: no branch on the data */
+                entry sib = tree[i ^ 1];
+                uint64_t take = (uint64_t)0 - (uint64_t)((sib.key < v.key) |
+                                                         ((sib.key == v.key) & (sib.run < v.run)));
+                v.key ^= (v.key ^ sib.key) & take;
+                v.run ^= (v.run ^ sib.run) & (int64_t)take;
+                i >>= 1;
+                tree[i] = v;
+            }
+        }
+    }
+}
+
+/* A contiguous buffer of an object, as bytes. */
+static int get_buffer(PyObject *obj, Py_buffer *view) {
+    return PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS);
+}
+
+static int check_offsets(const key_col *c, Py_ssize_t n) {
+    int64_t prev = str_offset(c, 0);
+    if (prev < 0)
+        return -1;
+    for (Py_ssize_t i = 1; i <= n; i++) {
+        int64_t o = str_offset(c, i);
+        if (o < prev)
+            return -1;
+        prev = o;
+    }
+    return prev <= c->data_len ? 0 : -1;
+}
+
+static PyObject *py_merge(PyObject *self, PyObject *args) {
+    const char *kinds;
+    Py_ssize_t nkeys;
+    PyObject *runs_obj;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "s#O!", &kinds, &nkeys, &PyList_Type, &runs_obj))
+        return NULL;
+    if (nkeys < 1 || nkeys > MAX_KEYS) {
+        PyErr_SetString(PyExc_ValueError, "need 1 to 64 key columns");
+        return NULL;
+    }
+    int slots = 0;
+    for (Py_ssize_t c = 0; c < nkeys; c++) {
+        if (is_string(kinds[c]))
+            slots += 2;
+        else if (kind_width(kinds[c]))
+            slots += 1;
+        else {
+            PyErr_Format(PyExc_ValueError, "unknown key kind %c", kinds[c]);
+            return NULL;
+        }
+    }
+    Py_ssize_t k = PyList_GET_SIZE(runs_obj);
+    if (k < 1 || k > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "need 1 to 2**20 runs");
+        return NULL;
+    }
+    run_state *runs = PyMem_Calloc((size_t)k, sizeof(run_state));
+    Py_buffer *views = PyMem_Calloc((size_t)(k * slots), sizeof(Py_buffer));
+    int64_t *bases = PyMem_Calloc((size_t)k, sizeof(int64_t));
+    Py_ssize_t got = 0; /* views acquired */
+    PyObject *result = NULL, *src_obj = NULL, *ord_obj = NULL;
+    entry *tree = NULL;
+    PyObject *rows_obj = NULL;
+    if (!runs || !views || !bases) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t r = 0; r < k; r++) {
+        PyObject *t = PyList_GET_ITEM(runs_obj, r);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != slots) {
+            PyErr_Format(PyExc_ValueError, "run %zd: expected a tuple of %d buffers", r, slots);
+            goto done;
+        }
+        int s = 0;
+        Py_ssize_t n = -1;
+        for (Py_ssize_t c = 0; c < nkeys; c++) {
+            key_col *col = &runs[r].cols[c];
+            col->kind = kinds[c];
+            Py_ssize_t rows;
+            if (is_string(kinds[c])) {
+                Py_buffer *ov = &views[got], *dv = &views[got + 1];
+                if (get_buffer(PyTuple_GET_ITEM(t, s), ov) < 0)
+                    goto done;
+                got++;
+                if (get_buffer(PyTuple_GET_ITEM(t, s + 1), dv) < 0)
+                    goto done;
+                got++;
+                s += 2;
+                int w = kinds[c] == 's' ? 4 : 8;
+                if (ov->len % w || ov->len < w) {
+                    PyErr_Format(PyExc_ValueError, "run %zd: bad offsets buffer size %zd", r, ov->len);
+                    goto done;
+                }
+                rows = ov->len / w - 1;
+                col->offsets = ov->buf;
+                col->data = dv->buf;
+                col->data_len = dv->len;
+                if (check_offsets(col, rows) < 0) {
+                    PyErr_Format(PyExc_ValueError, "run %zd: offsets out of order or outside the data", r);
+                    goto done;
+                }
+            } else {
+                Py_buffer *v = &views[got];
+                if (get_buffer(PyTuple_GET_ITEM(t, s), v) < 0)
+                    goto done;
+                got++;
+                s += 1;
+                int w = kind_width(kinds[c]);
+                if (v->len % w) {
+                    PyErr_Format(PyExc_ValueError, "run %zd: buffer size %zd is not a multiple of %d", r,
+                                 v->len, w);
+                    goto done;
+                }
+                rows = v->len / w;
+                col->data = v->buf;
+                col->data_len = v->len;
+            }
+            if (n >= 0 && rows != n) {
+                PyErr_Format(PyExc_ValueError, "run %zd: key columns of %zd and %zd rows", r, n, rows);
+                goto done;
+            }
+            n = rows;
+        }
+        if (n > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "run %zd: more than 2**31 - 1 rows", r);
+            goto done;
+        }
+        runs[r].n = n;
+        bases[r] = total;
+        total += n;
+        if (n > 0)
+            runs[r].head = norm(&runs[r].cols[0], 0);
+    }
+    int size = 1;
+    while (size < k)
+        size <<= 1;
+    tree = PyMem_Calloc((size_t)(2 * size), sizeof(entry));
+    if (!tree) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    src_obj = PyBytes_FromStringAndSize(NULL, total * 4);
+    rows_obj = PyBytes_FromStringAndSize(NULL, total * 4);
+    ord_obj = PyBytes_FromStringAndSize(NULL, total * 8);
+    if (!src_obj || !rows_obj || !ord_obj)
+        goto done;
+    merger m = {runs, (int)nkeys, is_string(kinds[0]) ? 0 : 1, nkeys > 1 || is_string(kinds[0]), (int)k};
+    int32_t *sources = (int32_t *)PyBytes_AS_STRING(src_obj);
+    int32_t *rows_out = (int32_t *)PyBytes_AS_STRING(rows_obj);
+    int64_t *order = (int64_t *)PyBytes_AS_STRING(ord_obj);
+    if (total >= GIL_THRESHOLD) {
+        Py_BEGIN_ALLOW_THREADS
+        run_merge(&m, tree, size, sources, rows_out, order, bases);
+        Py_END_ALLOW_THREADS
+    } else {
+        run_merge(&m, tree, size, sources, rows_out, order, bases);
+    }
+    result = PyTuple_Pack(3, src_obj, rows_obj, ord_obj);
+done:
+    Py_XDECREF(src_obj);
+    Py_XDECREF(rows_obj);
+    Py_XDECREF(ord_obj);
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(runs);
+    PyMem_Free(bases);
+    PyMem_Free(tree);
+    return result;
+}
+
+/* Whether every (sources[i], rows[i]) names an existing row of an existing run. */
+static int check_rows(const int32_t *sources, const int32_t *rows, Py_ssize_t n, Py_ssize_t k,
+                      const Py_ssize_t *counts) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t s = sources[i];
+        if (s < 0 || s >= k || rows[i] < 0 || rows[i] >= counts[s]) {
+            PyErr_Format(PyExc_ValueError, "merged row %zd: no row %d in run %d", i, (int)rows[i], (int)s);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The int32 (sources, rows) buffers of a merged order, of equal lengths. */
+static int get_order(PyObject *src_obj, PyObject *rows_obj, Py_buffer *sb, Py_buffer *rb) {
+    if (get_buffer(src_obj, sb) < 0)
+        return -1;
+    if (get_buffer(rows_obj, rb) < 0) {
+        PyBuffer_Release(sb);
+        return -1;
+    }
+    if (sb->len % 4 || sb->len != rb->len) {
+        PyErr_SetString(PyExc_ValueError, "sources and rows must be int32 buffers of equal lengths");
+        PyBuffer_Release(sb);
+        PyBuffer_Release(rb);
+        return -1;
+    }
+    return 0;
+}
+
+static void gather_fixed(int width, const uint8_t **bufs, const int32_t *sources, const int32_t *rows,
+                         Py_ssize_t n, uint8_t *out) {
+#define GATHER(T)                                                                                       \
+    for (Py_ssize_t i = 0; i < n; i++)                                                                  \
+        memcpy(out + i * sizeof(T), bufs[sources[i]] + (size_t)rows[i] * sizeof(T), sizeof(T));
+    switch (width) {
+    case 1: GATHER(uint8_t) break;
+    case 2: GATHER(uint16_t) break;
+    case 4: GATHER(uint32_t) break;
+    case 8: GATHER(uint64_t) break;
+    default:
+        for (Py_ssize_t i = 0; i < n; i++)
+            memcpy(out + i * width, bufs[sources[i]] + (size_t)rows[i] * width, (size_t)width);
+    }
+#undef GATHER
+}
+
+static PyObject *py_gather_fixed(PyObject *self, PyObject *args) {
+    int width;
+    PyObject *runs_obj, *src_obj, *rows_obj;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iO!OO", &width, &PyList_Type, &runs_obj, &src_obj, &rows_obj))
+        return NULL;
+    if (width <= 0) {
+        PyErr_SetString(PyExc_ValueError, "width must be positive");
+        return NULL;
+    }
+    Py_ssize_t k = PyList_GET_SIZE(runs_obj);
+    Py_buffer sb, rb;
+    if (get_order(src_obj, rows_obj, &sb, &rb) < 0)
+        return NULL;
+    Py_buffer *views = PyMem_Calloc((size_t)k + 1, sizeof(Py_buffer));
+    const uint8_t **bufs = PyMem_Calloc((size_t)k + 1, sizeof(uint8_t *));
+    Py_ssize_t *counts = PyMem_Calloc((size_t)k + 1, sizeof(Py_ssize_t));
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    if (!views || !bufs || !counts) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < k; r++) {
+        if (get_buffer(PyList_GET_ITEM(runs_obj, r), &views[r]) < 0)
+            goto done;
+        got++;
+        if (views[r].len % width) {
+            PyErr_Format(PyExc_ValueError, "run %zd: %zd bytes is not a multiple of %d", r, views[r].len,
+                         width);
+            goto done;
+        }
+        bufs[r] = views[r].buf;
+        counts[r] = views[r].len / width;
+    }
+    Py_ssize_t n = sb.len / 4;
+    const int32_t *sources = sb.buf, *rows = rb.buf;
+    if (check_rows(sources, rows, n, k, counts) < 0)
+        goto done;
+    result = PyBytes_FromStringAndSize(NULL, n * width);
+    if (!result)
+        goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    if (n >= GIL_THRESHOLD) {
+        Py_BEGIN_ALLOW_THREADS
+        gather_fixed(width, bufs, sources, rows, n, out);
+        Py_END_ALLOW_THREADS
+    } else {
+        gather_fixed(width, bufs, sources, rows, n, out);
+    }
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&rb);
+    PyMem_Free(views);
+    PyMem_Free(bufs);
+    PyMem_Free(counts);
+    return result;
+}
+
+static int64_t binary_total(const key_col *cols, const int32_t *sources, const int32_t *rows, Py_ssize_t n) {
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const key_col *c = &cols[sources[i]];
+        total += str_offset(c, rows[i] + 1) - str_offset(c, rows[i]);
+    }
+    return total;
+}
+
+/* out_data has SLACK bytes more than the values need: a short value is copied as SLACK bytes at once
+ * (when as many are readable at its start), the next value overwriting the excess. */
+#define SLACK 32
+
+static void gather_binary(int w, const key_col *cols, const int32_t *sources, const int32_t *rows,
+                          Py_ssize_t n, uint8_t *out_off, uint8_t *out_data) {
+    int64_t pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const key_col *c = &cols[sources[i]];
+        int64_t a = str_offset(c, rows[i]), b = str_offset(c, rows[i] + 1);
+        if (w == 4)
+            ((int32_t *)out_off)[i] = (int32_t)pos;
+        else
+            ((int64_t *)out_off)[i] = pos;
+        if (b - a <= SLACK && a + SLACK <= c->data_len)
+            memcpy(out_data + pos, c->data + a, SLACK);
+        else
+            memcpy(out_data + pos, c->data + a, (size_t)(b - a));
+        pos += b - a;
+    }
+    if (w == 4)
+        ((int32_t *)out_off)[n] = (int32_t)pos;
+    else
+        ((int64_t *)out_off)[n] = pos;
+}
+
+static PyObject *py_gather_binary(PyObject *self, PyObject *args) {
+    PyObject *runs_obj, *src_obj, *rows_obj;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyList_Type, &runs_obj, &src_obj, &rows_obj))
+        return NULL;
+    Py_ssize_t k = PyList_GET_SIZE(runs_obj);
+    Py_buffer sb, rb;
+    if (get_order(src_obj, rows_obj, &sb, &rb) < 0)
+        return NULL;
+    Py_buffer *views = PyMem_Calloc((size_t)(2 * k) + 1, sizeof(Py_buffer));
+    key_col *cols = PyMem_Calloc((size_t)k + 1, sizeof(key_col));
+    Py_ssize_t *counts = PyMem_Calloc((size_t)k + 1, sizeof(Py_ssize_t));
+    Py_ssize_t got = 0;
+    PyObject *result = NULL, *off_obj = NULL, *data_obj = NULL;
+    int w = 0;
+    if (!views || !cols || !counts) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < k; r++) {
+        PyObject *t = PyList_GET_ITEM(runs_obj, r);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2) {
+            PyErr_Format(PyExc_ValueError, "run %zd: expected (offsets, data)", r);
+            goto done;
+        }
+        Py_buffer *ov = &views[got];
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 0), ov, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto done;
+        got++;
+        if (get_buffer(PyTuple_GET_ITEM(t, 1), &views[got]) < 0)
+            goto done;
+        Py_buffer *dv = &views[got];
+        got++;
+        int rw = (int)ov->itemsize;
+        if ((rw != 4 && rw != 8) || (w && rw != w) || ov->len < rw) {
+            PyErr_Format(PyExc_ValueError, "run %zd: offsets must be int32 or int64, alike in every run", r);
+            goto done;
+        }
+        w = rw;
+        cols[r].kind = w == 4 ? 's' : 'S';
+        cols[r].offsets = ov->buf;
+        cols[r].data = dv->buf;
+        cols[r].data_len = dv->len;
+        counts[r] = ov->len / w - 1;
+        if (check_offsets(&cols[r], counts[r]) < 0) {
+            PyErr_Format(PyExc_ValueError, "run %zd: offsets out of order or outside the data", r);
+            goto done;
+        }
+    }
+    Py_ssize_t n = sb.len / 4;
+    const int32_t *sources = sb.buf, *rows = rb.buf;
+    if (check_rows(sources, rows, n, k, counts) < 0)
+        goto done;
+    if (w == 0)
+        w = 4;
+    int64_t total = binary_total(cols, sources, rows, n);
+    if (w == 4 && total > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "gathered data too large for int32 offsets");
+        goto done;
+    }
+    off_obj = PyBytes_FromStringAndSize(NULL, (n + 1) * w);
+    data_obj = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total + SLACK);
+    if (!off_obj || !data_obj)
+        goto done;
+    uint8_t *oo = (uint8_t *)PyBytes_AS_STRING(off_obj), *od = (uint8_t *)PyBytes_AS_STRING(data_obj);
+    if (n >= GIL_THRESHOLD) {
+        Py_BEGIN_ALLOW_THREADS
+        gather_binary(w, cols, sources, rows, n, oo, od);
+        Py_END_ALLOW_THREADS
+    } else {
+        gather_binary(w, cols, sources, rows, n, oo, od);
+    }
+    result = PyTuple_Pack(2, off_obj, data_obj);
+done:
+    Py_XDECREF(off_obj);
+    Py_XDECREF(data_obj);
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&rb);
+    PyMem_Free(views);
+    PyMem_Free(cols);
+    PyMem_Free(counts);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"merge", py_merge, METH_VARARGS,
+     "merge(kinds, runs) -> (sources, rows, order): the merged order of sorted runs (int32 run and row in "
+     "it per merged row, int64 index in the runs laid end to end)."},
+    {"gather_fixed", py_gather_fixed, METH_VARARGS,
+     "gather_fixed(width, runs, sources, rows) -> bytes: fixed-width values of the runs in merged order."},
+    {"gather_binary", py_gather_binary, METH_VARARGS,
+     "gather_binary(runs, sources, rows) -> (offsets, data): byte strings of the runs in merged order."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_kmerge", "k-way merge of sorted runs, and gathering rows in merged order.", -1,
+    module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__kmerge(void) {
+    return PyModule_Create(&module_def);
+}
