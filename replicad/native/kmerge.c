@@ -45,7 +45,9 @@ typedef struct {
 typedef struct {
     Py_ssize_t n;
     Py_ssize_t pos;
-    uint64_t head; /* the normalized first key column of row pos */
+    uint64_t head;             /* the normalized first key column of row pos */
+    const uint64_t *normalized; /* one numeric key column: its normalized values (or NULL) */
+    uint64_t *owned;           /* ... when they had to be computed */
     key_col cols[MAX_KEYS];
 } run_state;
 
@@ -163,8 +165,59 @@ static inline entry head_of(const merger *m, int64_t r) {
     return e;
 }
 
+/* run_merge for one numeric key column (the runs' normalized values given): a winner tree of (value,
+ * run) pairs compared without branches on the data. */
+static void run_merge_numeric(const merger *m, entry *tree, int size, int32_t *sources, int32_t *rows,
+                              int64_t *order, const int64_t *bases) {
+    int k = m->k;
+    run_state *runs = m->runs;
+    for (int i = 0; i < size; i++) {
+        if (i < k && runs[i].n > 0) {
+            tree[size + i].key = runs[i].normalized[0];
+            tree[size + i].run = i;
+        } else {
+            tree[size + i].key = UINT64_MAX;
+            tree[size + i].run = EXHAUSTED + i;
+        }
+    }
+    for (int i = size - 1; i >= 1; i--) {
+        entry a = tree[2 * i], b = tree[2 * i + 1];
+        tree[i] = (b.key < a.key || (b.key == a.key && b.run < a.run)) ? b : a;
+    }
+    Py_ssize_t out = 0;
+    while (tree[1].run < k) {
+        int64_t w = tree[1].run;
+        run_state *r = &runs[w];
+        Py_ssize_t pos = r->pos;
+        sources[out] = (int32_t)w;
+        rows[out] = (int32_t)pos;
+        order[out] = bases[w] + pos;
+        out++;
+        r->pos = ++pos;
+        entry v;
+        if (pos < r->n) {
+            v.key = r->normalized[pos];
+            v.run = w;
+        } else {
+            v.key = UINT64_MAX;
+            v.run = EXHAUSTED + w;
+        }
+        int i = size + (int)w;
+        tree[i] = v;
+        while (i > 1) {
+            entry sib = tree[i ^ 1];
+            uint64_t take =
+                (uint64_t)0 - (uint64_t)((sib.key < v.key) | ((sib.key == v.key) & (sib.run < v.run)));
+            v.key ^= (v.key ^ sib.key) & take;
+            v.run ^= (v.run ^ sib.run) & (int64_t)take;
+            i >>= 1;
+            tree[i] = v;
+        }
+    }
+}
+
 /* A winner tree over the runs' heads: node i holds the first of its two children (leaves: size + run). */
-static void run_merge(merger *m, entry *tree, int size, int32_t *sources, int32_t *rows, int64_t *order,
+static void run_merge(const merger *m, entry *tree, int size, int32_t *sources, int32_t *rows, int64_t *order,
                       const int64_t *bases) {
     int k = m->k;
     for (int i = 0; i < size; i++) {
@@ -189,24 +242,12 @@ static void run_merge(merger *m, entry *tree, int size, int32_t *sources, int32_
         entry v = head_of(m, w);
         int i = size + (int)w;
         tree[i] = v;
-        if (m->full) {
-            while (i > 1) {
-                entry sib = tree[i ^ 1];
-                if (before(m, sib, v))
-                    v = sib;
-                i >>= 1;
-                tree[i] = v;
-            }
-        } else {
-            while (i > 1) { /* one key column, a number: no branch on the data */
-                entry sib = tree[i ^ 1];
-                uint64_t take = (uint64_t)0 - (uint64_t)((sib.key < v.key) |
-                                                         ((sib.key == v.key) & (sib.run < v.run)));
-                v.key ^= (v.key ^ sib.key) & take;
-                v.run ^= (v.run ^ sib.run) & (int64_t)take;
-                i >>= 1;
-                tree[i] = v;
-            }
+        while (i > 1) {
+            entry sib = tree[i ^ 1];
+            if (before(m, sib, v))
+                v = sib;
+            i >>= 1;
+            tree[i] = v;
         }
     }
 }
@@ -348,15 +389,32 @@ static PyObject *py_merge(PyObject *self, PyObject *args) {
     if (!src_obj || !rows_obj || !ord_obj)
         goto done;
     merger m = {runs, (int)nkeys, is_string(kinds[0]) ? 0 : 1, nkeys > 1 || is_string(kinds[0]), (int)k};
+    if (!m.full) {
+        for (Py_ssize_t r = 0; r < k; r++) {
+            key_col *c = &runs[r].cols[0];
+            if (c->kind == 'Q' && ((uintptr_t)c->data % 8) == 0) {
+                runs[r].normalized = (const uint64_t *)c->data;
+                continue;
+            }
+            runs[r].owned = PyMem_Malloc((size_t)(runs[r].n ? runs[r].n : 1) * sizeof(uint64_t));
+            if (!runs[r].owned) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (Py_ssize_t i = 0; i < runs[r].n; i++)
+                runs[r].owned[i] = norm(c, i);
+            runs[r].normalized = runs[r].owned;
+        }
+    }
     int32_t *sources = (int32_t *)PyBytes_AS_STRING(src_obj);
     int32_t *rows_out = (int32_t *)PyBytes_AS_STRING(rows_obj);
     int64_t *order = (int64_t *)PyBytes_AS_STRING(ord_obj);
     if (total >= GIL_THRESHOLD) {
         Py_BEGIN_ALLOW_THREADS
-        run_merge(&m, tree, size, sources, rows_out, order, bases);
+        (m.full ? run_merge : run_merge_numeric)(&m, tree, size, sources, rows_out, order, bases);
         Py_END_ALLOW_THREADS
     } else {
-        run_merge(&m, tree, size, sources, rows_out, order, bases);
+        (m.full ? run_merge : run_merge_numeric)(&m, tree, size, sources, rows_out, order, bases);
     }
     result = PyTuple_Pack(3, src_obj, rows_obj, ord_obj);
 done:
@@ -365,6 +423,9 @@ done:
     Py_XDECREF(ord_obj);
     for (Py_ssize_t i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
+    if (runs)
+        for (Py_ssize_t r = 0; r < k; r++)
+            PyMem_Free(runs[r].owned);
     PyMem_Free(views);
     PyMem_Free(runs);
     PyMem_Free(bases);
