@@ -297,10 +297,15 @@ def _numeric_cut(key: pa.Array | pa.ChunkedArray, frontier: tuple[int, object],
         value = math.nan
     elif kind != 0 or not isinstance(value, int | float):
         return None
-    side = "right" if inclusive else "left"
     chunks = key.chunks if isinstance(key, pa.ChunkedArray) else [key]
     # the key is sorted: the rows before the frontier are those before it in each chunk
-    return sum(int(np.searchsorted(c.to_numpy(), value, side=side)) for c in chunks if len(c))
+    v: int | float = value
+    n = 0
+    for c in chunks:
+        if len(c):
+            values = c.to_numpy()
+            n += int(np.searchsorted(values, v, side="right") if inclusive else np.searchsorted(values, v))
+    return n
 
 
 class _Source:
