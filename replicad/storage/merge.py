@@ -304,7 +304,8 @@ def _numeric_cut(key: pa.Array | pa.ChunkedArray, frontier: tuple[int, object],
     for c in chunks:
         if len(c):
             values = c.to_numpy()
-            n += int(np.searchsorted(values, v, side="right") if inclusive else np.searchsorted(values, v))
+            x = values.dtype.type(v)  # of the array's type: with a Python int numpy converted the array
+            n += int(np.searchsorted(values, x, side="right") if inclusive else np.searchsorted(values, x))
     return n
 
 
