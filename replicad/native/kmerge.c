@@ -8,13 +8,12 @@
  * unsigned byte-wise, a prefix first.
  *
  * Python API (module replicad.native._kmerge):
- *   merge(kinds, runs) -> (sources: bytes, rows: bytes, order: bytes)
+ *   merge(kinds, runs) -> (sources: bytes, rows: bytes)
  *       kinds: one character per key column: b B h H i I q Q (signed/unsigned 8..64-bit integers), f d
  *       (float32/float64), s S (byte strings with int32/int64 offsets).  runs: a list of tuples, one per
  *       run, with per key column one buffer of the run's values (numbers), or two buffers (strings: the
  *       run's n + 1 offsets into the data buffer, then the data).  sources holds, per merged row, the
- *       run it comes from (int32), rows its row in that run (int32), order its index in the runs laid
- *       end to end (int64).
+ *       run it comes from (int32), rows its row in that run (int32).
  *   gather_fixed(width, runs, sources, rows) -> bytes
  *       runs: one buffer per run of fixed-width values (width bytes each); returns the values in merged
  *       order: row i is row rows[i] of run sources[i].
@@ -167,8 +166,7 @@ static inline entry head_of(const merger *m, int64_t r) {
 
 /* run_merge for one numeric key column (the runs' normalized values given): a winner tree of (value,
  * run) pairs compared without branches on the data. */
-static void run_merge_numeric(const merger *m, entry *tree, int size, int32_t *sources, int32_t *rows,
-                              int64_t *order, const int64_t *bases) {
+static void run_merge_numeric(const merger *m, entry *tree, int size, int32_t *sources, int32_t *rows) {
     int k = m->k;
     run_state *runs = m->runs;
     for (int i = 0; i < size; i++) {
@@ -191,7 +189,6 @@ static void run_merge_numeric(const merger *m, entry *tree, int size, int32_t *s
         Py_ssize_t pos = r->pos;
         sources[out] = (int32_t)w;
         rows[out] = (int32_t)pos;
-        order[out] = bases[w] + pos;
         out++;
         r->pos = ++pos;
         entry v;
@@ -217,8 +214,7 @@ static void run_merge_numeric(const merger *m, entry *tree, int size, int32_t *s
 }
 
 /* A winner tree over the runs' heads: node i holds the first of its two children (leaves: size + run). */
-static void run_merge(const merger *m, entry *tree, int size, int32_t *sources, int32_t *rows, int64_t *order,
-                      const int64_t *bases) {
+static void run_merge(const merger *m, entry *tree, int size, int32_t *sources, int32_t *rows) {
     int k = m->k;
     for (int i = 0; i < size; i++) {
         if (i < k) {
@@ -236,7 +232,6 @@ static void run_merge(const merger *m, entry *tree, int size, int32_t *sources, 
         run_state *r = &m->runs[w];
         sources[out] = (int32_t)w;
         rows[out] = (int32_t)r->pos;
-        order[out] = bases[w] + r->pos;
         out++;
         r->pos++;
         entry v = head_of(m, w);
@@ -299,12 +294,11 @@ static PyObject *py_merge(PyObject *self, PyObject *args) {
     }
     run_state *runs = PyMem_Calloc((size_t)k, sizeof(run_state));
     Py_buffer *views = PyMem_Calloc((size_t)(k * slots), sizeof(Py_buffer));
-    int64_t *bases = PyMem_Calloc((size_t)k, sizeof(int64_t));
     Py_ssize_t got = 0; /* views acquired */
-    PyObject *result = NULL, *src_obj = NULL, *ord_obj = NULL;
+    PyObject *result = NULL, *src_obj = NULL;
     entry *tree = NULL;
     PyObject *rows_obj = NULL;
-    if (!runs || !views || !bases) {
+    if (!runs || !views) {
         PyErr_NoMemory();
         goto done;
     }
@@ -370,7 +364,6 @@ static PyObject *py_merge(PyObject *self, PyObject *args) {
             goto done;
         }
         runs[r].n = n;
-        bases[r] = total;
         total += n;
         if (n > 0)
             runs[r].head = norm(&runs[r].cols[0], 0);
@@ -385,8 +378,7 @@ static PyObject *py_merge(PyObject *self, PyObject *args) {
     }
     src_obj = PyBytes_FromStringAndSize(NULL, total * 4);
     rows_obj = PyBytes_FromStringAndSize(NULL, total * 4);
-    ord_obj = PyBytes_FromStringAndSize(NULL, total * 8);
-    if (!src_obj || !rows_obj || !ord_obj)
+    if (!src_obj || !rows_obj)
         goto done;
     merger m = {runs, (int)nkeys, is_string(kinds[0]) ? 0 : 1, nkeys > 1 || is_string(kinds[0]), (int)k};
     if (!m.full) {
@@ -408,19 +400,17 @@ static PyObject *py_merge(PyObject *self, PyObject *args) {
     }
     int32_t *sources = (int32_t *)PyBytes_AS_STRING(src_obj);
     int32_t *rows_out = (int32_t *)PyBytes_AS_STRING(rows_obj);
-    int64_t *order = (int64_t *)PyBytes_AS_STRING(ord_obj);
     if (total >= GIL_THRESHOLD) {
         Py_BEGIN_ALLOW_THREADS
-        (m.full ? run_merge : run_merge_numeric)(&m, tree, size, sources, rows_out, order, bases);
+        (m.full ? run_merge : run_merge_numeric)(&m, tree, size, sources, rows_out);
         Py_END_ALLOW_THREADS
     } else {
-        (m.full ? run_merge : run_merge_numeric)(&m, tree, size, sources, rows_out, order, bases);
+        (m.full ? run_merge : run_merge_numeric)(&m, tree, size, sources, rows_out);
     }
-    result = PyTuple_Pack(3, src_obj, rows_obj, ord_obj);
+    result = PyTuple_Pack(2, src_obj, rows_obj);
 done:
     Py_XDECREF(src_obj);
     Py_XDECREF(rows_obj);
-    Py_XDECREF(ord_obj);
     for (Py_ssize_t i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
     if (runs)
@@ -428,7 +418,6 @@ done:
             PyMem_Free(runs[r].owned);
     PyMem_Free(views);
     PyMem_Free(runs);
-    PyMem_Free(bases);
     PyMem_Free(tree);
     return result;
 }
@@ -664,8 +653,8 @@ done:
 
 static PyMethodDef module_methods[] = {
     {"merge", py_merge, METH_VARARGS,
-     "merge(kinds, runs) -> (sources, rows, order): the merged order of sorted runs (int32 run and row in "
-     "it per merged row, int64 index in the runs laid end to end)."},
+     "merge(kinds, runs) -> (sources, rows): the merged order of sorted runs (int32 run and row in it per "
+     "merged row)."},
     {"gather_fixed", py_gather_fixed, METH_VARARGS,
      "gather_fixed(width, runs, sources, rows) -> bytes: fixed-width values of the runs in merged order."},
     {"gather_binary", py_gather_binary, METH_VARARGS,

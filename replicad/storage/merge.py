@@ -51,7 +51,7 @@ from replicad.errors import CorruptedDataError
 from replicad.sql.expressions import Expr, compile_expression, compile_key
 from replicad.sql.expressions_ast import Function, Literal
 from replicad.sql.partition import PartitionKey
-from replicad.storage.merge_runs import merge_runs, reference_order
+from replicad.storage.merge_runs import MergedOrder, merge_runs, reference_order
 from replicad.storage.part import PartDirectory
 from replicad.storage.read_ahead import ahead
 from replicad.storage.reader import PartReader
@@ -516,13 +516,13 @@ def _concat_key(e: Expr, pieces: list[pa.Array], table: pa.Table, keys: TableKey
 
 
 def _merged_key(e: Expr, pieces: list[pa.Array], merged: pa.Table, keys: TableKeys,
-                order: pa.Array) -> pa.Array:
+                order: MergedOrder) -> pa.Array:
     """A sorting-key array in merged order from the runs' key ``pieces``: a plain column's is the merged
     column; an expression's is taken from the concatenated pieces."""
     plain = _plain_key(e, merged, keys, pieces[0].type)
     if plain is not None:
         return plain
-    return pa.concat_arrays([c for p in pieces for c in _chunks(p)]).take(order)
+    return pa.concat_arrays([c for p in pieces for c in _chunks(p)]).take(order.indices)
 
 
 def _plain_key(e: Expr, merged: pa.Table, keys: TableKeys, key_type: pa.DataType) -> pa.Array | None:

@@ -15,6 +15,7 @@ are concatenated and taken by the merged order.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -81,11 +82,28 @@ def _fixed_width(t: pa.DataType) -> int | None:
     return None
 
 
-def merged_order(runs: Sequence[Sequence[pa.Array | pa.ChunkedArray]]
-                 ) -> tuple[bytes, bytes, npt.NDArray[np.int64]] | None:
-    """The merged order of ``runs`` (per run, its sorting-key arrays, each run sorted): per merged row the
-    run it comes from and its row there (int32 buffers), and its index in the runs laid end to end.  None
-    when a key is not of a kind the C merge compares (or holds NULLs)."""
+class MergedOrder:
+    """The merged order of a round's runs: per merged row the run it comes from and its row there (int32
+    buffers, as ``_kmerge`` takes them); :attr:`indices` (made when asked for) in the runs laid end to end."""
+
+    def __init__(self, sources: bytes, rows: bytes, lengths: Sequence[int]) -> None:
+        self.sources = sources
+        self.rows = rows
+        self.lengths = list(lengths)
+
+    def __len__(self) -> int:
+        return len(self.sources) // 4
+
+    @cached_property
+    def indices(self) -> pa.Array:
+        bases = np.cumsum([0, *self.lengths[:-1]], dtype=np.int64)
+        out = bases[np.frombuffer(self.sources, np.int32)] + np.frombuffer(self.rows, np.int32)
+        return pa.array(out, pa.int64())
+
+
+def merged_order(runs: Sequence[Sequence[pa.Array | pa.ChunkedArray]]) -> MergedOrder | None:
+    """The merged order of ``runs`` (per run, its sorting-key arrays, each run sorted).  None when a key is
+    not of a kind the C merge compares (or holds NULLs)."""
     if not runs or not runs[0]:
         return None
     kinds = ""
@@ -95,7 +113,9 @@ def merged_order(runs: Sequence[Sequence[pa.Array | pa.ChunkedArray]]
             return None
         kinds += kind
     args: list[tuple[object, ...]] = []
+    lengths: list[int] = []
     for keys in runs:
+        lengths.append(len(keys[0]))
         parts: list[object] = []
         for kind, key in zip(kinds, keys, strict=True):
             arr = _single(key)
@@ -106,14 +126,15 @@ def merged_order(runs: Sequence[Sequence[pa.Array | pa.ChunkedArray]]
             else:
                 parts.append(_values(arr, arr.type.bit_width // 8))
         args.append(tuple(parts))
-    sources, rows, order = _kmerge.merge(kinds, args)
-    return sources, rows, np.frombuffer(order, np.int64)
+    sources, rows = _kmerge.merge(kinds, args)
+    return MergedOrder(sources, rows, lengths)
 
 
-def _gather(column: list[pa.Array], sources: bytes, rows: bytes, order: pa.Array) -> pa.Array:
+def _gather(column: list[pa.Array], order: MergedOrder) -> pa.Array:
     """One column of the merged batch: its rows taken from the runs' pieces in merged order."""
     t = column[0].type
     n = len(order)
+    sources, rows = order.sources, order.rows
     if not any(a.null_count for a in column):
         width = _fixed_width(t)
         if width is not None:
@@ -123,22 +144,18 @@ def _gather(column: list[pa.Array], sources: bytes, rows: bytes, order: pa.Array
             offsets, data = _kmerge.gather_binary([_strings(a) for a in column], sources, rows)
             return pa.Array.from_buffers(t, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     whole = pa.concat_arrays(column)
-    return take_rows(pa.table({"c": whole}), order).column(0).chunk(0)
+    return take_rows(pa.table({"c": whole}), order.indices).column(0).chunk(0)
 
 
 def merge_runs(tables: Sequence[pa.Table], keys: Sequence[Sequence[pa.Array | pa.ChunkedArray]]
-               ) -> tuple[pa.Table, pa.Array] | None:
+               ) -> tuple[pa.Table, MergedOrder] | None:
     """``tables`` (the runs' rows, one schema) merged into one table in key order (``keys``: per run its
-    sorting-key arrays), and the merged order (indices into the runs laid end to end).  None when
-    :func:`merged_order` cannot compare the keys."""
-    merged = merged_order(keys)
-    if merged is None:
+    sorting-key arrays), and their merged order.  None when :func:`merged_order` cannot compare the keys."""
+    order = merged_order(keys)
+    if order is None:
         return None
-    sources, rows, order_np = merged
-    order = pa.Array.from_buffers(pa.int64(), len(order_np), [None, pa.py_buffer(order_np)])
     schema = tables[0].schema
-    columns = [_gather([_single(t.column(i)) for t in tables], sources, rows, order)
-               for i in range(len(schema))]
+    columns = [_gather([_single(t.column(i)) for t in tables], order) for i in range(len(schema))]
     return pa.Table.from_arrays(columns, schema=schema), order
 
 
