@@ -452,21 +452,31 @@ static int get_order(PyObject *src_obj, PyObject *rows_obj, Py_buffer *sb, Py_bu
     return 0;
 }
 
-static void gather_fixed(int width, const uint8_t **bufs, const int32_t *sources, const int32_t *rows,
-                         Py_ssize_t n, uint8_t *out) {
+/* Returns -1, or the first merged row naming a run or row that does not exist (nothing past it written). */
+static Py_ssize_t gather_fixed(int width, Py_ssize_t k, const uint8_t **bufs, const Py_ssize_t *counts,
+                               const int32_t *sources, const int32_t *rows, Py_ssize_t n, uint8_t *out) {
 #define GATHER(T)                                                                                       \
-    for (Py_ssize_t i = 0; i < n; i++)                                                                  \
-        memcpy(out + i * sizeof(T), bufs[sources[i]] + (size_t)rows[i] * sizeof(T), sizeof(T));
+    for (Py_ssize_t i = 0; i < n; i++) {                                                                \
+        int32_t s = sources[i], r = rows[i];                                                            \
+        if ((uint32_t)s >= (uint64_t)k || r < 0 || r >= counts[s])                                      \
+            return i;                                                                                   \
+        memcpy(out + i * sizeof(T), bufs[s] + (size_t)r * sizeof(T), sizeof(T));                        \
+    }
     switch (width) {
     case 1: GATHER(uint8_t) break;
     case 2: GATHER(uint16_t) break;
     case 4: GATHER(uint32_t) break;
     case 8: GATHER(uint64_t) break;
     default:
-        for (Py_ssize_t i = 0; i < n; i++)
-            memcpy(out + i * width, bufs[sources[i]] + (size_t)rows[i] * width, (size_t)width);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int32_t s = sources[i], r = rows[i];
+            if ((uint32_t)s >= (uint64_t)k || r < 0 || r >= counts[s])
+                return i;
+            memcpy(out + i * width, bufs[s] + (size_t)r * width, (size_t)width);
+        }
     }
 #undef GATHER
+    return -1;
 }
 
 static PyObject *py_gather_fixed(PyObject *self, PyObject *args) {
@@ -506,18 +516,21 @@ static PyObject *py_gather_fixed(PyObject *self, PyObject *args) {
     }
     Py_ssize_t n = sb.len / 4;
     const int32_t *sources = sb.buf, *rows = rb.buf;
-    if (check_rows(sources, rows, n, k, counts) < 0)
-        goto done;
     result = PyBytes_FromStringAndSize(NULL, n * width);
     if (!result)
         goto done;
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    Py_ssize_t bad;
     if (n >= GIL_THRESHOLD) {
         Py_BEGIN_ALLOW_THREADS
-        gather_fixed(width, bufs, sources, rows, n, out);
+        bad = gather_fixed(width, k, bufs, counts, sources, rows, n, out);
         Py_END_ALLOW_THREADS
     } else {
-        gather_fixed(width, bufs, sources, rows, n, out);
+        bad = gather_fixed(width, k, bufs, counts, sources, rows, n, out);
+    }
+    if (bad >= 0) {
+        check_rows(sources, rows, n, k, counts); /* sets the error */
+        Py_CLEAR(result);
     }
 done:
     for (Py_ssize_t i = 0; i < got; i++)
@@ -530,11 +543,16 @@ done:
     return result;
 }
 
-static int64_t binary_total(const key_col *cols, const int32_t *sources, const int32_t *rows, Py_ssize_t n) {
+/* The bytes of the merged rows' values, or -1 when a merged row names a run or row that does not exist. */
+static int64_t binary_total(Py_ssize_t k, const key_col *cols, const Py_ssize_t *counts, const int32_t *sources,
+                            const int32_t *rows, Py_ssize_t n) {
     int64_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        const key_col *c = &cols[sources[i]];
-        total += str_offset(c, rows[i] + 1) - str_offset(c, rows[i]);
+        int32_t s = sources[i], r = rows[i];
+        if ((uint32_t)s >= (uint64_t)k || r < 0 || r >= counts[s])
+            return -1;
+        const key_col *c = &cols[s];
+        total += str_offset(c, r + 1) - str_offset(c, r);
     }
     return total;
 }
@@ -616,11 +634,13 @@ static PyObject *py_gather_binary(PyObject *self, PyObject *args) {
     }
     Py_ssize_t n = sb.len / 4;
     const int32_t *sources = sb.buf, *rows = rb.buf;
-    if (check_rows(sources, rows, n, k, counts) < 0)
-        goto done;
     if (w == 0)
         w = 4;
-    int64_t total = binary_total(cols, sources, rows, n);
+    int64_t total = binary_total(k, cols, counts, sources, rows, n);
+    if (total < 0) {
+        check_rows(sources, rows, n, k, counts); /* sets the error */
+        goto done;
+    }
     if (w == 4 && total > INT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "gathered data too large for int32 offsets");
         goto done;
