@@ -213,6 +213,40 @@ static void run_merge_numeric(const merger *m, entry *tree, int size, int32_t *s
     }
 }
 
+/* run_merge_numeric when every value minus the smallest, shifted left by ``bits``, fits in 64 bits with
+ * the run number in the low ``bits`` (run numbers below 2**bits - 1): a head is one number, ordered as
+ * (value, run), and the tree compares numbers; UINT64_MAX marks an exhausted run. */
+static void run_merge_packed(const merger *m, uint64_t *tree, int size, int32_t *sources, int32_t *rows,
+                             uint64_t lo, int bits) {
+    int k = m->k;
+    run_state *runs = m->runs;
+    uint64_t mask = ((uint64_t)1 << bits) - 1;
+    for (int i = 0; i < size; i++)
+        tree[size + i] = i < k && runs[i].n > 0 ? ((runs[i].normalized[0] - lo) << bits) | (uint64_t)i
+                                                : UINT64_MAX;
+    for (int i = size - 1; i >= 1; i--)
+        tree[i] = tree[2 * i] < tree[2 * i + 1] ? tree[2 * i] : tree[2 * i + 1];
+    Py_ssize_t out = 0;
+    while (tree[1] != UINT64_MAX) {
+        int w = (int)(tree[1] & mask);
+        run_state *r = &runs[w];
+        Py_ssize_t pos = r->pos;
+        sources[out] = w;
+        rows[out] = (int32_t)pos;
+        out++;
+        r->pos = ++pos;
+        uint64_t v = pos < r->n ? ((r->normalized[pos] - lo) << bits) | (uint64_t)w : UINT64_MAX;
+        int i = size + w;
+        tree[i] = v;
+        while (i > 1) {
+            uint64_t sib = tree[i ^ 1];
+            v = sib < v ? sib : v;
+            i >>= 1;
+            tree[i] = v;
+        }
+    }
+}
+
 /* A winner tree over the runs' heads: node i holds the first of its two children (leaves: size + run). */
 static void run_merge(const merger *m, entry *tree, int size, int32_t *sources, int32_t *rows) {
     int k = m->k;
@@ -400,12 +434,33 @@ static PyObject *py_merge(PyObject *self, PyObject *args) {
     }
     int32_t *sources = (int32_t *)PyBytes_AS_STRING(src_obj);
     int32_t *rows_out = (int32_t *)PyBytes_AS_STRING(rows_obj);
+    /* one numeric key whose range leaves room for the run number: packed heads */
+    int bits = 1;
+    while (((Py_ssize_t)1 << bits) - 1 <= k)
+        bits++;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    if (!m.full) {
+        for (Py_ssize_t r = 0; r < k; r++) {
+            if (runs[r].n == 0)
+                continue;
+            uint64_t first = runs[r].normalized[0], last = runs[r].normalized[runs[r].n - 1];
+            lo = first < lo ? first : lo;
+            hi = last > hi ? last : hi;
+        }
+    }
+    int packed = !m.full && bits < 64 && (lo > hi || ((hi - lo) >> (64 - bits)) == 0);
     if (total >= GIL_THRESHOLD) {
         Py_BEGIN_ALLOW_THREADS
-        (m.full ? run_merge : run_merge_numeric)(&m, tree, size, sources, rows_out);
+        if (packed)
+            run_merge_packed(&m, (uint64_t *)tree, size, sources, rows_out, lo, bits);
+        else
+            (m.full ? run_merge : run_merge_numeric)(&m, tree, size, sources, rows_out);
         Py_END_ALLOW_THREADS
     } else {
-        (m.full ? run_merge : run_merge_numeric)(&m, tree, size, sources, rows_out);
+        if (packed)
+            run_merge_packed(&m, (uint64_t *)tree, size, sources, rows_out, lo, bits);
+        else
+            (m.full ? run_merge : run_merge_numeric)(&m, tree, size, sources, rows_out);
     }
     result = PyTuple_Pack(2, src_obj, rows_obj);
 done:
