@@ -20,7 +20,7 @@
  *   gather_binary(runs, sources, rows) -> (offsets: bytes, data: bytes)
  *       runs: one (offsets, data) pair per run (n + 1 offsets into data, int32 or int64, all runs
  *       alike); returns the values in merged order as Arrow offsets (starting at 0, the runs' offset
- *       width) and data (with 32 bytes to spare after the last value).
+ *       width) and data (sized for every row of every run, and 32 bytes more).
  * All raise ValueError for inconsistent input (sizes, offsets out of order or outside the data, a run
  * asked for more rows than it has) and never read outside the given buffers.  The GIL is released while
  * working on large inputs.
@@ -598,30 +598,24 @@ done:
     return result;
 }
 
-/* The bytes of the merged rows' values, or -1 when a merged row names a run or row that does not exist. */
-static int64_t binary_total(Py_ssize_t k, const key_col *cols, const Py_ssize_t *counts, const int32_t *sources,
-                            const int32_t *rows, Py_ssize_t n) {
-    int64_t total = 0;
+/* out_data has room for ``capacity`` bytes of values and SLACK bytes more: a short value is copied as
+ * SLACK bytes at once (when as many are readable at its start), the next value overwriting the excess.
+ * Returns the bytes written, -1 - i when merged row i names a run or row that does not exist, or
+ * -1 - n when the values need more than ``capacity`` bytes (nothing is written past it). */
+#define SLACK 32
+
+static int64_t gather_binary(int w, Py_ssize_t k, const key_col *cols, const Py_ssize_t *counts,
+                             const int32_t *sources, const int32_t *rows, Py_ssize_t n, uint8_t *out_off,
+                             uint8_t *out_data, int64_t capacity) {
+    int64_t pos = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int32_t s = sources[i], r = rows[i];
         if ((uint32_t)s >= (uint64_t)k || r < 0 || r >= counts[s])
-            return -1;
+            return -1 - i;
         const key_col *c = &cols[s];
-        total += str_offset(c, r + 1) - str_offset(c, r);
-    }
-    return total;
-}
-
-/* out_data has SLACK bytes more than the values need: a short value is copied as SLACK bytes at once
- * (when as many are readable at its start), the next value overwriting the excess. */
-#define SLACK 32
-
-static void gather_binary(int w, const key_col *cols, const int32_t *sources, const int32_t *rows,
-                          Py_ssize_t n, uint8_t *out_off, uint8_t *out_data) {
-    int64_t pos = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const key_col *c = &cols[sources[i]];
-        int64_t a = str_offset(c, rows[i]), b = str_offset(c, rows[i] + 1);
+        int64_t a = str_offset(c, r), b = str_offset(c, r + 1);
+        if (b - a > capacity - pos)
+            return -1 - n;
         if (w == 4)
             ((int32_t *)out_off)[i] = (int32_t)pos;
         else
@@ -636,6 +630,7 @@ static void gather_binary(int w, const key_col *cols, const int32_t *sources, co
         ((int32_t *)out_off)[n] = (int32_t)pos;
     else
         ((int64_t *)out_off)[n] = pos;
+    return pos;
 }
 
 static PyObject *py_gather_binary(PyObject *self, PyObject *args) {
@@ -691,11 +686,10 @@ static PyObject *py_gather_binary(PyObject *self, PyObject *args) {
     const int32_t *sources = sb.buf, *rows = rb.buf;
     if (w == 0)
         w = 4;
-    int64_t total = binary_total(k, cols, counts, sources, rows, n);
-    if (total < 0) {
-        check_rows(sources, rows, n, k, counts); /* sets the error */
-        goto done;
-    }
+    /* room for every row of every run (a merge round takes them all, each once) */
+    int64_t total = 0;
+    for (Py_ssize_t r = 0; r < k; r++)
+        total += str_offset(&cols[r], counts[r]) - str_offset(&cols[r], 0);
     if (w == 4 && total > INT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "gathered data too large for int32 offsets");
         goto done;
@@ -705,12 +699,21 @@ static PyObject *py_gather_binary(PyObject *self, PyObject *args) {
     if (!off_obj || !data_obj)
         goto done;
     uint8_t *oo = (uint8_t *)PyBytes_AS_STRING(off_obj), *od = (uint8_t *)PyBytes_AS_STRING(data_obj);
+    int64_t written;
     if (n >= GIL_THRESHOLD) {
         Py_BEGIN_ALLOW_THREADS
-        gather_binary(w, cols, sources, rows, n, oo, od);
+        written = gather_binary(w, k, cols, counts, sources, rows, n, oo, od, total);
         Py_END_ALLOW_THREADS
     } else {
-        gather_binary(w, cols, sources, rows, n, oo, od);
+        written = gather_binary(w, k, cols, counts, sources, rows, n, oo, od, total);
+    }
+    if (written == -1 - n) {
+        PyErr_SetString(PyExc_ValueError, "merged rows name some run's rows more than once");
+        goto done;
+    }
+    if (written < 0) {
+        check_rows(sources, rows, n, k, counts); /* sets the error */
+        goto done;
     }
     result = PyTuple_Pack(2, off_obj, data_obj);
 done:

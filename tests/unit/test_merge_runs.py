@@ -167,3 +167,14 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError):  # offsets of different widths
         _kmerge.gather_binary([(np.array([0, 1], np.int32), b"a"), (np.array([0, 1], np.int64), b"b")],
                               np.zeros(1, np.int32).tobytes(), np.zeros(1, np.int32).tobytes())
+
+
+def test_gathering_a_row_twice_is_refused() -> None:
+    offsets, data = np.array([0, 3, 5], np.int32), b"abcde"
+    with pytest.raises(ValueError):
+        _kmerge.gather_binary([(offsets, data)], np.zeros(3, np.int32).tobytes(),
+                              np.array([0, 0, 1], np.int32).tobytes())
+    got_offsets, got_data = _kmerge.gather_binary([(offsets, data)], np.zeros(2, np.int32).tobytes(),
+                                                  np.array([1, 0], np.int32).tobytes())
+    assert np.frombuffer(got_offsets, np.int32).tolist() == [0, 2, 5]
+    assert got_data[:5] == b"deabc"
