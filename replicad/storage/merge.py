@@ -8,9 +8,11 @@
    of an earlier pending row of source ``m``, which then gives only the rows up to it;
 2. cuts every source's pending rows at the frontier by binary search on its (sorted) keys — rows ``<= F``
    from sources numbered below ``m``, everything pending from ``m``, rows ``< F`` from the others;
-3. concatenates the cut prefixes in source order and sorts them by the sorting key with a *stable*
-   sort, so equal keys keep source order and, inside a source, row order — exactly the order of
-   ClickHouse's ``MergingSortedBlockInputStream`` (ties go to the lower source number);
+3. merges the cut prefixes (the runs) by the sorting key, equal keys in source order and, inside a
+   source, in row order — exactly the order of ClickHouse's ``MergingSortedBlockInputStream`` (ties go to
+   the lower source number): in C for keys of numbers and strings, every column gathered straight from
+   the runs (:mod:`replicad.storage.merge_runs`); for other keys (NULLs, Decimal, FixedString ...) by a
+   stable sort of the runs concatenated in source order;
 4. hands the rows to :class:`~replicad.storage.writer.PartWriter`, whose output does not depend on
    where the batches are cut.
 
@@ -32,9 +34,7 @@ FixedString/UUID bytes compared unsigned byte-wise.
 
 from __future__ import annotations
 
-import math
 import os
-from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -42,7 +42,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
 import pyarrow as pa
 
 from replicad.datatypes import DataType
@@ -51,6 +50,7 @@ from replicad.errors import CorruptedDataError
 from replicad.sql.expressions import Expr, compile_expression, compile_key
 from replicad.sql.expressions_ast import Function, Literal
 from replicad.sql.partition import PartitionKey
+from replicad.storage.merge_cuts import Key, cut, key_at
 from replicad.storage.merge_runs import MergedOrder, merge_runs, reference_order
 from replicad.storage.part import PartDirectory
 from replicad.storage.read_ahead import ahead
@@ -257,58 +257,6 @@ class TableKeys:
         return out
 
 
-# ---- sort keys as Python values (only the few rows a round looks at) ---------------------------------
-
-
-def _sortable(v: object) -> tuple[int, object]:
-    """ClickHouse order: values, then NaN, then NULL."""
-    if v is None:
-        return (2, 0)
-    if isinstance(v, float) and math.isnan(v):
-        return (1, 0)
-    return (0, v)
-
-
-_Key = tuple[tuple[int, object], ...]
-
-
-class _KeyView:
-    """The sort keys of a source's pending rows, row by row, for :mod:`bisect`."""
-
-    def __init__(self, keys: Sequence[pa.Array]) -> None:
-        self.keys = keys
-
-    def __len__(self) -> int:
-        return len(self.keys[0]) if self.keys else 0
-
-    def __getitem__(self, i: int) -> _Key:
-        return tuple(_sortable(k[i].as_py()) for k in self.keys)
-
-
-def _numeric_cut(key: pa.Array | pa.ChunkedArray, frontier: tuple[int, object],
-                 inclusive: bool) -> int | None:
-    """:meth:`_Source.cut` of one integer or float key column without NULLs, by numpy's binary search (it
-    orders NaN last, and -0.0 with 0.0, as ClickHouse does); None for other keys."""
-    t = key.type
-    if key.null_count or not (pa.types.is_integer(t) or pa.types.is_floating(t)):
-        return None
-    kind, value = frontier
-    if kind == 1:
-        value = math.nan
-    elif kind != 0 or not isinstance(value, int | float):
-        return None
-    chunks = key.chunks if isinstance(key, pa.ChunkedArray) else [key]
-    # the key is sorted: the rows before the frontier are those before it in each chunk
-    v: int | float = value
-    n = 0
-    for c in chunks:
-        if len(c):
-            values = c.to_numpy()
-            x = values.dtype.type(v)  # of the array's type: with a Python int numpy converted the array
-            n += int(np.searchsorted(values, x, side="right") if inclusive else np.searchsorted(values, x))
-    return n
-
-
 class _Source:
     """One source part: its batches, and the pending (not yet merged) rows of the current batch.
 
@@ -374,20 +322,15 @@ class _Source:
             self.sort_keys = []
         return self.pending > 0
 
-    def last_key(self) -> _Key:
+    def last_key(self) -> Key:
         return self.key_at(self.pending - 1)
 
-    def key_at(self, i: int) -> _Key:
-        return _KeyView(self.sort_keys)[i]
+    def key_at(self, i: int) -> Key:
+        return key_at(self.sort_keys, i)
 
-    def cut(self, frontier: _Key, inclusive: bool) -> int:
+    def cut(self, frontier: Key, inclusive: bool) -> int:
         """Pending rows before ``frontier`` (``inclusive``: rows equal to it too)."""
-        if len(self.sort_keys) == 1:
-            fast = _numeric_cut(self.sort_keys[0], frontier[0], inclusive)
-            if fast is not None:
-                return fast
-        view = _KeyView(self.sort_keys)
-        return (bisect_right if inclusive else bisect_left)(view, frontier)
+        return cut(self.sort_keys, frontier, inclusive)
 
     def take(self, n: int) -> tuple[pa.Table, list[pa.Array]]:
         assert self.table is not None
@@ -483,7 +426,7 @@ def _chunks(a: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
     return list(a.chunks) if isinstance(a, pa.ChunkedArray) else [a]
 
 
-def _cuts(active: Sequence[_Source], frontier: _Key, m: int, pivot_rows: int) -> list[int]:
+def _cuts(active: Sequence[_Source], frontier: Key, m: int, pivot_rows: int) -> list[int]:
     """Rows each active source gives to a round ending at ``frontier`` (ties: sources below ``m`` first);
     the pivot source ``m`` gives ``pivot_rows``."""
     return [pivot_rows if s.index == m else s.cut(frontier, inclusive=s.index < m) for s in active]
