@@ -48,7 +48,8 @@ setup(
         ),
         Extension(
             "replicad.native._kmerge",
-            sources=["replicad/native/kmerge.c"],
+            sources=["replicad/native/kmerge.c", "replicad/native/kgather.c"],
+            depends=["replicad/native/kruns.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(
