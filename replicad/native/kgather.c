@@ -63,9 +63,9 @@ static Py_ssize_t gather_fixed(int width, Py_ssize_t k, const uint8_t **bufs, co
 
 PyObject *py_gather_fixed(PyObject *self, PyObject *args) {
     int width;
-    PyObject *runs_obj, *src_obj, *rows_obj;
+    PyObject *runs_obj, *src_obj, *rows_obj, *out_obj = NULL;
     (void)self;
-    if (!PyArg_ParseTuple(args, "iO!OO", &width, &PyList_Type, &runs_obj, &src_obj, &rows_obj))
+    if (!PyArg_ParseTuple(args, "iO!OO|O", &width, &PyList_Type, &runs_obj, &src_obj, &rows_obj, &out_obj))
         return NULL;
     if (width <= 0) {
         PyErr_SetString(PyExc_ValueError, "width must be positive");
@@ -80,6 +80,8 @@ PyObject *py_gather_fixed(PyObject *self, PyObject *args) {
     Py_ssize_t *counts = PyMem_Calloc((size_t)k + 1, sizeof(Py_ssize_t));
     Py_ssize_t got = 0;
     PyObject *result = NULL;
+    Py_buffer ob = {0};
+    int have_out = 0;
     if (!views || !bufs || !counts) {
         PyErr_NoMemory();
         goto done;
@@ -98,10 +100,25 @@ PyObject *py_gather_fixed(PyObject *self, PyObject *args) {
     }
     Py_ssize_t n = sb.len / 4;
     const int32_t *sources = sb.buf, *rows = rb.buf;
-    result = PyBytes_FromStringAndSize(NULL, n * width);
-    if (!result)
-        goto done;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    uint8_t *out;
+    if (out_obj != NULL && out_obj != Py_None) {
+        if (PyObject_GetBuffer(out_obj, &ob, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        have_out = 1;
+        if (ob.len < n * width) {
+            PyErr_Format(PyExc_ValueError, "out holds %zd bytes, %zd needed", ob.len, n * width);
+            goto done;
+        }
+        result = PyLong_FromSsize_t(n * width);
+        if (!result)
+            goto done;
+        out = ob.buf;
+    } else {
+        result = PyBytes_FromStringAndSize(NULL, n * width);
+        if (!result)
+            goto done;
+        out = (uint8_t *)PyBytes_AS_STRING(result);
+    }
     Py_ssize_t bad;
     if (n >= GIL_THRESHOLD) {
         Py_BEGIN_ALLOW_THREADS
@@ -115,6 +132,8 @@ PyObject *py_gather_fixed(PyObject *self, PyObject *args) {
         Py_CLEAR(result);
     }
 done:
+    if (have_out)
+        PyBuffer_Release(&ob);
     for (Py_ssize_t i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
     PyBuffer_Release(&sb);
@@ -129,7 +148,6 @@ done:
  * SLACK bytes at once (when as many are readable at its start), the next value overwriting the excess.
  * Returns the bytes written, -1 - i when merged row i names a run or row that does not exist, or
  * -1 - n when the values need more than ``capacity`` bytes (nothing is written past it). */
-#define SLACK 32
 
 static int64_t gather_binary(int w, Py_ssize_t k, const key_col *cols, const Py_ssize_t *counts,
                              const int32_t *sources, const int32_t *rows, Py_ssize_t n, uint8_t *out_off,
@@ -163,8 +181,12 @@ static int64_t gather_binary(int w, Py_ssize_t k, const key_col *cols, const Py_
 PyObject *py_gather_binary(PyObject *self, PyObject *args) {
     PyObject *runs_obj, *src_obj, *rows_obj;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!OO", &PyList_Type, &runs_obj, &src_obj, &rows_obj))
+    PyObject *out_off_obj = NULL, *out_data_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O!OO|OO", &PyList_Type, &runs_obj, &src_obj, &rows_obj, &out_off_obj,
+                          &out_data_obj))
         return NULL;
+    Py_buffer oob = {0}, odb = {0};
+    int have_out = 0;
     Py_ssize_t k = PyList_GET_SIZE(runs_obj);
     Py_buffer sb, rb;
     if (get_order(src_obj, rows_obj, &sb, &rb) < 0)
@@ -221,11 +243,30 @@ PyObject *py_gather_binary(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_OverflowError, "gathered data too large for int32 offsets");
         goto done;
     }
-    off_obj = PyBytes_FromStringAndSize(NULL, (n + 1) * w);
-    data_obj = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total + SLACK);
-    if (!off_obj || !data_obj)
-        goto done;
-    uint8_t *oo = (uint8_t *)PyBytes_AS_STRING(off_obj), *od = (uint8_t *)PyBytes_AS_STRING(data_obj);
+    uint8_t *oo, *od;
+    if (out_off_obj != NULL && out_data_obj != NULL) {
+        if (PyObject_GetBuffer(out_off_obj, &oob, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        if (PyObject_GetBuffer(out_data_obj, &odb, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            PyBuffer_Release(&oob);
+            goto done;
+        }
+        have_out = 1;
+        if (oob.len < (n + 1) * w || odb.len < (Py_ssize_t)total + SLACK) {
+            PyErr_Format(PyExc_ValueError, "out buffers hold %zd and %zd bytes, %zd and %zd needed", oob.len,
+                         odb.len, (n + 1) * w, (Py_ssize_t)total + SLACK);
+            goto done;
+        }
+        oo = oob.buf;
+        od = odb.buf;
+    } else {
+        off_obj = PyBytes_FromStringAndSize(NULL, (n + 1) * w);
+        data_obj = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total + SLACK);
+        if (!off_obj || !data_obj)
+            goto done;
+        oo = (uint8_t *)PyBytes_AS_STRING(off_obj);
+        od = (uint8_t *)PyBytes_AS_STRING(data_obj);
+    }
     int64_t written;
     if (n >= GIL_THRESHOLD) {
         Py_BEGIN_ALLOW_THREADS
@@ -242,8 +283,12 @@ PyObject *py_gather_binary(PyObject *self, PyObject *args) {
         check_rows(sources, rows, n, k, counts); /* sets the error */
         goto done;
     }
-    result = PyTuple_Pack(2, off_obj, data_obj);
+    result = have_out ? PyLong_FromLongLong(written) : PyTuple_Pack(2, off_obj, data_obj);
 done:
+    if (have_out) {
+        PyBuffer_Release(&oob);
+        PyBuffer_Release(&odb);
+    }
     Py_XDECREF(off_obj);
     Py_XDECREF(data_obj);
     for (Py_ssize_t i = 0; i < got; i++)

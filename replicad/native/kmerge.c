@@ -14,10 +14,11 @@
  *       run, with per key column one buffer of the run's values (numbers), or two buffers (strings: the
  *       run's n + 1 offsets into the data buffer, then the data).  sources holds, per merged row, the
  *       run it comes from (int32), rows its row in that run (int32).
- *   gather_fixed(width, runs, sources, rows) -> bytes
+ *   gather_fixed(width, runs, sources, rows[, out]) -> bytes (or, into out, the bytes written)
  *       runs: one buffer per run of fixed-width values (width bytes each); returns the values in merged
  *       order: row i is row rows[i] of run sources[i].
- *   gather_binary(runs, sources, rows) -> (offsets: bytes, data: bytes)
+ *   gather_binary(runs, sources, rows[, out_offsets, out_data]) -> (offsets, data) (or the data bytes
+ *       written into the out buffers: out_data needs room for every row of every run and 32 bytes more)
  *       runs: one (offsets, data) pair per run (n + 1 offsets into data, int32 or int64, all runs
  *       alike); returns the values in merged order as Arrow offsets (starting at 0, the runs' offset
  *       width) and data (sized for every row of every run, and 32 bytes more).
@@ -456,5 +457,10 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__kmerge(void) {
-    return PyModule_Create(&module_def);
+    PyObject *m = PyModule_Create(&module_def);
+    if (m && PyModule_AddIntConstant(m, "SLACK", SLACK) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -11,6 +11,8 @@
 #include <string.h>
 
 #define GIL_THRESHOLD 16384
+/* bytes gather_binary's data buffer needs beyond the values: short values are copied SLACK bytes at once */
+#define SLACK 32
 
 typedef struct {
     char kind;

@@ -51,7 +51,7 @@ from replicad.sql.expressions import Expr, compile_expression, compile_key
 from replicad.sql.expressions_ast import Function, Literal
 from replicad.sql.partition import PartitionKey
 from replicad.storage.merge_cuts import Key, cut, key_at
-from replicad.storage.merge_runs import MergedOrder, merge_runs, reference_order
+from replicad.storage.merge_runs import BufferPool, MergedOrder, merge_runs, reference_order
 from replicad.storage.part import PartDirectory
 from replicad.storage.read_ahead import ahead
 from replicad.storage.reader import PartReader
@@ -381,6 +381,7 @@ def _merge(
             while s.fill():
                 yield s.take(s.pending)
         return
+    buffers = BufferPool()  # the gathered columns' buffers, used again round after round
     while True:
         active = [s for s in sources if s.fill(top_up=True)]
         if not active:
@@ -407,7 +408,7 @@ def _merge(
         if len(pieces) == 1:
             yield pieces[0]
             continue
-        done = merge_runs([t for t, _ in pieces], [k for _, k in pieces])
+        done = merge_runs([t for t, _ in pieces], [k for _, k in pieces], buffers)
         if done is not None:
             merged, order = done
             yield merged, [_merged_key(e, [k[i] for _, k in pieces], merged, keys, order)

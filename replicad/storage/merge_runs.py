@@ -14,6 +14,7 @@ are concatenated and taken by the merged order.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from functools import cached_property
 
@@ -130,7 +131,44 @@ def merged_order(runs: Sequence[Sequence[pa.Array | pa.ChunkedArray]]) -> Merged
     return MergedOrder(sources, rows, lengths)
 
 
-def _gather(column: list[pa.Array], order: MergedOrder) -> pa.Array:
+class BufferPool:
+    """Output buffers for gathered columns, used again once nothing refers to them any more.
+
+    A merge writes about its input's size in gathered columns, a round at a time; fresh buffers of that size
+    each round are fresh pages (a page fault each, and malloc's mmap / munmap for the big ones): 60% of
+    the page faults of the bench merge.  A buffer is handed out again only when the pool holds its only
+    reference (the arrays made from it, and any view of them a part writer still holds, refer to it); it is
+    handed out as a read-only view, so a stream writer holds views of it without copying them.
+    """
+
+    def __init__(self, keep: int = 48) -> None:
+        self._buffers: list[bytearray] = []
+        self._keep = keep
+
+    def get(self, size: int) -> memoryview:
+        """A writable view of ``size`` bytes (contents undefined)."""
+        buffers = self._buffers
+        free = [i for i in range(len(buffers)) if self._free(i)]
+        fits = [i for i in free if len(buffers[i]) >= size]
+        if fits:
+            return memoryview(buffers[min(fits, key=lambda i: len(buffers[i]))])[:size]
+        buf = bytearray(size + size // 4)  # some room: rounds differ in size
+        if len(buffers) >= self._keep and free:
+            del buffers[min(free, key=lambda i: len(buffers[i]))]
+        if len(buffers) < self._keep:
+            buffers.append(buf)
+        return memoryview(buf)[:size]
+
+    def _free(self, i: int) -> bool:
+        # referred to by the list and getrefcount's argument only
+        return sys.getrefcount(self._buffers[i]) == 2
+
+
+def _readonly(view: memoryview) -> pa.Buffer:
+    return pa.py_buffer(view.toreadonly())
+
+
+def _gather(column: list[pa.Array], order: MergedOrder, pool: BufferPool) -> pa.Array:
     """One column of the merged batch: its rows taken from the runs' pieces in merged order."""
     t = column[0].type
     n = len(order)
@@ -138,24 +176,32 @@ def _gather(column: list[pa.Array], order: MergedOrder) -> pa.Array:
     if not any(a.null_count for a in column):
         width = _fixed_width(t)
         if width is not None:
-            data = _kmerge.gather_fixed(width, [_values(a, width) for a in column], sources, rows)
-            return pa.Array.from_buffers(t, n, [None, pa.py_buffer(data)])
+            out = pool.get(n * width)
+            _kmerge.gather_fixed(width, [_values(a, width) for a in column], sources, rows, out)
+            return pa.Array.from_buffers(t, n, [None, _readonly(out)])
         if _kind(t) in ("s", "S"):
-            offsets, data = _kmerge.gather_binary([_strings(a) for a in column], sources, rows)
-            return pa.Array.from_buffers(t, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+            runs = [_strings(a) for a in column]
+            large = _kind(t) == "S"
+            size = sum(int(o[-1]) - int(o[0]) for o, _d in runs) + _kmerge.SLACK
+            offsets = pool.get((n + 1) * (8 if large else 4))
+            data = pool.get(size)
+            _kmerge.gather_binary(runs, sources, rows, offsets, data)
+            return pa.Array.from_buffers(t, n, [None, _readonly(offsets), _readonly(data)])
     whole = pa.concat_arrays(column)
     return take_rows(pa.table({"c": whole}), order.indices).column(0).chunk(0)
 
 
-def merge_runs(tables: Sequence[pa.Table], keys: Sequence[Sequence[pa.Array | pa.ChunkedArray]]
-               ) -> tuple[pa.Table, MergedOrder] | None:
+def merge_runs(tables: Sequence[pa.Table], keys: Sequence[Sequence[pa.Array | pa.ChunkedArray]],
+               pool: BufferPool | None = None) -> tuple[pa.Table, MergedOrder] | None:
     """``tables`` (the runs' rows, one schema) merged into one table in key order (``keys``: per run its
-    sorting-key arrays), and their merged order.  None when :func:`merged_order` cannot compare the keys."""
+    sorting-key arrays), and their merged order.  None when :func:`merged_order` cannot compare the keys.
+    The gathered columns' buffers come from ``pool`` (a merge's rounds share one)."""
     order = merged_order(keys)
     if order is None:
         return None
+    pool = pool or BufferPool()
     schema = tables[0].schema
-    columns = [_gather([_single(t.column(i)) for t in tables], order) for i in range(len(schema))]
+    columns = [_gather([_single(t.column(i)) for t in tables], order, pool) for i in range(len(schema))]
     return pa.Table.from_arrays(columns, schema=schema), order
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from replicad.datatypes.composite import take_rows
 from replicad.native import _kmerge
-from replicad.storage.merge_runs import merge_runs, merged_order, reference_order
+from replicad.storage.merge_runs import BufferPool, merge_runs, merged_order, reference_order
 
 _INT_TYPES = [pa.int8(), pa.uint8(), pa.int16(), pa.uint16(), pa.int32(), pa.uint32(), pa.int64(),
               pa.uint64()]
@@ -178,3 +178,41 @@ def test_gathering_a_row_twice_is_refused() -> None:
                                                   np.array([1, 0], np.int32).tobytes())
     assert np.frombuffer(got_offsets, np.int32).tolist() == [0, 2, 5]
     assert got_data[:5] == b"deabc"
+
+
+def test_buffer_pool_hands_out_only_buffers_nothing_refers_to() -> None:
+    pool = BufferPool()
+    first = pool.get(100)
+    first[:3] = b"abc"
+    held = pa.py_buffer(first.toreadonly())
+    del first
+    second = pool.get(100)  # the first is still referred to (by ``held``): another one
+    second[:3] = b"xyz"
+    assert held.to_pybytes()[:3] == b"abc"
+    view = memoryview(held)[:2]  # a view of the Arrow buffer, as a stream writer holds one
+    del held, second
+    third = pool.get(90)
+    third[:3] = b"123"
+    assert bytes(view) == b"ab"
+    del view, third
+    pool.get(10)[:3] = b"zzz"  # everything free again: buffers are reused, no new ones made
+    assert len(pool._buffers) == 2
+
+
+def test_rounds_sharing_a_pool_keep_earlier_rounds_intact() -> None:
+    pool = BufferPool()
+    rng = np.random.default_rng(5)
+    kept = []
+    for _ in range(30):
+        runs = [np.sort(rng.integers(0, 1000, int(rng.integers(1, 50)))).astype(np.uint64) for _ in range(3)]
+        tables = [pa.table({"k": r, "s": pa.array([str(v).encode() for v in r], pa.binary())}) for r in runs]
+        done = merge_runs(tables, [[t.column("k")] for t in tables], pool)
+        assert done is not None
+        merged, _order = done
+        want = sorted(v for r in runs for v in r.tolist())
+        assert merged.column("k").to_pylist() == want
+        if len(kept) < 10:
+            kept.append((merged, want))  # held: their buffers must not be handed out again
+    for merged, want in kept:
+        assert merged.column("k").to_pylist() == want
+        assert merged.column("s").to_pylist() == [str(v).encode() for v in want]
