@@ -419,6 +419,8 @@ def iter_file_blocks(f: BinaryIO, file_name: str = "") -> Iterator[tuple[int, by
 
 #: a write of at least this many whole blocks compresses them in parallel (the same blocks, in order)
 PARALLEL_MIN_BLOCKS = 4
+#: a stream writer keeps a view of what it was given (no copy) when the memory behind it is at most this big
+HOLD_MAX_BYTES = 2 * MAX_COMPRESS_BLOCK_SIZE
 
 
 @functools.cache
@@ -539,8 +541,12 @@ class CompressedStreamWriter:
             self._hold(mv[pos:])
 
     def _hold(self, mv: memoryview) -> None:
-        """Keep ``mv`` for the current block: the view itself when its memory cannot change, else a copy."""
-        self._pending.append(mv if mv.readonly else memoryview(mv.tobytes()))
+        """Keep ``mv`` for the current block: the view itself when its memory cannot change and is not much
+        bigger than a block (the view keeps all of it alive: a piece of a big insert's column is copied, as
+        the rest of that column is not kept for it), else a copy."""
+        if not mv.readonly or mv.obj is None or memoryview(mv.obj).nbytes > HOLD_MAX_BYTES:
+            mv = memoryview(mv.tobytes())
+        self._pending.append(mv)
         self._pending_size += len(mv)
 
     def flush_block(self) -> None:
