@@ -34,7 +34,6 @@ import pyarrow as pa
 
 from replicad.datatypes import DataType, parse_type
 from replicad.datatypes.composite import filter_rows
-from replicad.datatypes.numeric import FixedWidthType
 from replicad.errors import CorruptedDataError, MetadataMismatchError, UnsupportedPartFormatError
 from replicad.model.siphash import siphash128
 from replicad.native import _strings
@@ -480,11 +479,6 @@ class PartReader:
             if not pieces:
                 return dtype.defaults(0)
             return pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)
-        if isinstance(dtype, FixedWidthType) and dtype.substreams() == [""]:
-            # numbers are decoded from a view of the decompressed blocks (several LZ4 blocks are
-            # decompressed into one buffer; numpy reads a view as it reads bytes)
-            data = self._streams[stream_stem(name, "")].read_range_view(start, end)
-            return dtype.deserialize({"": data}, n)  # type: ignore[dict-item]
         bufs: dict[str, bytes] = {}
         for suffix in dtype.substreams():
             stream = self._streams[stream_stem(name, suffix)]
