@@ -493,7 +493,7 @@ def merge_parts(
     settings: WriterSettings | None = None,
     *,
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
-    prefetch: int = 1,
+    prefetch: int = 0,
     read_threads: int = 0,
     max_round_rows: int = MAX_ROUND_ROWS,
     writer_threads: int = 1,
@@ -507,10 +507,12 @@ def merge_parts(
     :func:`merged_batches`).  ``writer_threads`` replaces ``settings.threads`` (the writer's column pool).
     Blocking: run it in a worker thread.
 
-    By default a merge runs in two threads: one reads and merges, the caller's writes.  More (a read
-    pool, a column pool) did not make it faster on a 2-core machine but cost CPU time in hand-overs and
-    contention for the GIL (about 10%, tests on the 10 x 200k-row bench merge), and memory; merges run in
-    parallel with each other instead, as in 18.16's background pool.
+    By default a merge runs in the caller's thread alone, as a merge of 18.16 does.  A second thread
+    reading and merging ahead of the writer (``prefetch=1``) cost about 10% more CPU time in hand-overs
+    and contention for the GIL (the 10 x 200k-row bench merge in a fresh process, 8 alternating runs
+    each, load 4-6 on 2 cores: median 0.375 vs 0.337 CPU-s, and 0.374 vs 0.337 in another 8) and gave no
+    shorter wall time on the shared machine; more threads (a read pool, a column pool) cost more still.
+    Merges run in parallel with each other instead, as in 18.16's background pool.
     """
     if not source_dirs:
         raise ValueError("merge_parts needs at least one source part")
