@@ -48,6 +48,12 @@ setup(
             extra_compile_args=["-O3"],
         ),
         Extension(
+            "replicad.native._kmerge",
+            sources=["replicad/native/kmerge.c", "replicad/native/kgather.c"],
+            depends=["replicad/native/kruns.h"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
             "replicad.native._siphash",
             sources=["replicad/native/siphash.c"],
             extra_compile_args=["-O3"],

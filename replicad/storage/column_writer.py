@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from replicad.datatypes import DataType
@@ -22,6 +23,7 @@ from replicad.native import _strings
 from replicad.storage.checksums import Checksum
 from replicad.storage.compression import CompressedStreamWriter
 from replicad.storage.part import DATA_EXT, MARKS_EXT, create_file, stream_stem, write_all, write_file
+from replicad.storage.reader import fixed_width
 
 __all__ = ["BulkSerializer", "ColumnWriter", "Method", "WriterSettings", "combine_chunks", "is_serialized",
            "plain_checksum"]
@@ -127,7 +129,7 @@ class _Stream:
             out.flush_block()
         self._marks += _MARK.pack(out.compressed_offset, out.offset_in_block)
 
-    def append(self, data: bytes) -> None:
+    def append(self, data: BytesLike) -> None:
         self._out.write(data)
 
     def seal(self) -> Checksum:
@@ -235,6 +237,8 @@ class ColumnWriter:
             self._serialize = _serialized_rows
         if self.state is not None:
             self._append(self.state.prefix())
+        #: bytes per row of a fixed-width one-stream type (0: variable, or several streams)
+        self._width = (fixed_width(dtype.name) or 0) if not raw and dtype.substreams() == [""] else 0
         #: a plain String column (or a Nullable one): a permuted write encodes the rows in order straight
         #: from the input
         suffixes = [p for p, _ in self.pairs]
@@ -260,6 +264,15 @@ class ColumnWriter:
                     arr, segments, order):
                 return
             arr = arr.take(order)
+        whole = self._serialized_whole(arr)
+        if whole is not None:  # one serialization of the batch, cut at the segments' byte offsets
+            data, starts = whole
+            ((_, stream),) = self.pairs
+            for start, length, is_mark in segments:
+                if is_mark:
+                    stream.mark()
+                stream.append(data[int(starts[start]):int(starts[start + length])])
+            return
         serialize = self._serialize
         pairs = self.pairs
         for start, length, is_mark in segments:
@@ -268,6 +281,31 @@ class ColumnWriter:
                 if is_mark:
                     stream.mark()
                 stream.append(parts.get(suffix, b""))
+
+    def _serialized_whole(self, arr: pa.Array) -> tuple[memoryview, Sequence[int] | npt.NDArray[Any]] | None:
+        """The serialized bytes of all of ``arr``'s rows and where each row starts in them (one more
+        offset: the end), for a one-stream stateless column whose rows serialize one after the other:
+        serialized rows (``raw``) and fixed-width types; None for other columns."""
+        if self.state is not None or len(self.pairs) != 1 or self.pairs[0][0] != "":
+            return None
+        n = len(arr)
+        if self.raw:
+            if pa.types.is_fixed_size_binary(arr.type):
+                width = arr.type.byte_width
+                return _serialized_rows(arr)[""], range(0, (n + 1) * width, width)
+            bufs = arr.buffers()
+            dtype = np.dtype(np.int64 if pa.types.is_large_binary(arr.type) else np.int32)
+            offsets = np.frombuffer(bufs[1], dtype=dtype, count=n + 1, offset=arr.offset * dtype.itemsize)
+            base = int(offsets[0])
+            data = memoryview(bufs[2])[base:int(offsets[n])] if bufs[2] is not None else memoryview(b"")
+            return data, offsets - base
+        width = self._width
+        if not width:
+            return None
+        data = self._serialize(arr).get("", b"")
+        if len(data) != n * width:
+            return None
+        return memoryview(data), range(0, (n + 1) * width, width)
 
     def _write_strings_taken(self, arr: pa.Array, segments: Sequence[tuple[int, int, bool]],
                              order: pa.Array) -> None:

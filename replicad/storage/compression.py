@@ -419,6 +419,8 @@ def iter_file_blocks(f: BinaryIO, file_name: str = "") -> Iterator[tuple[int, by
 
 #: a write of at least this many whole blocks compresses them in parallel (the same blocks, in order)
 PARALLEL_MIN_BLOCKS = 4
+#: a stream writer keeps a view of what it was given (no copy) when the memory behind it is at most this big
+HOLD_MAX_BYTES = 2 * MAX_COMPRESS_BLOCK_SIZE
 
 
 @functools.cache
@@ -465,7 +467,10 @@ class CompressedStreamWriter:
         self._level = level
         self._compressor = BlockCompressor(method, level)
         self._max = max_block_size
-        self._buf = bytearray()
+        #: the current block's data, not yet copied: views of what write() was given (bytes or read-only
+        #: buffers, kept alive by the views) or copies of writable ones; joined once, when compressed
+        self._pending: list[memoryview] = []
+        self._pending_size = 0
         self._compressed_hash = FileHasher()
         self._plain_hash = FileHasher()
         self._closed = False
@@ -476,7 +481,7 @@ class CompressedStreamWriter:
 
     @property
     def offset_in_block(self) -> int:
-        return len(self._buf)
+        return self._pending_size
 
     @property
     def file_size(self) -> int:
@@ -515,14 +520,13 @@ class CompressedStreamWriter:
             return
         self._plain_hash.update(mv)
         pos = 0
-        if self._buf:
-            take = min(self._max - len(self._buf), n)
-            self._buf += mv[:take]
+        if self._pending_size:
+            take = min(self._max - self._pending_size, n)
+            self._hold(mv[:take])
             pos = take
-            if len(self._buf) < self._max:
+            if self._pending_size < self._max:
                 return
-            self._emit(self._buf)
-            self._buf = bytearray()
+            self.flush_block()
         full = (n - pos) // self._max
         pool = _parallel_pool() if full >= PARALLEL_MIN_BLOCKS else None
         if pool is not None:  # many whole blocks (a column of long values): compressed side by side
@@ -534,12 +538,23 @@ class CompressedStreamWriter:
             self._emit(mv[pos : pos + self._max])
             pos += self._max
         if pos < n:
-            self._buf += mv[pos:]
+            self._hold(mv[pos:])
+
+    def _hold(self, mv: memoryview) -> None:
+        """Keep ``mv`` for the current block: the view itself when its memory cannot change and is not much
+        bigger than a block (the view keeps all of it alive: a piece of a big insert's column is copied, as
+        the rest of that column is not kept for it), else a copy."""
+        if not mv.readonly or mv.obj is None or memoryview(mv.obj).nbytes > HOLD_MAX_BYTES:
+            mv = memoryview(mv.tobytes())
+        self._pending.append(mv)
+        self._pending_size += len(mv)
 
     def flush_block(self) -> None:
-        if self._buf:
-            self._emit(self._buf)
-            self._buf = bytearray()
+        pending = self._pending
+        if pending:
+            self._emit(pending[0] if len(pending) == 1 else b"".join(pending))
+            self._pending = []
+            self._pending_size = 0
 
     def close(self) -> None:
         if not self._closed:

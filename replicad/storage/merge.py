@@ -8,9 +8,11 @@
    of an earlier pending row of source ``m``, which then gives only the rows up to it;
 2. cuts every source's pending rows at the frontier by binary search on its (sorted) keys — rows ``<= F``
    from sources numbered below ``m``, everything pending from ``m``, rows ``< F`` from the others;
-3. concatenates the cut prefixes in source order and sorts them by the sorting key with a *stable*
-   sort, so equal keys keep source order and, inside a source, row order — exactly the order of
-   ClickHouse's ``MergingSortedBlockInputStream`` (ties go to the lower source number);
+3. merges the cut prefixes (the runs) by the sorting key, equal keys in source order and, inside a
+   source, in row order — exactly the order of ClickHouse's ``MergingSortedBlockInputStream`` (ties go to
+   the lower source number): in C for keys of numbers and strings, every column gathered straight from
+   the runs (:mod:`replicad.storage.merge_runs`); for other keys (NULLs, Decimal, FixedString ...) by a
+   stable sort of the runs concatenated in source order;
 4. hands the rows to :class:`~replicad.storage.writer.PartWriter`, whose output does not depend on
    where the batches are cut.
 
@@ -32,9 +34,7 @@ FixedString/UUID bytes compared unsigned byte-wise.
 
 from __future__ import annotations
 
-import math
 import os
-from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -42,8 +42,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
 from replicad.datatypes import DataType
@@ -52,7 +50,8 @@ from replicad.errors import CorruptedDataError
 from replicad.sql.expressions import Expr, compile_expression, compile_key
 from replicad.sql.expressions_ast import Function, Literal
 from replicad.sql.partition import PartitionKey
-from replicad.storage.block import numpy_sort_key, sort_indices
+from replicad.storage.merge_cuts import Key, cut, key_at
+from replicad.storage.merge_runs import BufferPool, MergedOrder, merge_runs, reference_order
 from replicad.storage.part import PartDirectory
 from replicad.storage.read_ahead import ahead
 from replicad.storage.reader import PartReader
@@ -258,34 +257,6 @@ class TableKeys:
         return out
 
 
-# ---- sort keys as Python values (only the few rows a round looks at) ---------------------------------
-
-
-def _sortable(v: object) -> tuple[int, object]:
-    """ClickHouse order: values, then NaN, then NULL."""
-    if v is None:
-        return (2, 0)
-    if isinstance(v, float) and math.isnan(v):
-        return (1, 0)
-    return (0, v)
-
-
-_Key = tuple[tuple[int, object], ...]
-
-
-class _KeyView:
-    """The sort keys of a source's pending rows, row by row, for :mod:`bisect`."""
-
-    def __init__(self, keys: Sequence[pa.Array]) -> None:
-        self.keys = keys
-
-    def __len__(self) -> int:
-        return len(self.keys[0]) if self.keys else 0
-
-    def __getitem__(self, i: int) -> _Key:
-        return tuple(_sortable(k[i].as_py()) for k in self.keys)
-
-
 class _Source:
     """One source part: its batches, and the pending (not yet merged) rows of the current batch.
 
@@ -351,15 +322,15 @@ class _Source:
             self.sort_keys = []
         return self.pending > 0
 
-    def last_key(self) -> _Key:
+    def last_key(self) -> Key:
         return self.key_at(self.pending - 1)
 
-    def key_at(self, i: int) -> _Key:
-        return _KeyView(self.sort_keys)[i]
+    def key_at(self, i: int) -> Key:
+        return key_at(self.sort_keys, i)
 
-    def cut(self, frontier: _Key, inclusive: bool) -> int:
-        view = _KeyView(self.sort_keys)
-        return (bisect_right if inclusive else bisect_left)(view, frontier)
+    def cut(self, frontier: Key, inclusive: bool) -> int:
+        """Pending rows before ``frontier`` (``inclusive``: rows equal to it too)."""
+        return cut(self.sort_keys, frontier, inclusive)
 
     def take(self, n: int) -> tuple[pa.Table, list[pa.Array]]:
         assert self.table is not None
@@ -410,6 +381,7 @@ def _merge(
             while s.fill():
                 yield s.take(s.pending)
         return
+    buffers = BufferPool()  # the gathered columns' buffers, used again round after round
     while True:
         active = [s for s in sources if s.fill(top_up=True)]
         if not active:
@@ -436,31 +408,26 @@ def _merge(
         if len(pieces) == 1:
             yield pieces[0]
             continue
+        done = merge_runs([t for t, _ in pieces], [k for _, k in pieces], buffers)
+        if done is not None:
+            merged, order = done
+            yield merged, [_merged_key(e, [k[i] for _, k in pieces], merged, keys, order)
+                           for i, e in enumerate(keys.sorting)]
+            continue
         table = _concat_tables([t for t, _ in pieces])
         cols = [_concat_key(e, [k[i] for _, k in pieces], table, keys) for i, e in enumerate(keys.sorting)]
-        order = pa.array(_merge_order(cols), pa.int64())
+        order = pa.array(reference_order(cols), pa.int64())
         merged = take_rows(table, order)
         sorted_keys = [_sorted_key(e, c, merged, keys, order)
                        for e, c in zip(keys.sorting, cols, strict=True)]
         yield merged, sorted_keys
 
 
-def _merge_order(cols: Sequence[pa.Array]) -> npt.NDArray[np.int64]:
-    """The stable ORDER BY permutation of concatenated sorted runs.  Numeric keys (strings as their ranks)
-    go to numpy's stable sorts (timsort: it finds the runs, O(n log runs)); others to pyarrow."""
-    numeric = [k for k in (numpy_sort_key(c) for c in cols) if k is not None]
-    if len(numeric) != len(cols):
-        return sort_indices(cols)
-    if len(numeric) == 1:
-        return np.argsort(numeric[0], kind="stable").astype(np.int64, copy=False)
-    return np.lexsort(numeric[::-1]).astype(np.int64, copy=False)
-
-
 def _chunks(a: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
     return list(a.chunks) if isinstance(a, pa.ChunkedArray) else [a]
 
 
-def _cuts(active: Sequence[_Source], frontier: _Key, m: int, pivot_rows: int) -> list[int]:
+def _cuts(active: Sequence[_Source], frontier: Key, m: int, pivot_rows: int) -> list[int]:
     """Rows each active source gives to a round ending at ``frontier`` (ties: sources below ``m`` first);
     the pivot source ``m`` gives ``pivot_rows``."""
     return [pivot_rows if s.index == m else s.cut(frontier, inclusive=s.index < m) for s in active]
@@ -492,16 +459,31 @@ def _concat_key(e: Expr, pieces: list[pa.Array], table: pa.Table, keys: TableKey
     return pa.concat_arrays([c for p in pieces for c in _chunks(p)])
 
 
-def _sorted_key(e: Expr, key: pa.Array, merged: pa.Table, keys: TableKeys, order: pa.Array) -> pa.Array:
-    """A sorting-key array in merged order: a plain column's is the merged column (no second take)."""
+def _merged_key(e: Expr, pieces: list[pa.Array], merged: pa.Table, keys: TableKeys,
+                order: MergedOrder) -> pa.Array:
+    """A sorting-key array in merged order from the runs' key ``pieces``: a plain column's is the merged
+    column; an expression's is taken from the concatenated pieces."""
+    plain = _plain_key(e, merged, keys, pieces[0].type)
+    if plain is not None:
+        return plain
+    return pa.concat_arrays([c for p in pieces for c in _chunks(p)]).take(order.indices)
+
+
+def _plain_key(e: Expr, merged: pa.Table, keys: TableKeys, key_type: pa.DataType) -> pa.Array | None:
     if e.text in keys.types:
         i = merged.schema.get_field_index(e.text)
         if i >= 0:
             col = merged.column(i)
             arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-            if arr.type == key.type:
+            if arr.type == key_type:
                 return arr
-    return key.take(order)
+    return None
+
+
+def _sorted_key(e: Expr, key: pa.Array, merged: pa.Table, keys: TableKeys, order: pa.Array) -> pa.Array:
+    """A sorting-key array in merged order: a plain column's is the merged column (no second take)."""
+    plain = _plain_key(e, merged, keys, key.type)
+    return plain if plain is not None else key.take(order)
 
 
 def merge_parts(
@@ -511,7 +493,7 @@ def merge_parts(
     settings: WriterSettings | None = None,
     *,
     granules_per_batch: int = DEFAULT_GRANULES_PER_BATCH,
-    prefetch: int = 1,
+    prefetch: int = 0,
     read_threads: int = 0,
     max_round_rows: int = MAX_ROUND_ROWS,
     writer_threads: int = 1,
@@ -525,10 +507,12 @@ def merge_parts(
     :func:`merged_batches`).  ``writer_threads`` replaces ``settings.threads`` (the writer's column pool).
     Blocking: run it in a worker thread.
 
-    By default a merge runs in two threads: one reads and merges, the caller's writes.  More (a read
-    pool, a column pool) did not make it faster on a 2-core machine but cost CPU time in hand-overs and
-    contention for the GIL (about 10%, tests on the 10 x 200k-row bench merge), and memory; merges run in
-    parallel with each other instead, as in 18.16's background pool.
+    By default a merge runs in the caller's thread alone, as a merge of 18.16 does.  A second thread
+    reading and merging ahead of the writer (``prefetch=1``) cost about 10% more CPU time in hand-overs
+    and contention for the GIL (the 10 x 200k-row bench merge in a fresh process, 8 alternating runs
+    each, load 4-6 on 2 cores: median 0.375 vs 0.337 CPU-s, and 0.374 vs 0.337 in another 8) and gave no
+    shorter wall time on the shared machine; more threads (a read pool, a column pool) cost more still.
+    Merges run in parallel with each other instead, as in 18.16's background pool.
     """
     if not source_dirs:
         raise ValueError("merge_parts needs at least one source part")
