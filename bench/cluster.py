@@ -21,6 +21,7 @@ import json
 import os
 import select
 import shutil
+import socket
 import threading
 import time
 import urllib.parse
@@ -244,6 +245,13 @@ def part_ctimes_ms(kz: KazooClient, table_path: str, replica: str) -> dict[str, 
 # ---- HTTP
 
 
+def _readable(sock: socket.socket) -> bool:
+    """Whether ``sock`` has something to read now (poll: no limit on descriptor numbers, unlike select)."""
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(0))
+
+
 class Http:
     """A keep-alive HTTP client for one server (one connection, re-opened when the server closed it)."""
 
@@ -256,8 +264,7 @@ class Http:
     def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 600.0) -> bytes:
         with self._lock:
             for attempt in (0, 1):
-                if self._conn is not None and self._conn.sock is not None and \
-                        select.select([self._conn.sock], [], [], 0)[0]:
+                if self._conn is not None and self._conn.sock is not None and _readable(self._conn.sock):
                     self.close_locked()  # readable while idle: the server closed the keep-alive connection
                 if self._conn is None:
                     self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)

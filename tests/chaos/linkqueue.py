@@ -106,8 +106,9 @@ class Queue:
         raise TimeoutError("no answer from nfnetlink_queue")
 
     def _read(self, timeout: float) -> list[tuple[int, int, bytes]]:
-        ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
-        if not ready:
+        p = select.poll()  # not select.select: a test process may hold descriptors past 1024
+        p.register(self.sock, select.POLLIN)
+        if not p.poll(max(0.0, timeout) * 1000):
             return []
         data = self.sock.recv(1 << 17)
         out = []
