@@ -11,6 +11,7 @@ parts would hold all of its compressed input in RSS; read blocks are freed once 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -237,3 +238,11 @@ class CompressedFile:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def __del__(self) -> None:
+        # a reader dropped without close() (a test's PartReader(p).read(), a generator never finished) gives
+        # its descriptor back: a plain descriptor, unlike a file object, is not closed by the collector
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)

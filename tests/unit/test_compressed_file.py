@@ -4,6 +4,8 @@ block is still refused with its offset."""
 
 from __future__ import annotations
 
+import gc
+import os
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,19 @@ def test_a_damaged_block_in_a_range_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CorruptedDataError, match=f"offset {marks[2][0]}"):
         f.read_between_view((0, 0), (marks[3][0], 100))
     f.close()
+
+
+def test_a_file_dropped_without_close_gives_its_descriptor_back(tmp_path: Path) -> None:
+    path, marks, whole = _file(tmp_path, "lz4", [b"x" * 100, b"y" * 100])
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    files = [CompressedFile(path, "p") for _ in range(50)]
+    for f in files:
+        assert f.read_between((marks[0][0], 0), f.end) == whole
+    assert open_fds() >= before + 50
+    del f, files
+    gc.collect()
+    assert open_fds() <= before
