@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from replicad.devtools.daemon import Daemon
-from replicad.memory import MIMALLOC_OPTIONS
 from replicad.devtools.zookeeper import ZooKeeperServer
+from replicad.memory import MIMALLOC_OPTIONS
 from tests.support.replicad_daemon import make_chroot, ok, query, request, start_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
