@@ -49,9 +49,10 @@ def input_bytes(part_dirs: list[Path]) -> int:
 
 def child(sources_file: str, out_dir: str, order_by: str, method: str, gpb: int, threads: int) -> None:
     """Runs in a fresh process: merge the parts listed in ``sources_file``; print JSON stats."""
-    from replicad.memory import keep_pandas_out
+    from replicad.memory import keep_pandas_out, tune_allocators
 
-    keep_pandas_out()  # as ``replicad run`` does: the daemon process never imports pandas
+    tune_allocators()  # as ``replicad run`` does: the daemon merges in its own process, with these options
+    keep_pandas_out()  # and the daemon process never imports pandas
     from replicad.datatypes import parse_type
     from replicad.storage.merge import PartSchema, merge_parts
     from replicad.storage.writer import WriterSettings

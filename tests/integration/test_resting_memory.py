@@ -1,16 +1,19 @@
 """A replica that only replicates never imports pyarrow.compute nor the insert formats' parsers
 (replicad.memory.defer_import): two real daemons, one inserts, the other fetches, answers SYSTEM SYNC
 REPLICA, count() and its parts list; then the first SELECT with a WHERE and an insert on it import them (in a
-worker thread) and answer right."""
+worker thread) and answer right.  The daemon process runs Arrow's allocator with replicad.memory's options."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
 
 from replicad.devtools.daemon import Daemon
 from replicad.devtools.zookeeper import ZooKeeperServer
+from replicad.memory import MIMALLOC_OPTIONS
 from tests.support.replicad_daemon import make_chroot, ok, query, request, start_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -66,3 +69,28 @@ def test_a_replicating_daemon_leaves_compute_unloaded(zookeeper: ZooKeeperServer
     finally:
         if r1.running:
             r1.kill()
+
+
+def test_the_daemon_process_runs_with_the_allocator_options(zookeeper: ZooKeeperServer, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``replicad run`` sets :data:`replicad.memory.MIMALLOC_OPTIONS` before pyarrow loads, so Arrow's
+    allocator in the daemon process runs with them (mimalloc prints its options at start-up when
+    MIMALLOC_VERBOSE is set: read back from the daemon's own output, not from a copy of the code)."""
+    for name in list(os.environ):
+        if name.startswith("MIMALLOC_"):
+            monkeypatch.delenv(name)
+    chroot = make_chroot(zookeeper, "allocator")
+    d = start_daemon(tmp_path, zookeeper, chroot, "r1", tables=[DDL], wait_table=TABLE,
+                     env={"MIMALLOC_VERBOSE": "1"})
+    try:
+        ok(query(d.url, f"INSERT INTO {TABLE} FORMAT TSV", rows(0, 10)))
+        assert ok(query(d.url, f"SELECT count() FROM {TABLE}")).text == "10\n"
+        assert d.stop() == 0
+    finally:
+        if d.running:
+            d.kill()
+    assert d.log_path is not None
+    printed = dict(re.findall(r"^option '(\w+)': (-?\d+)", d.log_path.read_text(errors="replace"), re.M))
+    assert printed, "mimalloc printed no options"
+    for env_name, value in MIMALLOC_OPTIONS.items():
+        assert printed[env_name.removeprefix("MIMALLOC_").lower()] == value, env_name
