@@ -239,30 +239,9 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    for (Py_ssize_t c = 0; kinds && c < width; c++) { /* the typed columns' value buffers */
-        int size = kind_size(kinds[c]);
-        if (!size)
-            continue;
-        vals[c] = PyObject_CallFunction(alloc, "n", st.rows * size);
-        if (!vals[c])
-            goto done;
-        if (PyObject_GetBuffer(vals[c], &val_views[c], PyBUF_WRITABLE) < 0) {
-            Py_CLEAR(vals[c]);
-            goto done;
-        }
-        typed[c] = kinds[c];
-        if (val_views[c].len < st.rows * size) {
-            PyErr_SetString(PyExc_ValueError, "alloc returned a buffer too short");
-            goto done;
-        }
-    }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t c = 0; c < width; c++)
-        if (typed[c] && st.rows &&
-            !typed_rows(s, st.spans + 2 * c, 2 * width, st.rows, typed[c], st.kinds + c, width, K_RAW,
-                        (uint8_t *)val_views[c].buf))
-            typed[c] = 0; /* some field is not of the kind: the column's texts instead */
-    Py_END_ALLOW_THREADS
+    if (typed_columns(s, alloc, width, st.rows, kinds, NULL, st.spans, st.kinds, K_RAW, vals, val_views,
+                      typed) < 0)
+        goto done;
     if (column_buffers_alloc(&cb, alloc, width, st.rows, st.sizes, st.valued, typed) < 0)
         goto done;
     Py_BEGIN_ALLOW_THREADS
@@ -289,17 +268,7 @@ done:
     free(st.valued);
     free(st.empty);
     free(st.row_n);
-    if (vals) {
-        for (Py_ssize_t c = 0; c < width; c++) {
-            if (vals[c]) {
-                PyBuffer_Release(&val_views[c]);
-                Py_DECREF(vals[c]);
-            }
-        }
-    }
-    free(vals);
-    free(val_views);
-    free(typed);
+    typed_columns_free(width, vals, val_views, typed);
     PyBuffer_Release(&bb);
     return result;
 }

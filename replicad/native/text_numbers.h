@@ -19,6 +19,7 @@
 
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* 1 and *out set when s[0, len) is plain decimal digits (one leading '-' when is_signed) within the
@@ -194,6 +195,56 @@ static inline int typed_rows(const uint8_t *s, const int32_t *bounds, Py_ssize_t
             return 0;
     }
     return 1;
+}
+
+/* The value buffers of a split block's typed columns, then their fields read as values.  For each column c
+ * whose kinds[c] has a size (and, with `valued`, a value in every row): a buffer of rows * size bytes from
+ * alloc(n) in vals[c], its view in val_views[c], and typed[c] = kinds[c], reset to 0 when some field is not
+ * of the kind (the column is then split as texts).  spans / field_kinds: the splitter's field bounds and
+ * kinds, row-major; `plain` the kind of a field to read as written.  0, or -1 with an exception set (what
+ * was acquired is in vals / val_views for the caller to release). */
+static inline int typed_columns(const uint8_t *s, PyObject *alloc, Py_ssize_t width, Py_ssize_t rows,
+                                const char *kinds, const Py_ssize_t *valued, const int32_t *spans,
+                                const uint8_t *field_kinds, uint8_t plain, PyObject **vals,
+                                Py_buffer *val_views, char *typed) {
+    for (Py_ssize_t c = 0; kinds && c < width; c++) {
+        int size = kind_size(kinds[c]);
+        if (!size || (valued && valued[c] != rows))
+            continue;
+        vals[c] = PyObject_CallFunction(alloc, "n", rows * size);
+        if (!vals[c])
+            return -1;
+        if (PyObject_GetBuffer(vals[c], &val_views[c], PyBUF_WRITABLE) < 0) {
+            Py_CLEAR(vals[c]);
+            return -1;
+        }
+        typed[c] = kinds[c];
+        if (val_views[c].len < rows * size) {
+            PyErr_SetString(PyExc_ValueError, "alloc returned a buffer too short");
+            return -1;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < width; c++)
+        if (typed[c] && rows &&
+            !typed_rows(s, spans + 2 * c, 2 * width, rows, typed[c], field_kinds + c, width, plain,
+                        (uint8_t *)val_views[c].buf))
+            typed[c] = 0; /* some field is not of the kind: the column's texts instead */
+    Py_END_ALLOW_THREADS
+    return 0;
+}
+
+/* Releases what typed_columns acquired and frees the three arrays (each may be NULL). */
+static inline void typed_columns_free(Py_ssize_t width, PyObject **vals, Py_buffer *val_views, char *typed) {
+    for (Py_ssize_t c = 0; vals && c < width; c++) {
+        if (vals[c]) {
+            PyBuffer_Release(&val_views[c]);
+            Py_DECREF(vals[c]);
+        }
+    }
+    free(vals);
+    free(val_views);
+    free(typed);
 }
 
 #endif
