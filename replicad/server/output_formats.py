@@ -79,13 +79,11 @@ async def render(result: QueryResult, fmt: str, tz: str = "UTC") -> AsyncIterato
     async for batch in result.batches:
         for start in range(0, batch.num_rows, RENDER_ROWS):
             piece = batch.slice(start, RENDER_ROWS)
-            text = None
-            if piece.num_rows <= INLINE_RENDER_ROWS:
-                text = render_few_ints(piece, names, types, fmt, tz)
-                if text is None and not deferred_pending():
-                    text = render_text(piece, names, types, fmt, tz)
+            inline = piece.num_rows <= INLINE_RENDER_ROWS
+            text = render_few_ints(piece, names, types, fmt, tz) if inline else None
             if text is None:
-                text = await asyncio.to_thread(render_text, piece, names, types, fmt, tz)
+                text = (_kernel_text(piece, names, types, fmt, tz) if inline and not deferred_pending()
+                        else await asyncio.to_thread(_kernel_text, piece, names, types, fmt, tz))
             yield text
 
 
@@ -94,8 +92,11 @@ def render_text(batch: pa.RecordBatch, names: list[str], types: list[DataType], 
     if batch.num_rows == 0:
         return b""
     few = render_few_ints(batch, names, types, fmt, tz)
-    if few is not None:
-        return few
+    return few if few is not None else _kernel_text(batch, names, types, fmt, tz)
+
+
+def _kernel_text(batch: pa.RecordBatch, names: list[str], types: list[DataType], fmt: str, tz: str) -> bytes:
+    """:func:`render_text` of a non-empty batch with Arrow's compute kernels."""
     style = _style(fmt)
     cols = [column_text(dt.to_user_arrow(batch.column(i), tz), style) for i, dt in enumerate(types)]
     if style == "json":
