@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,10 @@ from replicad.storage.disk_s3 import S3Disk
 
 log = get_logger(__name__)
 
+#: how long a zero-copy send waits for a part whose commit multi is in flight here (a peer can pull the
+#: log entry and ask for the part before this replica has handled the multi's answer)
+COMMIT_WAIT_S = 5.0
+
 TMP_FETCH_PREFIX = "tmp-fetch_"
 
 
@@ -36,6 +40,8 @@ class RemoteInstance:
     fresh: bool  # objects written by this replica for this part (a failed commit deletes them)
     temporary_held: bool = False  # an ephemeral fetch lock is held (swapped in the commit multi)
     committed: bool = False
+    #: set once the commit's outcome is known here (committed, rolled back or abandoned)
+    settled: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
 
 
 class RemoteParts:
@@ -127,6 +133,7 @@ class RemoteParts:
         if instance is not None:
             instance.committed = True
             instance.temporary_held = False
+            instance.settled.set()
 
     async def rollback(self, part: str) -> None:
         """The commit multi failed: our lock was not created.  Fresh objects nobody else can lock (their id
@@ -134,6 +141,7 @@ class RemoteParts:
         instance = self.instances.pop(part, None)
         if instance is None:
             return
+        instance.settled.set()
         if instance.committed:  # not a rollback: an active part being removed
             self.instances[part] = instance
             await self.release(part)
@@ -153,6 +161,7 @@ class RemoteParts:
         if instance is None or instance.committed or instance.fresh:
             return
         del self.instances[part]
+        instance.settled.set()
         if instance.temporary_held and self.locks is not None:
             await self.locks.release_temporary(part, instance.unique_id)
         await asyncio.to_thread(shutil.rmtree, self.fetch_metadata_dir(part), True)
@@ -220,8 +229,16 @@ class RemoteParts:
         self.instances[part] = RemoteInstance(unique_id, fresh=False, temporary_held=temporary_held)
 
     async def serialized_metadata(self, part: str) -> tuple[str, dict[str, bytes]] | None:
-        """(unique id, metadata texts with ref count 0) of a committed part, for a zero-copy send."""
+        """(unique id, metadata texts with ref count 0) of a committed part, for a zero-copy send.  A part
+        whose commit multi is in flight here is waited for (up to COMMIT_WAIT_S): a peer that pulled the
+        multi's log entry may ask before this replica has handled the answer."""
         instance = self.instances.get(part)
+        if instance is not None and not instance.committed:
+            try:
+                await asyncio.wait_for(instance.settled.wait(), COMMIT_WAIT_S)
+            except TimeoutError:
+                pass
+            instance = self.instances.get(part)
         if instance is None or not instance.committed or not instance.unique_id:
             return None
         files = await asyncio.to_thread(self.disk.serialized_metadata_sync, self.metadata_dir(part))

@@ -160,6 +160,31 @@ async def test_fetch_between_replicas_sharing_the_bucket_moves_metadata_only(
         assert (remote(r2).metadata_dir(part) / f.name).read_bytes() == f.read_bytes()
 
 
+async def test_fetch_racing_the_senders_commit_answer_is_still_zero_copy(
+    cluster: Cluster, s3: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """r2 can pull the log entry and ask r1 for the part before r1 has handled its own commit multi's
+    answer (CI saw it once): r1 must wait for that answer and send metadata, not a second copy."""
+    r1 = await start(cluster, s3, bucket, "r1")
+    r2 = await start(cluster, s3, bucket, "r2")
+    keeper = cluster.keepers["r1"]
+    real_multi = keeper.multi
+
+    async def answer_handled_late(ops: Any) -> Any:
+        result = await real_multi(ops)
+        await asyncio.sleep(1.0)  # the multi is applied: r2 sees the log entry meanwhile
+        return result
+
+    monkeypatch.setattr(keeper, "multi", answer_handled_late)
+    await r1.insert_table(rows(range(1000)))
+    [part] = r1.store.active_names()
+    await wait_for(lambda: r2.store.active_names() == [part], what="r2 fetched the part")
+    assert r2.fetcher.zero_copy_fetches == 1
+    assert cluster.servers["r1"].zero_copy_sends == 1
+    assert remote(r2).instances[part].unique_id == remote(r1).instances[part].unique_id
+    assert bucket_keys(s3, bucket) == referenced_keys(r1) == referenced_keys(r2)
+
+
 async def test_without_zero_copy_each_replica_keeps_its_own_objects(
     cluster: Cluster, keeper: Keeper, s3: S3Server, bucket: str
 ) -> None:
