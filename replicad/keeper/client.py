@@ -60,7 +60,8 @@ from replicad.errors import (
     KeeperOperationTimeoutError,
     KeeperSessionExpiredError,
 )
-from replicad.keeper.handler import LoopHandoff, PollHandler
+from replicad.keeper.connection import DirectClient
+from replicad.keeper.handler import LoopHandoff, PollHandler, RunsAnywhere
 from replicad.keeper.ops import (
     Check,
     Create,
@@ -153,7 +154,7 @@ class Keeper(SessionTracker):
         self.chroot = posixpath.normpath("/" + "/".join(parts)) if parts else ""
         super().__init__(session_timeout_s)
         self.request_timeout_s = request_timeout_s if request_timeout_s is not None else session_timeout_s
-        self._zk = KazooClient(
+        self._zk = DirectClient(
             hosts=host_list + self.chroot,
             timeout=session_timeout_s,
             handler=PollHandler(),
@@ -565,7 +566,7 @@ def _multi_results(ops: list[Op], raw: list[Any]) -> list[MultiResult]:
     return out
 
 
-class _WatchAdapter:
+class _WatchAdapter(RunsAnywhere):
     """kazoo-side watch callback that hands the event to the loop.  Adapters of equal callbacks are
     equal, so kazoo (which keeps a set of watchers per path) triggers a re-registered callback once."""
 
@@ -575,7 +576,7 @@ class _WatchAdapter:
         self.keeper = keeper
         self.cb = cb
 
-    def __call__(self, ev: WatchedEvent) -> None:  # kazoo's callback thread
+    def __call__(self, ev: WatchedEvent) -> None:  # kazoo's connection thread (RunsAnywhere)
         self.keeper._post(self.keeper.dispatch, self.cb, _watch_event(ev))
 
     def __eq__(self, other: object) -> bool:

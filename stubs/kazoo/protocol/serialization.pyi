@@ -1,0 +1,4 @@
+# Minimal stubs: only what replicad uses.
+import struct
+
+int_struct: struct.Struct
