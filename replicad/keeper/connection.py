@@ -63,6 +63,9 @@ class DirectConnection(ConnectionHandler):
         self._in = bytearray()
         self._receiver = held_io.Receiver()
         self._fast = held_io.AVAILABLE and not client.use_ssl
+        #: requests written by their own thread, and those of them the socket took only in part (tests)
+        self.sent_now = 0
+        self.sent_in_part = 0
 
     # ------------------------------------------------------------------ the calling thread
 
@@ -78,7 +81,9 @@ class DirectConnection(ConnectionHandler):
             data = frame(request, self._xid)
             self.client._pending.append((request, async_object, self._xid))
             sent = 0 if self._out else held_io.send(sock.fileno(), data)
+            self.sent_now += 1
             if sent < len(data):  # the rest (or a failure, which the connection thread will raise) to it
+                self.sent_in_part += 1
                 self._out += data[max(sent, 0):]
                 wake = self._write_sock
                 if wake is not None:
