@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import importlib
 import logging
 import posixpath
 import time
@@ -62,10 +61,9 @@ from replicad.errors import (
 )
 from replicad.keeper.connection import DirectClient
 from replicad.keeper.handler import LoopHandoff, PollHandler, RunsAnywhere
+from replicad.keeper.multi_wire import PackedTransaction, chroot_prefix, pack_multi
 from replicad.keeper.ops import (
-    Check,
     Create,
-    Delete,
     MultiOutcome,
     MultiResult,
     Op,
@@ -166,6 +164,7 @@ class Keeper(SessionTracker):
                 "max_delay": reconnect_max_delay_s,
             },
         )
+        self._chroot_prefix = chroot_prefix(self._zk.chroot)
         self._watches: set[ChildrenWatch] = set()
         self._started = False
         self._closed = False
@@ -506,22 +505,10 @@ class Keeper(SessionTracker):
         return _multi_results(ops, raw)
 
     def _multi_request(self, ops: list[Op]) -> AsyncResult:
-        tx = self._zk.transaction()
-        for op in ops:
-            if isinstance(op, Create):
-                if op.sequence and op.path.endswith("/"):
-                    _create_sequential_child(tx, self._zk.chroot or "", op)
-                else:
-                    tx.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequence)
-            elif isinstance(op, Set):
-                tx.set_data(op.path, op.data, op.version)
-            elif isinstance(op, Delete):
-                tx.delete(op.path, op.version)
-            elif isinstance(op, Check):
-                tx.check(op.path, op.version)
-            else:
-                raise TypeError(f"not a keeper op: {op!r}")
-        return tx.commit_async()
+        request = PackedTransaction(pack_multi(ops, self._chroot_prefix))
+        result: AsyncResult = self._zk.handler.async_result()
+        self._zk._call(request, result)
+        return result
 
     async def try_multi(self, ops: Iterable[Op]) -> MultiOutcome:
         """Like ``multi`` but an op failure is returned (``failed_index``, ``error``, ``zk_code``) instead
@@ -530,18 +517,6 @@ class Keeper(SessionTracker):
             return MultiOutcome(await self.multi(ops))
         except KeeperMultiError as e:
             return MultiOutcome([], e.index, e.cause)
-
-
-def _create_sequential_child(tx: Any, chroot: str, op: Create) -> None:
-    """A sequential create of ``<dir>/`` in a transaction.  ZooKeeper names such a child by the bare sequence
-    number (how ClickHouse creates ``mutations/NNNNNNNNNN``), but kazoo's ``TransactionRequest.create``
-    drops the trailing '/' (which would create ``<dir>NNNNNNNNNN`` beside it): build the request ourselves."""
-    paths: Any = importlib.import_module("kazoo.protocol.paths")
-    serialization: Any = importlib.import_module("kazoo.protocol.serialization")
-    security: Any = importlib.import_module("kazoo.security")
-    path = paths._prefix_root(chroot, op.path, trailing=True)
-    flags = (1 if op.ephemeral else 0) | 2
-    tx._add(serialization.Create(path, op.data, security.OPEN_ACL_UNSAFE, flags), None)
 
 
 def _multi_results(ops: list[Op], raw: list[Any]) -> list[MultiResult]:
