@@ -166,7 +166,7 @@ class DirectConnection(ConnectionHandler):
     def _read_socket(self, read_timeout: float) -> object:
         while True:
             response = super()._read_socket(read_timeout)
-            if response is CLOSE_RESPONSE or not self._packet_ready():
+            if response == CLOSE_RESPONSE or not self._packet_ready():
                 return response
 
     def _packet_ready(self) -> bool:

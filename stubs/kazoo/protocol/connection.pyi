@@ -7,7 +7,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import SequentialThreadingHandler
 
-CLOSE_RESPONSE: object
+CLOSE_RESPONSE: int
 
 class ConnectionHandler:
     client: KazooClient
