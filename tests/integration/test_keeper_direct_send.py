@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
+from replicad.devtools.zookeeper import ZooKeeperServer
+from replicad.errors import KeeperConnectionLossError
 from replicad.keeper import connection, held_io
-from replicad.keeper.client import Keeper
+from replicad.keeper.client import Keeper, SessionState
 from replicad.keeper.connection import DirectConnection
 from replicad.keeper.ops import Create, Set
 
@@ -131,3 +135,55 @@ async def test_a_request_never_overtakes_one_queued_before_it(keeper: Keeper) ->
     finally:
         gate.set()
         del conn._send_request
+
+
+class _Mute:
+    """Stands in for kazoo's wake-up socket: the connection thread is not told of bytes left for it."""
+
+    def send(self, data: bytes) -> int:
+        return len(data)
+
+
+@pytest_asyncio.fixture
+async def private_zk(tmp_path: Path) -> AsyncIterator[ZooKeeperServer]:
+    server = ZooKeeperServer(tmp_path / "zk")
+    await asyncio.to_thread(server.start)
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+async def test_bytes_left_for_a_dropped_connection_never_reach_the_next(
+    private_zk: ZooKeeperServer, partial_sends: list[int]
+) -> None:
+    """A request the socket took only in part when the connection dropped fails with a connection loss, and
+    its remaining bytes are not written to the next connection (ZooKeeper would answer an xid nobody waits
+    for, or read garbage): requests after the reconnect get their own answers."""
+    k = Keeper(private_zk.hosts, session_timeout_s=20)
+    await k.start()
+    try:
+        conn = _conn(k)
+        await k.create("/n", b"before")
+        wake = conn._write_sock
+        conn._write_sock = _Mute()
+        try:
+            stuck = asyncio.ensure_future(k.get("/n"))  # 5 bytes sent, the rest left in the buffer
+            await asyncio.sleep(0)
+            assert conn.sent_in_part >= 1 and conn._out
+            await asyncio.to_thread(private_zk.stop)
+            with pytest.raises(KeeperConnectionLossError):
+                await stuck
+        finally:
+            conn._write_sock = wake
+        await k.wait_for_state(SessionState.SUSPENDED, timeout=10)
+        await asyncio.to_thread(private_zk.start)
+        await k.wait_for_state(SessionState.CONNECTED, timeout=20)
+        monkeypatched_before = len(partial_sends)
+        for i in range(20):
+            await k.set("/n", f"after {i}".encode())
+            assert (await k.get("/n"))[0] == f"after {i}".encode()
+        assert len(partial_sends) > monkeypatched_before
+        assert k.session_state is SessionState.CONNECTED
+    finally:
+        await k.close()
