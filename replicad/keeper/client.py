@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import posixpath
@@ -483,13 +484,16 @@ class Keeper(SessionTracker):
 
     # ------------------------------------------------------------------ transactions
 
-    async def multi(self, ops: Iterable[Op]) -> list[MultiResult]:
+    async def multi(self, ops: Iterable[Op], *, hold_watches: bool = False) -> list[MultiResult]:
         """Run ``ops`` atomically.  Results per op: Create → path, Set → ZnodeStat, Delete/Check → None.
-        If an op fails, raises KeeperMultiError (``.index``, ``.cause``) and nothing was applied."""
+        If an op fails, raises KeeperMultiError (``.index``, ``.cause``) and nothing was applied.
+        ``hold_watches``: watch notifications (those the multi sets off among them) are delivered after the
+        caller has the answer (see :meth:`SessionTracker.holding_watches`)."""
         ops = list(ops)
         if not ops:
             return []
-        return await self.multi_answer(self.send_multi(ops), ops)
+        with self.holding_watches() if hold_watches else contextlib.nullcontext():
+            return await self.multi_answer(self.send_multi(ops), ops)
 
     def send_multi(self, ops: list[Op]) -> asyncio.Future[Any]:
         """Send a (non-empty) multi now, from any thread (kazoo's request queue and wake-up are thread-safe):
@@ -552,7 +556,7 @@ class _WatchAdapter(RunsAnywhere):
         self.cb = cb
 
     def __call__(self, ev: WatchedEvent) -> None:  # kazoo's connection thread (RunsAnywhere)
-        self.keeper._post(self.keeper.dispatch, self.cb, _watch_event(ev))
+        self.keeper._post(self.keeper.watch_fired, self.cb, _watch_event(ev))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _WatchAdapter) and other.keeper is self.keeper and other.cb == self.cb
