@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import logging
 import posixpath
@@ -484,16 +483,13 @@ class Keeper(SessionTracker):
 
     # ------------------------------------------------------------------ transactions
 
-    async def multi(self, ops: Iterable[Op], *, hold_watches: bool = False) -> list[MultiResult]:
+    async def multi(self, ops: Iterable[Op]) -> list[MultiResult]:
         """Run ``ops`` atomically.  Results per op: Create → path, Set → ZnodeStat, Delete/Check → None.
-        If an op fails, raises KeeperMultiError (``.index``, ``.cause``) and nothing was applied.
-        ``hold_watches``: watch notifications (those the multi sets off among them) are delivered after the
-        caller has the answer (see :meth:`SessionTracker.holding_watches`)."""
+        If an op fails, raises KeeperMultiError (``.index``, ``.cause``) and nothing was applied."""
         ops = list(ops)
         if not ops:
             return []
-        with self.holding_watches() if hold_watches else contextlib.nullcontext():
-            return await self.multi_answer(self.send_multi(ops), ops)
+        return await self.multi_answer(self.send_multi(ops), ops)
 
     def send_multi(self, ops: list[Op]) -> asyncio.Future[Any]:
         """Send a (non-empty) multi now, from any thread (kazoo's request queue and wake-up are thread-safe):

@@ -1,10 +1,11 @@
-"""Watch notifications held back while a write of ours is in flight (Keeper.multi(hold_watches=True)):
+"""Watch notifications held back while a write of ours is in flight (Keeper.holding_watches, the commit):
 ZooKeeper sends them before the write's answer; held, they reach their callbacks after the caller has the
 answer, in order, and none is ever lost (an error or a cancellation in the holding code delivers them too)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 import pytest
@@ -28,7 +29,8 @@ async def _one_write(keeper: Keeper, path: str, hold: bool) -> tuple[WatchEvent,
     seen: list[tuple[WatchEvent, bool]] = []
     returned = False
     await keeper.get_children("/w", watch=lambda ev: seen.append((ev, returned)))
-    await keeper.multi([Create(path)], hold_watches=hold)
+    with keeper.holding_watches() if hold else contextlib.nullcontext():
+        await keeper.multi([Create(path)])
     returned = True
     await wait_until(lambda: bool(seen))
     await asyncio.sleep(0.05)
@@ -75,8 +77,8 @@ async def test_a_failed_held_multi_and_a_cancelled_holder_deliver_what_was_held(
 
     task = asyncio.ensure_future(holder())
     await wait_until(lambda: len(keeper._held) == 1)
-    with pytest.raises(KeeperMultiError):  # a nested held multi that fails: still held by the outer one
-        await keeper.multi([Create("/exists")], hold_watches=True)
+    with pytest.raises(KeeperMultiError), keeper.holding_watches():  # a nested hold that fails: still held
+        await keeper.multi([Create("/exists")])
     assert seen == [] and len(keeper._held) == 1
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
