@@ -34,8 +34,8 @@ from kazoo.protocol.states import KeeperState
 
 from replicad.keeper import held_io
 
-#: request types never written by the calling thread: Auth (its own xid), Close (kazoo's stop)
-_QUEUED_TYPES = frozenset({100, -11})
+#: request types never written by the calling thread: Auth (its own xid), Close (kazoo's stop), and none
+_QUEUED_TYPES = frozenset({100, -11, None})
 _MAX_XID = 2147483647
 _UP = (KeeperState.CONNECTED, KeeperState.CONNECTED_RO)
 
@@ -71,7 +71,8 @@ class DirectConnection(ConnectionHandler):
 
     def send_now(self, request: Any, async_object: AsyncResult) -> bool:
         """(any thread) Write ``request`` now; False (nothing done): queue it as kazoo does."""
-        if request.type in _QUEUED_TYPES or not self._send_lock.acquire(blocking=False):
+        if getattr(request, "type", None) in _QUEUED_TYPES or not hasattr(request, "serialize") \
+                or not self._send_lock.acquire(blocking=False):  # kazoo's test sentinels have neither
             return False
         try:
             sock = self._live

@@ -187,3 +187,17 @@ async def test_bytes_left_for_a_dropped_connection_never_reach_the_next(
         assert k.session_state is SessionState.CONNECTED
     finally:
         await k.close()
+
+
+async def test_kazoos_connection_drop_sentinel_still_goes_through_its_queue(keeper: Keeper) -> None:
+    """kazoo's testing sentinels (no request type, no bytes) are never written by the caller: queued, the
+    connection thread acts on them (a dropped connection, then a reconnect in the same session)."""
+    from kazoo.protocol.connection import _CONNECTION_DROP
+
+    await keeper.create("/s", b"v")
+    sid = keeper.session_id
+    keeper._zk._call(_CONNECTION_DROP, keeper._zk.handler.async_result())
+    await keeper.wait_for_state(SessionState.SUSPENDED, timeout=10)
+    await keeper.wait_for_state(SessionState.CONNECTED, timeout=20)
+    assert keeper.session_id == sid
+    assert (await keeper.get("/s"))[0] == b"v"
