@@ -29,3 +29,11 @@ def test_outside_xdist_every_port_is_allowed(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
     assert ports.worker_share() == (0, 1)
     assert len({(p // 2) % 2 for p in ports.free_ports(40)}) == 2
+
+
+def test_ports_are_drawn_below_the_ephemeral_range() -> None:
+    lo, _hi = ports.ephemeral_range()
+    if lo - ports.LOWEST < ports.MIN_SPAN:
+        pytest.skip("no room below this machine's ephemeral range")
+    got = ports.free_ports(30)
+    assert all(ports.LOWEST <= p < lo for p in got)  # never a port an outgoing connection may take
