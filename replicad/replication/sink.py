@@ -31,6 +31,7 @@ from replicad.sql.table_metadata import ColumnsDescription
 from replicad.storage.block import ColumnDefaults, is_identity, sort_indices
 from replicad.storage.checksums import Checksums
 from replicad.storage.layout import TMP_INSERT, TableDataLayout
+from replicad.storage.small_part import SmallPartWriter, small_part_fits
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart, prepare_block
 
 _tmp_counter = itertools.count(1)
@@ -165,7 +166,9 @@ def write_temp_part(
     n = next(_tmp_counter)
     # made by the writer (one mkdir; a leftover directory of the name is emptied there)
     tmp_dir = layout.tmp_path(TMP_INSERT, f"{block.partition_id}_{n}_{n}_0")
-    writer = PartWriter(
+    # a part of one granule (a small insert's) is written in one go: the same bytes (storage/small_part.py)
+    make = SmallPartWriter if small_part_fits(schema.columns, rows.num_rows, settings) else PartWriter
+    writer = make(
         tmp_dir,
         list(schema.columns),
         settings,

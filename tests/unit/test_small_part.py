@@ -1,0 +1,133 @@
+"""SmallPartWriter (a part of one granule written in one go) against PartWriter: the same files, bytes,
+checksums and sealed ``.bin`` checksums, across types, NULLs, empty strings, permutations, compression
+methods, block sizes and the one-granule boundary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replicad.datatypes import DataType, parse_type
+from replicad.errors import BadInputError
+from replicad.storage.part import PartDirectory
+from replicad.storage.reader import PartReader
+from replicad.storage.small_part import SmallPartWriter, small_part_fits
+from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart
+from tests.support.part_rows import ALL_TYPES, LOW_CARDINALITY, make_rows
+
+U32 = parse_type("UInt32")
+SIMPLE = [c for c in ALL_TYPES[1:] if not c[1].startswith("LowCardinality")]
+
+
+def _write(cls: Any, path: Path, cols: list[tuple[str, DataType]], s: WriterSettings, table: pa.Table,
+           order: Any, keys: dict[str, pa.Array], **kw: Any) -> tuple[WrittenPart, dict[str, Any]]:
+    with cls(path, cols, s, **kw) as w:
+        w.write(table, keys, order=order)
+        sealed = w.seal()
+        return w.finish(), sealed
+
+
+def _same_parts(tmp: Path, cols: list[tuple[str, DataType]], s: WriterSettings, table: pa.Table,
+                order: Any = None, keys: dict[str, pa.Array] | None = None, **kw: Any) -> None:
+    big, big_sealed = _write(PartWriter, tmp / "big", cols, s, table, order, keys or {}, **kw)
+    small, small_sealed = _write(SmallPartWriter, tmp / "small", cols, s, table, order, keys or {}, **kw)
+    names = sorted(p.name for p in big.path.iterdir())
+    assert sorted(p.name for p in small.path.iterdir()) == names
+    different = [f for f in names if (big.path / f).read_bytes() != (small.path / f).read_bytes()]
+    assert different == []
+    assert small_sealed == big_sealed
+    assert (small.rows, small.marks_count, small.checksums, small.columns_text, small.bytes_on_disk) == (
+        big.rows, big.marks_count, big.checksums, big.columns_text, big.bytes_on_disk)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    chosen=st.lists(st.sampled_from(SIMPLE), min_size=1, max_size=6, unique=True),
+    n=st.integers(1, 300),
+    granularity=st.sampled_from([1, 7, 300, 8192]),
+    method=st.sampled_from(["lz4", "zstd", "none"]),
+    max_block=st.sampled_from([16, 200, 1048576]),
+    permuted=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_same_bytes_as_part_writer(
+    tmp_path_factory: pytest.TempPathFactory, chosen: list[tuple[str, str]], n: int, granularity: int,
+    method: str, max_block: int, permuted: bool, seed: int,
+) -> None:
+    """Every simple type (NULLs, empty strings, arrays included), permuted or not, one or many blocks in a
+    stream (a granule longer than max_compress_block_size), up to exactly one granule."""
+    n = min(n, granularity)
+    columns = [("k", "UInt64"), *chosen]
+    table, _tsv = make_rows(columns, n, seed)
+    cols = [(c, parse_type(t)) for c, t in columns]
+    s = WriterSettings(index_granularity=granularity, min_compress_block_size=min(8, max_block),
+                       max_compress_block_size=max_block, method=method, fsync=False)  # type: ignore[arg-type]
+    order = np.random.default_rng(seed).permutation(n).astype(np.int64) if permuted else None
+    assert small_part_fits(cols, n, s)
+    minmax = ["d"] if "d" in table.column_names else []
+    _same_parts(tmp_path_factory.mktemp("sp"), cols, s, table, order, primary_key=["k"],
+                minmax_columns=minmax, partition_value=[(U32, 202401)])
+
+
+@pytest.mark.parametrize("as_arrow", [False, True])
+def test_permuted_strings_nested_and_key_expressions(tmp_path: Path, as_arrow: bool) -> None:
+    """The string columns' permuted paths (a sliced String, Nullable(String) whose NULL rows store nothing
+    or store bytes), Nested arrays sharing one sizes stream, a primary key expression given as an array, an
+    Arrow permutation or a numpy one."""
+    n = 500
+    rng = np.random.default_rng(3)
+    lens = rng.integers(0, 4, n)
+    t = pa.table({
+        "k": pa.array(rng.integers(0, 50, n).astype(np.uint32)),
+        "d": pa.array(rng.integers(19000, 19020, n).astype(np.int32), pa.date32()),
+        "s": pa.array([b"x" * int(x) for x in rng.integers(0, 300, n + 3)]).slice(3),
+        "ns": pa.array([None if i % 3 == 0 else b"y" * (i % 200) for i in range(n + 1)]).slice(1),
+        "nv": pa.Array.from_buffers(pa.binary(), n, [
+            pa.py_buffer(np.packbits(np.arange(n) % 4 != 0, bitorder="little")),
+            pa.py_buffer(np.arange(n + 1, dtype=np.int32)), pa.py_buffer(b"a" * n)]),
+        "n.a": pa.array([list(range(int(x))) for x in lens], pa.list_(pa.uint16())),
+        "n.b": pa.array([[b"v%d" % j for j in range(int(x))] for x in lens], pa.list_(pa.binary())),
+    })
+    cols = [("k", U32), ("d", parse_type("Date")), ("s", parse_type("String")),
+            ("ns", parse_type("Nullable(String)")), ("nv", parse_type("Nullable(String)")),
+            ("n.a", parse_type("Array(UInt16)")), ("n.b", parse_type("Array(String)"))]
+    key = pa.array(rng.integers(0, 7, n).astype(np.uint32), pa.uint32())
+    order = np.lexsort([rng.random(n), t.column("k").to_numpy()]).astype(np.int64)
+    s = WriterSettings(fsync=False)
+    _same_parts(tmp_path, cols, s, t, pa.array(order) if as_arrow else order, {"e": key},
+                primary_key=["k", "e"], key_types={"e": U32}, minmax_columns=["d"],
+                partition_value=[(U32, 202201)])
+    assert PartReader(tmp_path / "small").read().equals(t.take(order))
+    PartDirectory.at(tmp_path / "small").verify(require_all_files_listed=True)
+
+
+def test_fits_one_granule_of_stateless_columns() -> None:
+    cols = [("k", parse_type("UInt64")), ("s", parse_type("String"))]
+    s = WriterSettings(index_granularity=100)
+    assert small_part_fits(cols, 1, s) and small_part_fits(cols, 100, s)
+    assert not small_part_fits(cols, 0, s) and not small_part_fits(cols, 101, s)
+    if LOW_CARDINALITY:
+        assert not small_part_fits([*cols, ("lc", parse_type("LowCardinality(String)"))], 10, s)
+
+
+def test_failure_removes_the_directory_and_more_rows_are_refused(tmp_path: Path) -> None:
+    cols = [("k", parse_type("UInt64"))]
+    s = WriterSettings(index_granularity=4, fsync=False)
+    with pytest.raises(BadInputError, match="storage type"), SmallPartWriter(tmp_path / "a", cols, s) as w:
+        w.write(pa.table({"k": pa.array([1, 2], pa.int32())}))
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(ValueError, match=r"1\.\.index_granularity"), SmallPartWriter(tmp_path / "b", cols,
+                                                                                  s) as w:
+        w.write(pa.table({"k": pa.array(range(5), pa.uint64())}))
+    assert not (tmp_path / "b").exists()
+    with SmallPartWriter(tmp_path / "c", cols, s) as w:  # sealed, never finished: nothing left
+        w.write(pa.table({"k": pa.array([3], pa.uint64())}))
+        assert set(w.seal()) == {"k.bin"}
+        assert list((tmp_path / "c").iterdir()) == []  # no file before finish
+    assert not (tmp_path / "c").exists()
