@@ -144,6 +144,15 @@ class PartStore:
         each fetch)."""
         return sum(p.directory.rows for p in self._live.values() if p.state is PartState.ACTIVE)
 
+    def max_active_in_partition(self) -> int:
+        """The most active parts any one partition has (the insert's too-many-parts check, before every
+        block: counted, not sorted as :meth:`active` sorts them after each change)."""
+        worst = 0
+        for parts in self._live_by_partition.values():
+            n = sum(1 for p in parts.values() if p.state is PartState.ACTIVE)
+            worst = max(worst, n)
+        return worst
+
     def active_names(self) -> list[str]:
         return [p.name for p in self.active()]
 
