@@ -17,7 +17,6 @@ import dataclasses
 import errno
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -50,7 +49,7 @@ from replicad.server.insert_input import input_spec, spool_dir
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from replicad.server.metrics import Metrics
 from replicad.server.output_formats import content_type
-from replicad.server.query_settings import insert_settings, query_setting, url_settings
+from replicad.server.query_settings import insert_settings, query_setting, request_query_id, url_settings
 from replicad.server.routing import (
     InsertRoute,
     SelectRoute,
@@ -257,16 +256,6 @@ async def _off_loop_if_long(text: str, fn: Callable[..., _T], *args: Any) -> _T:
     return await asyncio.to_thread(fn, *args)
 
 
-def _query_id(given: str | None) -> str:
-    """The client's ``query_id`` (echoed in ``X-ClickHouse-Query-Id``), or a fresh one.  Checked before
-    anything is done: a control character would break the answer's headers after an insert committed."""
-    if not given:
-        return str(uuid.uuid4())
-    if len(given) > 256 or any(ord(c) < 32 or ord(c) == 127 for c in given):
-        raise BadInputError("Invalid query_id: at most 256 characters, no control characters", code=36)
-    return given
-
-
 def _check_query_size(text: str, config: Config, given: Mapping[str, Any]) -> None:
     """ClickHouse's ``max_query_size`` (the URL's, else the config's ``settings:``): the statement (for
     INSERT, the text before the data) is refused when longer, before it is parsed."""
@@ -290,7 +279,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
     state: ApiState = request.app[STATE]
     params = request.query
     given = url_settings(params)
-    query_id = _query_id(params.get("query_id"))
+    query_id = request_query_id(params.get("query_id"))
     prefix = b""
     text = params.get("query")
     has_body = request.method == "POST" and request.can_read_body
