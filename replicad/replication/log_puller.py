@@ -102,15 +102,16 @@ class LogPuller:
         (raw_pointer, _), children = await asyncio.gather(
             self.keeper.get(me.log_pointer), self.keeper.get_children(self.paths.log, watch=self._on_watch)
         )
-        log_entries = sorted(c for c in children if c.startswith("log-"))
         if not raw_pointer.strip():
-            index = sequence_number(log_entries[0]) if log_entries else 0
+            logs = [c for c in children if c.startswith("log-")]
+            index = sequence_number(min(logs)) if logs else 0
             await self.keeper.set(me.log_pointer, str(index).encode())
         else:
             index = int(raw_pointer)
         self.log_pointer = index
         first = f"log-{pad_index(index)}"
-        todo = [c for c in log_entries if c >= first]
+        # only the entries at or past the pointer are sorted (the log keeps ~100 and more already pulled)
+        todo = sorted(c for c in children if c >= first and c.startswith("log-"))
         copied = 0
         for start in range(0, len(todo), MAX_MULTI_OPS):
             copied += await self._copy_batch(todo[start : start + MAX_MULTI_OPS])
