@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import replace
 
 from replicad import fault_plant
 from replicad.errors import (
@@ -155,7 +154,7 @@ class LogPuller:
             # ZooKeeper's queue/ has them.  The next pull looks there first.
             self._resync_needed = True
             raise
-        entries = [replace(e, znode_name=basename(str(results[i]))) for i, e in enumerate(entries)]
+        entries = [e.with_znode(basename(str(results[i]))) for i, e in enumerate(entries)]
         self.log_pointer = last_index + 1
         log.debug("pulled_log_entries", count=len(entries), first=names[0], last=names[-1])
         self.on_entries(entries)
