@@ -28,7 +28,7 @@ from replicad.storage.part import (
     write_file,
 )
 
-__all__ = ["WrittenPart", "write_part_metadata"]
+__all__ = ["WrittenPart", "closing_files", "write_part_metadata", "written_part"]
 
 
 @dataclass(frozen=True)
@@ -43,27 +43,25 @@ class WrittenPart:
     bytes_on_disk: int
 
 
-def write_part_metadata(
-    path: Path,
+def closing_files(
     files: dict[str, Checksum],
     columns: Sequence[tuple[str, DataType]],
     *,
     rows: int,
-    marks_count: int,
     primary: bytes | None,
     partition_value: Sequence[tuple[DataType, object]] | None,
     minmax_columns: Sequence[str],
     minmax: Mapping[str, tuple[Any, Any]],
-    fsync: bool,
-) -> WrittenPart:
-    """Write the part's closing files next to its streams (``files``: the streams' checksums, completed
-    here): ``primary.idx`` unless ``primary`` is None, with a partition key ``partition.dat`` and (rows
-    written) each ``minmax_<column>.idx`` from ``minmax`` (column → (min, max)), ``count.txt``,
-    ``columns.txt``, then ``checksums.txt``; the directory fsynced with ``fsync``."""
-    dirname = str(path)
+) -> tuple[list[tuple[str, bytes]], str, Checksums]:
+    """The part's closing files, ``(name, bytes)`` in writing order with ``checksums.txt`` last, its
+    columns.txt text and its checksums: ``primary.idx`` unless ``primary`` is None, with a partition key
+    ``partition.dat`` and (rows written) each ``minmax_<column>.idx`` from ``minmax`` (column → (min, max)),
+    ``count.txt``, ``columns.txt``, ``checksums.txt``.  ``files`` (the streams' checksums) gets theirs but
+    the last two."""
+    out: list[tuple[str, bytes]] = []
 
     def put(name: str, data: bytes) -> None:
-        write_file(os.path.join(dirname, name), data, fsync)
+        out.append((name, data))
         files[name] = plain_checksum(data)
 
     if primary is not None:
@@ -84,13 +82,41 @@ def write_part_metadata(
     put(COUNT_FILE, str(rows).encode())
 
     text = columns_text(columns)
-    text_bytes = text.encode("utf-8")
-    write_file(os.path.join(dirname, COLUMNS_FILE), text_bytes, fsync)
+    out.append((COLUMNS_FILE, text.encode("utf-8")))
     checksums = Checksums(files=files)
-    checksums_bytes = checksums.to_bytes()
-    write_file(os.path.join(dirname, CHECKSUMS_FILE), checksums_bytes, fsync)
+    out.append((CHECKSUMS_FILE, checksums.to_bytes()))
+    return out, text, checksums
+
+
+def written_part(path: Path, checksums: Checksums, closing: Sequence[tuple[str, bytes]], text: str, *,
+                 rows: int, marks_count: int) -> WrittenPart:
+    """The description of a part whose files are all made (``closing``: :func:`closing_files`' list)."""
+    # every file of the (fresh) directory is one of these: no stat of each
+    size = sum(c.file_size for c in checksums.files.values()) + len(closing[-2][1]) + len(closing[-1][1])
+    return WrittenPart(path, rows, marks_count, checksums, text, size)
+
+
+def write_part_metadata(
+    path: Path,
+    files: dict[str, Checksum],
+    columns: Sequence[tuple[str, DataType]],
+    *,
+    rows: int,
+    marks_count: int,
+    primary: bytes | None,
+    partition_value: Sequence[tuple[DataType, object]] | None,
+    minmax_columns: Sequence[str],
+    minmax: Mapping[str, tuple[Any, Any]],
+    fsync: bool,
+) -> WrittenPart:
+    """Write the part's closing files (:func:`closing_files`) next to its streams, one after another (the
+    directory fsynced with ``fsync``); the part's description."""
+    closing, text, checksums = closing_files(files, columns, rows=rows, primary=primary,
+                                             partition_value=partition_value, minmax_columns=minmax_columns,
+                                             minmax=minmax)
+    dirname = str(path)
+    for name, data in closing:
+        write_file(os.path.join(dirname, name), data, fsync)
     if fsync:
         fsync_dir(path)
-    # every file of the (fresh) directory is one of these: no stat of each
-    size = sum(c.file_size for c in files.values()) + len(text_bytes) + len(checksums_bytes)
-    return WrittenPart(path, rows, marks_count, checksums, text, size)
+    return written_part(path, checksums, closing, text, rows=rows, marks_count=marks_count)

@@ -131,3 +131,34 @@ def test_failure_removes_the_directory_and_more_rows_are_refused(tmp_path: Path)
         assert set(w.seal()) == {"k.bin"}
         assert list((tmp_path / "c").iterdir()) == []  # no file before finish
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+def test_write_files_makes_every_file_or_names_the_failure(tmp_path: Path, fsync: bool) -> None:
+    """replicad.native._files.write_files: every file whole (bytes, views, empty, a few MB), created or
+    truncated, mode from the umask as os.open; a failure raises OSError with its errno and the file's path,
+    and stops there; no '/' in a name."""
+    import errno
+    import os
+
+    from replicad.native._files import write_files
+
+    (tmp_path / "old.bin").write_bytes(b"x" * 100)
+    big = os.urandom(3 << 20)
+    write_files(tmp_path, [("a.bin", b"abc"), ("old.bin", memoryview(b"0123456789")[2:5]), ("e.txt", b""),
+                           ("big.bin", big)], fsync)
+    assert (tmp_path / "a.bin").read_bytes() == b"abc" and (tmp_path / "old.bin").read_bytes() == b"234"
+    assert (tmp_path / "e.txt").read_bytes() == b"" and (tmp_path / "big.bin").read_bytes() == big
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "a.bin").stat().st_mode & 0o777 == 0o666 & ~umask
+    with pytest.raises(FileNotFoundError) as gone:
+        write_files(tmp_path / "missing", [("a", b"1")], fsync)
+    assert gone.value.errno == errno.ENOENT and gone.value.filename == str(tmp_path / "missing")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(IsADirectoryError) as isdir:
+        write_files(tmp_path, [("f1", b"1"), ("d", b"2"), ("f3", b"3")], fsync)
+    assert isdir.value.filename == str(tmp_path / "d")
+    assert (tmp_path / "f1").exists() and not (tmp_path / "f3").exists()
+    with pytest.raises(ValueError, match="'/'"):
+        write_files(tmp_path, [("d/x", b"1")], fsync)
