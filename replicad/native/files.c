@@ -7,8 +7,9 @@
  * waits to get it back, up to a switch interval, ~50 times per part.  Here the GIL is let go once.
  *
  * Python API (module replicad.native._files):
- *   write_files(directory, [(name, data), ...], fsync) -> None
- *     Each file is created (or truncated) in ``directory`` as os.open(path, O_WRONLY | O_CREAT | O_TRUNC |
+ *   write_files(directory, [(name, data), ...], fsync, make_dir=False) -> None
+ *     With ``make_dir`` the directory is made first (mkdir, mode 0o777 less the umask, as Path.mkdir; its
+ *     failure, FileExistsError included, raises OSError naming the directory).  Each file is created (or truncated) in ``directory`` as os.open(path, O_WRONLY | O_CREAT | O_TRUNC |
  *     O_CLOEXEC, 0o666) makes it (the umask decides the mode), written whole, fsynced when ``fsync``, and
  *     closed, in the order given; with ``fsync`` the directory is fsynced last.  The first failure raises
  *     OSError (its errno, the file's path) and stops there; files already made stay (the caller removes
@@ -19,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct {
@@ -52,9 +54,9 @@ static int write_whole(int fd, const char *p, Py_ssize_t left) {
 
 static PyObject *write_files(PyObject *self, PyObject *args) {
     PyObject *dir = NULL, *files, *seq;
-    int do_fsync;
+    int do_fsync, make_dir = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O&Op", PyUnicode_FSConverter, &dir, &files, &do_fsync))
+    if (!PyArg_ParseTuple(args, "O&Op|p", PyUnicode_FSConverter, &dir, &files, &do_fsync, &make_dir))
         return NULL;
     seq = PySequence_Fast(files, "write_files: files must be a sequence of (name, data)");
     if (seq == NULL) {
@@ -91,7 +93,7 @@ static PyObject *write_files(PyObject *self, PyObject *args) {
     int err = 0;
     Py_ssize_t failed = -1; /* the file that failed; n: the directory */
     Py_BEGIN_ALLOW_THREADS
-    int dfd = open(dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int dfd = make_dir && mkdir(dir_path, 0777) < 0 ? -1 : open(dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) {
         err = errno;
         failed = n;
@@ -152,7 +154,7 @@ fail:
 
 static PyMethodDef methods[] = {
     {"write_files", write_files, METH_VARARGS,
-     "write_files(directory, [(name, data), ...], fsync): make the files, the GIL let go once"},
+     "write_files(directory, [(name, data), ...], fsync, make_dir=False): make the files, the GIL let go once"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -108,12 +108,7 @@ class SmallPartWriter:
         self._streams: list[tuple[str, bytes, Checksum]] = []
         self._written = False
         self._closed = False
-        try:
-            self.path.mkdir(parents=True)
-        except FileExistsError:  # as PartWriter: an empty directory made for us is used as it is
-            if any(self.path.iterdir()):
-                shutil.rmtree(self.path)
-                self.path.mkdir()
+        # the directory is made with the files (finish): a system call less before the block id is known
 
     # ---- writing -------------------------------------------------------------------------------------
 
@@ -238,14 +233,31 @@ class SmallPartWriter:
             closing, text, checksums = closing_files(
                 files, self.columns, rows=self.rows, primary=self._primary if self.primary_key else None,
                 partition_value=self.partition_value, minmax_columns=self.minmax_columns, minmax=self._minmax)
-            # every file in one native call: the GIL let go once, not at each of ~50 system calls
-            write_files(self.path, out + closing, self.settings.fsync)
+            # the directory and every file in one native call: the GIL let go once, not at each of ~50 system
+            # calls
+            try:
+                write_files(self.path, out + closing, self.settings.fsync, True)
+            except (FileExistsError, FileNotFoundError) as e:
+                if e.filename != str(self.path):
+                    raise
+                self._make_dir()  # a leftover of the name, or no parent directory: as PartWriter
+                write_files(self.path, out + closing, self.settings.fsync)
             written = written_part(self.path, checksums, closing, text, rows=self.rows, marks_count=1)
         except BaseException:
             self.abort()
             raise
         self._closed = True
         return written
+
+    def _make_dir(self) -> None:
+        """The part's directory as PartWriter makes it: with its parents; an empty one of the name is used
+        as it is, a leftover with files in it replaced."""
+        try:
+            self.path.mkdir(parents=True)
+        except FileExistsError:
+            if any(self.path.iterdir()):
+                shutil.rmtree(self.path)
+                self.path.mkdir()
 
     def abort(self) -> None:
         """Stop and remove the temporary directory (idempotent)."""

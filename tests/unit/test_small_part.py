@@ -129,8 +129,26 @@ def test_failure_removes_the_directory_and_more_rows_are_refused(tmp_path: Path)
     with SmallPartWriter(tmp_path / "c", cols, s) as w:  # sealed, never finished: nothing left
         w.write(pa.table({"k": pa.array([3], pa.uint64())}))
         assert set(w.seal()) == {"k.bin"}
-        assert list((tmp_path / "c").iterdir()) == []  # no file before finish
+        assert not (tmp_path / "c").exists()  # no directory, no file before finish
     assert not (tmp_path / "c").exists()
+
+
+def test_directory_made_with_the_files_leftovers_replaced(tmp_path: Path) -> None:
+    """The directory is made by finish, with its files; an empty one of the name is used, a leftover with
+    files replaced, missing parents made (as PartWriter)."""
+    cols = [("k", parse_type("UInt64"))]
+    s = WriterSettings(fsync=False)
+    rows = pa.table({"k": pa.array([2, 1], pa.uint64())})
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "left").mkdir()
+    (tmp_path / "left" / "junk.bin").write_bytes(b"old")
+    for where in (tmp_path / "new", tmp_path / "empty", tmp_path / "left", tmp_path / "a" / "b" / "c"):
+        with SmallPartWriter(where, cols, s, primary_key=["k"]) as w:
+            w.write(rows, order=np.array([1, 0]))
+            done = w.finish()
+        assert sorted(p.name for p in where.iterdir()) == sorted(
+            ["checksums.txt", "columns.txt", "count.txt", "k.bin", "k.mrk", "primary.idx"])
+        assert PartReader(where).read().column("k").to_pylist() == [1, 2] and done.rows == 2
 
 
 @pytest.mark.parametrize("fsync", [False, True])
