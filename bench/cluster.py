@@ -66,6 +66,11 @@ class BenchHttpError(RuntimeError):
 # ---- data
 
 
+def drop_table_sql(system: str, table: str) -> str:
+    """The DROP TABLE text for ``system`` (18.16 wants IF EXISTS for a table that may be gone)."""
+    return f"DROP TABLE IF EXISTS {table}" if system == "clickhouse" else f"DROP TABLE {table}"
+
+
 def make_events(n: int, seed: int, month: int = 0, string_len: tuple[int, int] | None = None) -> pa.Table:
     """``n`` rows of the 6-column events table (bench/part_writer.py's generator) dated in month ``month``
     after 2024-01 (see :func:`with_month`).  ``string_len=(lo, hi)`` replaces ``s`` by random text of
@@ -389,8 +394,7 @@ class ReplicaPair:
     def drop_table(self, table: str) -> None:
         for r in self.replicas:
             with contextlib.suppress(BenchHttpError, OSError):
-                r.http.query(f"DROP TABLE IF EXISTS {table}" if self.system == "clickhouse"
-                             else f"DROP TABLE {table}", timeout=120)
+                r.http.query(drop_table_sql(self.system, table), timeout=120)
 
     def wait_rows(self, table: str, expected: int, timeout: float = 600.0, poll_s: float = 0.05) -> float:
         """Until ``b`` counts ``expected`` rows; returns the seconds waited."""

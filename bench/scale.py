@@ -55,6 +55,7 @@ from bench.cluster import (
     Replica,
     System,
     cpu_seconds,
+    drop_table_sql,
     make_events,
     part_ctimes_ms,
     tcp_peer_ports,
@@ -210,8 +211,7 @@ class ScaleSet:
     def drop(self, table: str, on: Sequence[int]) -> None:
         for i in on:
             with contextlib.suppress(BenchHttpError, OSError):
-                self.replicas[i].http.query(f"DROP TABLE IF EXISTS {table}" if self.system == "clickhouse"
-                                            else f"DROP TABLE {table}", timeout=120)
+                self.replicas[i].http.query(drop_table_sql(self.system, table), timeout=120)
 
     def table_zk_path(self, table: str) -> str:
         return f"{self.chroot}{ZK_PREFIX}/{table.replace('.', '_')}"

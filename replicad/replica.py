@@ -277,7 +277,7 @@ class TableReplica:
             self.queue_state.remove_entry(gone)
         self.queue_state.load(fresh, time.time())
         self.queue_state.initialize(self.store.active_names())  # no part of a removed entry lingers
-        self.puller.log_pointer = pointer
+        self.puller.reset_pointer(pointer)
 
     async def stop(self) -> None:
         """Undo :meth:`start` in reverse order: the background tasks (last started first, each awaited before

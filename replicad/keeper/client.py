@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import importlib
 import logging
 import posixpath
 import time
@@ -60,11 +59,11 @@ from replicad.errors import (
     KeeperOperationTimeoutError,
     KeeperSessionExpiredError,
 )
-from replicad.keeper.handler import LoopHandoff, PollHandler
+from replicad.keeper.connection import DirectClient
+from replicad.keeper.handler import LoopHandoff, PollHandler, RunsAnywhere
+from replicad.keeper.multi_wire import PackedTransaction, chroot_prefix, pack_multi
 from replicad.keeper.ops import (
-    Check,
     Create,
-    Delete,
     MultiOutcome,
     MultiResult,
     Op,
@@ -153,7 +152,7 @@ class Keeper(SessionTracker):
         self.chroot = posixpath.normpath("/" + "/".join(parts)) if parts else ""
         super().__init__(session_timeout_s)
         self.request_timeout_s = request_timeout_s if request_timeout_s is not None else session_timeout_s
-        self._zk = KazooClient(
+        self._zk = DirectClient(
             hosts=host_list + self.chroot,
             timeout=session_timeout_s,
             handler=PollHandler(),
@@ -165,6 +164,7 @@ class Keeper(SessionTracker):
                 "max_delay": reconnect_max_delay_s,
             },
         )
+        self._chroot_prefix = chroot_prefix(self._zk.chroot)
         self._watches: set[ChildrenWatch] = set()
         self._started = False
         self._closed = False
@@ -505,22 +505,10 @@ class Keeper(SessionTracker):
         return _multi_results(ops, raw)
 
     def _multi_request(self, ops: list[Op]) -> AsyncResult:
-        tx = self._zk.transaction()
-        for op in ops:
-            if isinstance(op, Create):
-                if op.sequence and op.path.endswith("/"):
-                    _create_sequential_child(tx, self._zk.chroot or "", op)
-                else:
-                    tx.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequence)
-            elif isinstance(op, Set):
-                tx.set_data(op.path, op.data, op.version)
-            elif isinstance(op, Delete):
-                tx.delete(op.path, op.version)
-            elif isinstance(op, Check):
-                tx.check(op.path, op.version)
-            else:
-                raise TypeError(f"not a keeper op: {op!r}")
-        return tx.commit_async()
+        request = PackedTransaction(pack_multi(ops, self._chroot_prefix))
+        result: AsyncResult = self._zk.handler.async_result()
+        self._zk._call(request, result)
+        return result
 
     async def try_multi(self, ops: Iterable[Op]) -> MultiOutcome:
         """Like ``multi`` but an op failure is returned (``failed_index``, ``error``, ``zk_code``) instead
@@ -529,18 +517,6 @@ class Keeper(SessionTracker):
             return MultiOutcome(await self.multi(ops))
         except KeeperMultiError as e:
             return MultiOutcome([], e.index, e.cause)
-
-
-def _create_sequential_child(tx: Any, chroot: str, op: Create) -> None:
-    """A sequential create of ``<dir>/`` in a transaction.  ZooKeeper names such a child by the bare sequence
-    number (how ClickHouse creates ``mutations/NNNNNNNNNN``), but kazoo's ``TransactionRequest.create``
-    drops the trailing '/' (which would create ``<dir>NNNNNNNNNN`` beside it): build the request ourselves."""
-    paths: Any = importlib.import_module("kazoo.protocol.paths")
-    serialization: Any = importlib.import_module("kazoo.protocol.serialization")
-    security: Any = importlib.import_module("kazoo.security")
-    path = paths._prefix_root(chroot, op.path, trailing=True)
-    flags = (1 if op.ephemeral else 0) | 2
-    tx._add(serialization.Create(path, op.data, security.OPEN_ACL_UNSAFE, flags), None)
 
 
 def _multi_results(ops: list[Op], raw: list[Any]) -> list[MultiResult]:
@@ -565,7 +541,7 @@ def _multi_results(ops: list[Op], raw: list[Any]) -> list[MultiResult]:
     return out
 
 
-class _WatchAdapter:
+class _WatchAdapter(RunsAnywhere):
     """kazoo-side watch callback that hands the event to the loop.  Adapters of equal callbacks are
     equal, so kazoo (which keeps a set of watchers per path) triggers a re-registered callback once."""
 
@@ -575,8 +551,8 @@ class _WatchAdapter:
         self.keeper = keeper
         self.cb = cb
 
-    def __call__(self, ev: WatchedEvent) -> None:  # kazoo's callback thread
-        self.keeper._post(self.keeper.dispatch, self.cb, _watch_event(ev))
+    def __call__(self, ev: WatchedEvent) -> None:  # kazoo's connection thread (RunsAnywhere)
+        self.keeper._post(self.keeper.watch_fired, self.cb, _watch_event(ev))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _WatchAdapter) and other.keeper is self.keeper and other.cb == self.cb

@@ -4,7 +4,6 @@ request than kazoo's completion thread."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import socket
@@ -13,24 +12,10 @@ from typing import Any
 
 from kazoo.handlers.threading import AsyncResult, SequentialThreadingHandler
 
+from replicad.keeper import held_io
 from replicad.keeper.poll import poll_select
 
 log = logging.getLogger("replicad.keeper.client")
-
-
-def _gil_holding_send() -> Any:
-    """libc's ``send`` called through :class:`ctypes.PyDLL` (which keeps the GIL), or None."""
-    try:
-        fn = ctypes.PyDLL(None).send
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_ssize_t
-    return fn
-
-
-_SEND = _gil_holding_send()
-_SEND_FLAGS = getattr(socket, "MSG_DONTWAIT", 0) | getattr(socket, "MSG_NOSIGNAL", 0)
 
 
 class _WakeSocket:
@@ -49,11 +34,9 @@ class _WakeSocket:
         self._sock = sock
 
     def send(self, data: bytes) -> int:
-        fd = self._sock.fileno()  # -1 once closed (and no close can run while this holds the GIL)
-        if _SEND is not None and fd >= 0:
-            n: int = _SEND(fd, data, len(data), _SEND_FLAGS)
-            if n == len(data):
-                return n
+        # fileno() is -1 once closed (and no close can run while this holds the GIL)
+        if held_io.send(self._sock.fileno(), data) == len(data):
+            return len(data)
         return self._sock.send(data)
 
     def close(self) -> None:
@@ -66,9 +49,19 @@ class _WakeSocket:
         return getattr(self._sock, name)
 
 
-class LoopHandoff:
-    """A request's answer callback that only hands the result to the asyncio loop (never blocks): kazoo may
-    run it on the thread that read the answer instead of queueing it for its completion thread."""
+class RunsAnywhere:
+    """Marks a kazoo callback that only hands its work to the asyncio loop (never blocks): kazoo may run it
+    on the thread that read the answer or the watch notification instead of queueing it for its completion
+    thread (one thread wake-up, and one more thread wanting the GIL, less)."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any) -> None:
+        raise NotImplementedError
+
+
+class LoopHandoff(RunsAnywhere):
+    """A request's answer callback that only hands the result to the asyncio loop."""
 
     __slots__ = ("fn",)
 
@@ -109,3 +102,15 @@ class PollHandler(SequentialThreadingHandler):
 
     def async_result(self) -> AsyncResult:
         return _Result(self)
+
+    def dispatch_callback(self, callback: Any) -> None:
+        """A watch notification's callback: one that :class:`RunsAnywhere` runs at once on the reading thread
+        (before kazoo reads the answer behind it), any other goes to kazoo's completion thread."""
+        fn = callback.func
+        if isinstance(fn, RunsAnywhere):
+            try:
+                fn(*callback.args)
+            except Exception:  # never break kazoo's connection thread
+                log.exception("keeper_watch_callback_failed")
+            return
+        super().dispatch_callback(callback)

@@ -11,8 +11,9 @@ as a task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from replicad.keeper.ops import SessionState, StateCallback
@@ -32,6 +33,9 @@ class SessionTracker:
         self._listeners: list[StateCallback] = []
         self._lost_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: writes in flight holding watch notifications back (:meth:`holding_watches`), and those held
+        self._holds = 0
+        self._held: list[tuple[Callable[[Any], object], Any]] = []
 
     # ------------------------------------------------------------------ state and listeners
 
@@ -126,6 +130,38 @@ class SessionTracker:
             task = self._require_loop().create_task(res)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+
+    # ------------------------------------------------------------------ watch notifications held back
+
+    def watch_fired(self, cb: Callable[[T], object], event: T) -> None:
+        """(loop) A watch notification: ``cb(event)`` now, or once the writes holding them are answered."""
+        if self._holds:
+            self._held.append((cb, event))
+        else:
+            self.dispatch(cb, event)
+
+    @contextlib.contextmanager
+    def holding_watches(self) -> Iterator[None]:
+        """(loop) Hold watch notifications back while the body runs (a write of ours and the handling of its
+        answer), then deliver them in order, each in a loop callback of its own.
+
+        ZooKeeper sends the notifications a write sets off before the write's answer, so a replica's own
+        commit wakes its log puller before the commit returns; the puller's reads then go out (and their
+        answers come back) on the loop while the insert waits to be acknowledged: in 38 of 153 traced small
+        inserts (53 of 153 with kazoo's own request path).  Held, they run right after
+        the insert's next step instead.  Nothing is dropped, nor held longer than one write: whatever ends a
+        body (an answer, an error, a cancellation) delivers all that was held, also while other holds go on
+        (concurrent inserts, whose holds overlap, must not keep the log puller asleep)."""
+        self._holds += 1
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if self._held:  # at the end of any hold, not of the last: overlapping holds never starve them
+                held, self._held = self._held, []
+                for cb, event in held:
+                    self._post(self.dispatch, cb, event)
 
 
 class SessionEvents:

@@ -1,6 +1,15 @@
 """checkPartChecksumsAndCommit's comparison: a part made here (fetched, merged, attached) against what every
 replica registered for it in ZooKeeper (``parts/<part>/columns`` + ``checksums``, or a single-node part
-header).  Checksums are compared only between registrations of the same columns, as ClickHouse does."""
+header).  Checksums are compared only between registrations of the same columns, as ClickHouse does.
+
+A fetched part is compared with its source's registration only (:func:`compare_with_source`), where 18.16
+reads every replica's: its bytes came from a replica that had registered the part, so they are checked
+against a replica that has it, and every registration of the part is consistent with the others by
+induction (a part made here, merged or attached, is still compared with every replica, with the commit's
+probes for those without it, so two replicas making the same part meanwhile meet in one of the two
+commits).  Reading every replica made each fetching replica's requests grow with the replica count, and
+the whole set's with its square.  When the source's registration cannot be compared (gone meanwhile, other
+columns, changed between the reads) every replica is read, as before."""
 
 from __future__ import annotations
 
@@ -24,13 +33,14 @@ class ReplicaState:
     """What the fetcher's ``_read_replica_state`` read: per replica its ``parts/<part>/columns`` node and the
     answers of the second round (see there), and the table's ``columns`` version.  ``self_read``: our own
     registration was read too (else it was not, and counts as absent: the commit's create of our part node
-    proves that)."""
+    proves that).  ``source_only``: only a fetched part's source was read (:func:`compare_with_source`)."""
 
     replicas: tuple[ReplicaPaths, ...]
     columns: tuple[tuple[bytes, ZnodeStat] | None, ...]
     answers: tuple[object, ...]
     columns_version: int
     self_read: bool = True
+    source_only: bool = False
 
 
 def compare_with_replicas(
@@ -38,30 +48,57 @@ def compare_with_replicas(
 ) -> set[str]:
     """Check ``checksums`` against the replicas that registered the part (CorruptedDataError on a
     mismatch); returns the part paths of the replicas without it."""
+    return {rp.part(part_name) for rp, outcome in _compare(seen, part_name, columns_text, checksums)
+            if outcome is _ABSENT}
+
+
+def compare_with_source(seen: ReplicaState, part_name: str, columns_text: str, checksums: Checksums) -> bool:
+    """Check ``checksums`` against the registrations in ``seen`` (the source's, read by
+    :func:`read_registrations`; CorruptedDataError on a mismatch); False when none of them could be compared
+    (absent, other columns, changed between the reads): the caller then compares with every replica."""
+    return any(outcome is _COMPARED for _, outcome in _compare(seen, part_name, columns_text, checksums))
+
+
+_ABSENT, _COMPARED, _SKIPPED = object(), object(), object()
+
+
+def _compare(
+    seen: ReplicaState, part_name: str, columns_text: str, checksums: Checksums
+) -> list[tuple[ReplicaPaths, object]]:
+    """Each replica of ``seen`` with what its registration was: absent, compared (equal: a mismatch raises
+    CorruptedDataError) or skipped (other columns, or changed between the reads)."""
     mine = MinimalisticChecksums.from_checksums(checksums)
     answers = iter(seen.answers)
     columns_hash = SipHash().update(columns_text.encode()).digest128()
-    absent: set[str] = set()
+    out: list[tuple[ReplicaPaths, object]] = []
     for rp, col in zip(seen.replicas, seen.columns, strict=True):
         if col is None:
             node = cast("tuple[bytes, ZnodeStat] | None", next(answers))
             if node is None:
-                absent.add(rp.part(part_name))
+                out.append((rp, _ABSENT))
             elif node[0].startswith(b"part header format version:"):
                 header = PartHeader.parse(node[0])
                 if header.columns_hash == columns_hash:
                     header.checksums.check_equal(mine, True)
+                    out.append((rp, _COMPARED))
+                else:
+                    out.append((rp, _SKIPPED))
+            else:
+                out.append((rp, _SKIPPED))
             continue
         raw = cast("tuple[bytes, ZnodeStat] | None", next(answers))
         after = cast("ZnodeStat | None", next(answers))
         theirs_columns, stat_before = col
         if theirs_columns.decode() != columns_text:
             log.info("not_checking_checksums_columns_differ", part=part_name, replica=rp.name)
+            out.append((rp, _SKIPPED))
             continue
         if raw is None or after is None or after.version != stat_before.version:
+            out.append((rp, _SKIPPED))
             continue
         MinimalisticChecksums.parse(raw[0]).check_equal(mine, True)
-    return absent
+        out.append((rp, _COMPARED))
+    return out
 
 
 async def read_registrations(
@@ -71,6 +108,8 @@ async def read_registrations(
     names: list[str],
     columns_version: int,
     include_self: bool,
+    *,
+    source_only: bool = False,
 ) -> ReplicaState:
     """What the replicas ``names`` (plus or minus ourselves: ``include_self``) registered for the part, in two
     pipelined rounds: every replica's ``columns`` child; then, where it exists, the ``checksums`` child,
@@ -102,7 +141,8 @@ async def read_registrations(
         answers.append(raw)
         if col is not None:
             answers.append(again[i] if i in again else col[1])
-    return ReplicaState(tuple(rps), tuple(columns), tuple(answers), columns_version, include_self)
+    return ReplicaState(tuple(rps), tuple(columns), tuple(answers), columns_version, include_self,
+                        source_only)
 
 
 async def recheck_absent(

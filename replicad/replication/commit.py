@@ -214,7 +214,10 @@ class PartCommitter:
 
         try:
             stage_times.mark("rename")
-            await self.keeper.multi(ops)
+            # our own log entry's watch notification comes before the answer: the log puller's reaction
+            # waits until the insert has its answer (replicad.keeper.session.SessionTracker.holding_watches)
+            with self.keeper.holding_watches():
+                await self.keeper.multi(ops)
             stage_times.mark("zk_commit_multi")
         except KeeperMultiError as e:
             await self.store.rollback(name)

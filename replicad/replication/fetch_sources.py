@@ -13,8 +13,8 @@ A replica's ``host`` is read once and kept with the ``czxid`` of the ``is_active
 ``host`` is written only in the multi that creates ``is_active`` (18.16's activateReplica, and ours), so
 while the ``is_active`` a check sees has that ``czxid`` the kept address is current (a new activation makes
 a new node, with a new ``czxid``, and the address is read again).  A failed fetch forgets the address.
-The source's checksums of the part are not read here: the commit compares the part with every replica
-that registered it (the source among them), as 18.16's checkPartChecksumsAndCommit.
+The source's checksums of the part are not read here: the fetch reads them beside the download and the
+commit compares the part with them (:mod:`replicad.replication.checksum_compare`).
 
 The reads every fetch makes of the same node (the replica list, a replica's ``is_active``) are shared by the
 fetches asking while one is under way (never kept once answered): as if each had read it then.
@@ -57,13 +57,11 @@ class FetchSource:
 @dataclass(frozen=True)
 class SourceDetails:
     """What a source check learnt for the fetch that follows: the source's ``host`` (None: not known, the
-    fetch reads it), the ``czxid`` of its ``is_active`` (-1: not seen) and the table's replica list when the
-    check read it (the fetch's comparison with the replicas uses it instead of reading it again)."""
+    fetch reads it) and the ``czxid`` of its ``is_active`` (-1: not seen)."""
 
     host: bytes | None
     read_at: float
     active_czxid: int = -1
-    replicas: tuple[str, ...] | None = None
 
 
 def consume_error(task: asyncio.Future[Any]) -> None:
@@ -262,7 +260,7 @@ class SourceFinder:
         if not found:
             return None
         if len(found) == 1:  # nothing to choose: no need to read the replica's progress
-            return self._chosen(FetchSource(found[0][0], found[0][1], 0, 0), active_stats, listed)
+            return self._chosen(FetchSource(found[0][0], found[0][1], 0, 0), active_stats)
         progress = await asyncio.gather(*(self._replica_progress(r) for r, _ in found))
         candidates = [FetchSource(r, p, ptr, q) for (r, p), (ptr, q) in zip(found, progress, strict=True)]
 
@@ -273,17 +271,17 @@ class SourceFinder:
             failed = self.recently_failed(c.part_name, c.replica, now)
             return (not failed, info.max_block - info.min_block, info.level, c.log_pointer, -c.queue_size)
 
-        return self._chosen(max(candidates, key=rank), active_stats, listed)
+        return self._chosen(max(candidates, key=rank), active_stats)
 
     def _chosen(
-        self, source: FetchSource, active_stats: dict[str, ZnodeStat], listed: list[str]
+        self, source: FetchSource, active_stats: dict[str, ZnodeStat]
     ) -> FetchSource:
         """Keep what the choice learnt for the fetch of ``source``: its address when the ``is_active`` just
-        seen proves the kept one current, and the replica list."""
+        seen proves the kept one current."""
         alive = active_stats.get(source.replica)
         self._remember_details(source.part_name, source.replica, SourceDetails(
             self.current_host(source.replica, alive), time.monotonic(),
-            alive.czxid if alive is not None else -1, tuple(listed)))
+            alive.czxid if alive is not None else -1))
         return source
 
     async def _covering(self, replicas: list[str], target: PartInfo) -> list[tuple[str, str]]:

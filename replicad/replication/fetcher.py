@@ -3,12 +3,14 @@ Source choice: :mod:`replicad.replication.fetch_sources`.  Download: ``POST http
 &client_protocol_version=N&compress=false`` (Basic auth when configured); the ``server_protocol_version``
 cookie (absent = 0, as from 18.16) selects the body layout.  The body is streamed into ``tmp-fetch_<name>``
 (a stale directory of that name is removed first) by :func:`replicad.storage.part_transfer.receive_part`,
-which checks every file hash, EOF and the received checksums.txt.  Then, as 18.16's
-``checkPartChecksumsAndCommit``: every replica that has ``parts/<name>`` with the same columns text must have
-the same minimalistic checksums (uncompressed hashes of compressed files included); the directory is
-renamed to the part's name; one multi creates ``replicas/<me>/parts/<name>`` (+ ``columns``/``checksums``),
-preceded by create+remove probes for the replicas that did not have the part (so a part appearing there
-meanwhile is re-checked); the part becomes active and the parts it covers outdated.
+which checks every file hash, EOF and the received checksums.txt.  Then the source's registration of the part
+(``parts/<name>`` with the same columns text) must have the same minimalistic checksums (uncompressed hashes
+of compressed files included): 18.16's ``checkPartChecksumsAndCommit`` compares with every replica, which
+made each fetch's requests grow with the replica count (see :mod:`replicad.replication.checksum_compare`;
+when the source's registration cannot be compared, and for the parts made here, every replica is read and
+compared as 18.16 does, with create+remove probes in the commit for the replicas without the part).  The
+directory is renamed to the part's name; one multi creates ``replicas/<me>/parts/<name>`` (+
+``columns``/``checksums``); the part becomes active and the parts it covers outdated.
 
 Early downloads (live replication): when a small batch of GET_PART entries is read from the log, the download
 of each part from its source replica starts at once, while the entries are still being copied into our
@@ -327,14 +329,13 @@ class PartFetcher:
     async def _download_from(
         self, part_name: str, source_replica: str, *, early: bool = False, host: bytes | None = None
     ) -> tuple[ReceivedPart, asyncio.Future[ReplicaState]]:
-        """Download into ``tmp-fetch_<part>``; also returns the read of what the other replicas registered,
-        started alongside (parts are immutable; one that registers it later is caught by the commit's
-        probes): only the commit itself follows the download.  ``host``: the source's address, known
-        already.  Our own registration is not read: the commit's create of our part node proves it absent
-        (when it exists, everything is read again, ours included)."""
+        """Download into ``tmp-fetch_<part>``; also returns the read of what the source registered for the
+        part, started alongside (parts are immutable): only the commit itself follows the download.
+        ``host``: the source's address, known already.  Our own registration is not read: the commit's
+        create of our part node proves it absent (when it exists, everything is read again, ours
+        included)."""
         src = self.paths.replica(source_replica)
         details = self.sources.take_details(part_name, source_replica)
-        replicas = details.replicas if details is not None else None
         if host is not None:
             raw_host = host
         elif details is not None and details.host is not None:
@@ -362,7 +363,8 @@ class PartFetcher:
             port=address.replication_port,
             early=early,
         )
-        state = asyncio.ensure_future(self._read_replica_state(part_name, replicas, include_self=False))
+        state = asyncio.ensure_future(
+            self._read_replica_state(part_name, [source_replica], include_self=False, source_only=True))
         try:
             received = await self._download(address, src.root, part_name, tmp_dir, None)
         except BaseException:
@@ -391,6 +393,10 @@ class PartFetcher:
             if columns_text is None:
                 columns_text = (await asyncio.to_thread((tmp_dir / "columns.txt").read_bytes)).decode()
             seen = await (state if state is not None else self._read_replica_state(part_name))
+            if seen.source_only and not checksum_compare.compare_with_source(
+                    seen, part_name, columns_text, checksums):
+                log.info("source_registration_not_comparable", part=part_name)
+                seen = await self._read_replica_state(part_name)  # every replica, as 18.16
             if self.part_columns_text is not None and columns_text != self.part_columns_text and not any(
                     c is not None and c[0] == columns_text.encode() for c in seen.columns):
                 # a part with other columns than the table's (written before an ALTER, as 18.16 keeps them)
@@ -398,7 +404,9 @@ class PartFetcher:
                 # comparison with the replicas' checksums (made between parts of the same columns only)
                 raise CorruptedDataError(f"Part {part_name} has other columns than the table and than the "
                                          f"replicas registered: its columns.txt is {columns_text[:300]!r}")
-            absent = compare_with_replicas(seen, part_name, columns_text, checksums)
+            # the source's registration was compared above (a mismatch raised), nobody else is probed
+            absent = set() if seen.source_only else compare_with_replicas(seen, part_name, columns_text,
+                                                                          checksums)
             if not seen.self_read:
                 absent.add(self.paths.me.part(part_name))
         except BaseException:
@@ -513,6 +521,7 @@ class PartFetcher:
         *,
         include_self: bool = True,
         fresh_columns_version: bool = False,
+        source_only: bool = False,
     ) -> ReplicaState:
         """What every replica registered for the part, in pipelined rounds: the replica list (unless
         ``replicas`` is given: read by this fetch's source choice) and the table's ``columns`` version
@@ -526,7 +535,7 @@ class PartFetcher:
             _value(known) if known is not None else self._columns_version(),
         )
         return await read_registrations(
-            self.keeper, self.paths, part_name, names, columns_version, include_self)
+            self.keeper, self.paths, part_name, names, columns_version, include_self, source_only=source_only)
 
     async def _commit_to_zookeeper(
         self,

@@ -7,6 +7,11 @@ bytes unchanged, sets ``log_pointer`` to the last index + 1 and, when it moved,
 ``min_unprocessed_insert_time``.
 Only after the multi succeeded are the entries handed to the in-memory queue.
 
+``log_pointer`` is read once; after that the value and version this replica wrote last are used, and the
+multi sets it only at that version (18.16 reads it on every pass: one request per replica per log entry).
+Only this replica's puller moves it, but a clone of a lost replica sets it too: the multi then fails on the
+version, and the pass reads the pointer again.  After any failed pass it is read again as well.
+
 ``load_queue`` reads ``queue/`` back at start-up (the queue survives restarts in ZooKeeper).
 """
 
@@ -17,14 +22,16 @@ from collections.abc import Callable
 
 from replicad import fault_plant
 from replicad.errors import (
+    KeeperBadVersionError,
     KeeperConnectionLossError,
     KeeperError,
+    KeeperMultiError,
     KeeperOperationTimeoutError,
     KeeperSessionExpiredError,
     ZnodeFormatError,
 )
 from replicad.keeper.client import Keeper, WatchEvent
-from replicad.keeper.ops import Create, Op, Set
+from replicad.keeper.ops import Create, Op, Set, ZnodeStat
 from replicad.keeper.paths import TablePaths, basename, pad_index, sequence_number
 from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry, LogEntryType
@@ -84,6 +91,13 @@ class LogPuller:
         #: is this ``queue/`` node in the in-memory queue (set by the replica; see :meth:`_resync`)
         self.known: Callable[[str], bool] | None = None
         self._resync_needed = False
+        #: the version of ``log_pointer`` as this replica last read or wrote it (None: read it first)
+        self._pointer_version: int | None = None
+
+    def reset_pointer(self, pointer: int) -> None:
+        """The pointer as just read from ZooKeeper with the queue (start-up): the next pass reads it again."""
+        self.log_pointer = pointer
+        self._pointer_version = None
 
     def _on_watch(self, _event: WatchEvent) -> None:
         self.wake()
@@ -91,23 +105,39 @@ class LogPuller:
     async def pull(self) -> int:
         """One pullLogsToQueue pass; returns the number of entries copied."""
         async with self._pull_lock:
-            return await self._pull()
+            for attempt in range(3):
+                try:
+                    return await self._pull()
+                except _PointerMoved:
+                    log.info("log_pointer_moved_rereading", log_pointer=self.log_pointer)
+                    if attempt == 2:
+                        raise
+                except BaseException:
+                    self._pointer_version = None
+                    raise
+            raise AssertionError("unreachable")
 
     async def _pull(self) -> int:
         me = self.paths.me
         if self._resync_needed:
             await self._resync()
-        # one pipelined round: the pointer is read before the log is listed, as ZooKeeper answers in order
-        (raw_pointer, _), children = await asyncio.gather(
-            self.keeper.get(me.log_pointer), self.keeper.get_children(self.paths.log, watch=self._on_watch)
-        )
-        if not raw_pointer.strip():
-            logs = [c for c in children if c.startswith("log-")]
-            index = sequence_number(min(logs)) if logs else 0
-            await self.keeper.set(me.log_pointer, str(index).encode())
+        if self._pointer_version is not None:  # ours as last written: the multi checks its version
+            children = await self.keeper.get_children(self.paths.log, watch=self._on_watch)
+            index = self.log_pointer
         else:
-            index = int(raw_pointer)
-        self.log_pointer = index
+            # one pipelined round: the pointer is read before the log is listed, as ZooKeeper answers in order
+            (raw_pointer, stat), children = await asyncio.gather(
+                self.keeper.get(me.log_pointer),
+                self.keeper.get_children(self.paths.log, watch=self._on_watch),
+            )
+            if not raw_pointer.strip():
+                logs = [c for c in children if c.startswith("log-")]
+                index = sequence_number(min(logs)) if logs else 0
+                stat = await self.keeper.set(me.log_pointer, str(index).encode())
+            else:
+                index = int(raw_pointer)
+            self._pointer_version = stat.version
+            self.log_pointer = index
         first = f"log-{pad_index(index)}"
         # only the entries at or past the pointer are sorted (the log keeps ~100 and more already pulled)
         todo = sorted(c for c in children if c >= first and c.startswith("log-"))
@@ -144,7 +174,9 @@ class LogPuller:
         if self.on_read is not None:
             self.on_read(entries)
         last_index = sequence_number(names[-1])
-        ops.append(Set(me.log_pointer, str(last_index + 1).encode()))
+        pointer_op = len(ops)
+        version = self._pointer_version
+        ops.append(Set(me.log_pointer, str(last_index + 1).encode(), -1 if version is None else version))
         if new_min is not None:
             ops.append(Set(me.min_unprocessed_insert_time, str(new_min).encode()))
         try:
@@ -154,6 +186,13 @@ class LogPuller:
             # ZooKeeper's queue/ has them.  The next pull looks there first.
             self._resync_needed = True
             raise
+        except KeeperMultiError as e:
+            if e.index == pointer_op and isinstance(e.cause, KeeperBadVersionError):
+                self._pointer_version = None  # moved by someone else (a clone): read it again
+                raise _PointerMoved() from e
+            raise
+        written = results[pointer_op]
+        self._pointer_version = written.version if isinstance(written, ZnodeStat) else None
         entries = [e.with_znode(basename(str(results[i]))) for i, e in enumerate(entries)]
         self.log_pointer = last_index + 1
         log.debug("pulled_log_entries", count=len(entries), first=names[0], last=names[-1])
@@ -171,6 +210,13 @@ class LogPuller:
         if missing:
             log.warning("queue_resynced", entries=[e.znode_name for e in missing])
             self.on_entries(missing)
+
+
+class _PointerMoved(KeeperError):
+    """The multi's ``log_pointer`` version was not the one this replica last wrote."""
+
+    def __init__(self) -> None:
+        super().__init__("log_pointer was moved by another writer", retriable=True)
 
 
 class QueueUpdatingTask(BackgroundTask):

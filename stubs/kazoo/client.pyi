@@ -22,6 +22,16 @@ class KazooClient:
     chroot: str | None
     hosts: list[tuple[str, int]]
     state: str
+    handler: Any
+    logger: Any
+    use_ssl: bool
+    _state: str
+    _queue: Any
+    _pending: Any
+    _connection: Any
+    _conn_retry: Any
+    def _call(self, request: Any, async_object: AsyncResult) -> bool | None: ...
+    def _session_callback(self, state: str) -> None: ...
     def __init__(
         self,
         hosts: str = ...,

@@ -37,8 +37,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 N_PARTS = 20  # more than MAX_PRECHECKS: a backlog, checked entry by entry as the entries run
 #: requests of one fetch: source choice (clone: the replica list, the source's part and is_active; backlog:
-#: the named source's part and is_active, and the replica list for the comparison), the source's columns,
-#: checksums and columns version of the part, the commit, the queue node's removal
+#: the named source's part and is_active), the source's columns and checksums of the part (compared with the
+#: source only), the commit, the queue node's removal
 FETCH_PATH = 8
 #: the same with what the replica's other tasks send meanwhile
 MAX_PER_FETCH = 10

@@ -79,6 +79,7 @@ async def test_only_entries_from_the_pointer_on_are_copied_in_order(keeper: Keep
     assert handed == [f"all_{i}_{i}_0" for i in range(12)]
     handed.clear()
     await keeper.set(paths.me.log_pointer, b"9")
+    puller = LogPuller(keeper, paths, lambda es: handed.extend(e.new_part_name for e in es))  # reads it
     assert await puller.pull() == 3
     assert handed == ["all_9_9_0", "all_10_10_0", "all_11_11_0"]
     assert (await keeper.get(paths.me.log_pointer))[0] == b"12"
