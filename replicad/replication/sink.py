@@ -175,7 +175,8 @@ def write_temp_part(
     # made by the writer (one mkdir; a leftover directory of the name is emptied there)
     tmp_dir = layout.tmp_path(TMP_INSERT, f"{block.partition_id}_{n}_{n}_0")
     # a part of one granule (a small insert's) is written in one go: the same bytes (storage/small_part.py)
-    make = SmallPartWriter if small_part_fits(schema.columns, rows.num_rows, settings) else PartWriter
+    small = small_part_fits(schema.columns, rows.num_rows, settings, rows.nbytes)
+    make = SmallPartWriter if small else PartWriter
     writer = make(
         tmp_dir,
         list(schema.columns),

@@ -48,9 +48,17 @@ __all__ = ["SmallPartWriter", "small_part_fits"]
 _FIRST_MARK = bytes(16)
 
 
-def small_part_fits(columns: Sequence[tuple[str, DataType]], rows: int, settings: WriterSettings) -> bool:
-    """Whether :class:`SmallPartWriter` writes this part: 1..index_granularity rows, no stateful column."""
-    return 0 < rows <= settings.index_granularity and all(
+#: a block of more Arrow bytes goes to PartWriter (which holds ~a compressed block per stream, where this
+#: writer holds every column serialized and compressed until the files are made): a few granule-sized rows
+#: of huge values keep PartWriter's memory bound
+SMALL_PART_MAX_BYTES = 4 << 20
+
+
+def small_part_fits(columns: Sequence[tuple[str, DataType]], rows: int, settings: WriterSettings,
+                    nbytes: int = 0) -> bool:
+    """Whether :class:`SmallPartWriter` writes this part: 1..index_granularity rows of at most
+    :data:`SMALL_PART_MAX_BYTES` (``nbytes``: the block's Arrow size), no stateful column."""
+    return 0 < rows <= settings.index_granularity and nbytes <= SMALL_PART_MAX_BYTES and all(
         getattr(dtype, "bulk_serializer", None) is None for _n, dtype in columns)
 
 

@@ -112,6 +112,7 @@ def test_fits_one_granule_of_stateless_columns() -> None:
     s = WriterSettings(index_granularity=100)
     assert small_part_fits(cols, 1, s) and small_part_fits(cols, 100, s)
     assert not small_part_fits(cols, 0, s) and not small_part_fits(cols, 101, s)
+    assert small_part_fits(cols, 100, s, 4 << 20) and not small_part_fits(cols, 100, s, (4 << 20) + 1)
     if LOW_CARDINALITY:
         assert not small_part_fits([*cols, ("lc", parse_type("LowCardinality(String)"))], 10, s)
 
@@ -180,3 +181,27 @@ def test_write_files_makes_every_file_or_names_the_failure(tmp_path: Path, fsync
     assert (tmp_path / "f1").exists() and not (tmp_path / "f3").exists()
     with pytest.raises(ValueError, match="'/'"):
         write_files(tmp_path, [("d/x", b"1")], fsync)
+
+
+@pytest.mark.parametrize(("rows", "value_bytes", "small"),
+                         [(10, 8, True), (9000, 8, False), (5, 1 << 20, False)])
+def test_write_temp_part_takes_the_small_writer_for_one_small_granule(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int, value_bytes: int, small: bool) -> None:
+    """An insert's part of at most one granule and 4 MiB is SmallPartWriter's; more rows or bytes go to
+    PartWriter (same bytes either way)."""
+    from replicad.replication import sink
+    from replicad.storage.layout import TableDataLayout
+
+    used: list[str] = []
+    for cls in (SmallPartWriter, PartWriter):
+        real = cls.finish
+        monkeypatch.setattr(cls, "finish",
+                            lambda self, real=real: used.append(type(self).__name__) or real(self))
+    schema = sink.TableSchema((("k", parse_type("UInt64")), ("s", parse_type("String"))), None, "k")
+    layout = TableDataLayout(tmp_path, "db", "t")
+    layout.path.mkdir(parents=True)
+    block = sink.PartitionBlock("all", None, pa.table({
+        "k": pa.array(range(rows, 0, -1), pa.uint64()), "s": pa.array([b"v" * value_bytes] * rows)}))
+    written = sink.write_temp_part(block, schema, layout, WriterSettings(fsync=False))
+    assert used == ["SmallPartWriter" if small else "PartWriter"]
+    assert PartReader(written.path).read().column("k").to_pylist() == list(range(1, rows + 1))
