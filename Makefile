@@ -25,7 +25,7 @@ apt:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements.lock setup.py replicad/native/cityhash102.c replicad/native/strings.c replicad/native/siphash.c replicad/native/bitcodecs.c replicad/native/arraytext.c replicad/native/tsvsplit.c replicad/native/textints.c replicad/native/kmerge.c replicad/native/kgather.c replicad/native/kruns.h replicad/native/string_offsets.h
+$(STAMP): pyproject.toml requirements.lock setup.py replicad/native/cityhash102.c replicad/native/strings.c replicad/native/siphash.c replicad/native/bitcodecs.c replicad/native/arraytext.c replicad/native/tsvsplit.c replicad/native/textints.c replicad/native/kmerge.c replicad/native/kgather.c replicad/native/kruns.h replicad/native/string_offsets.h replicad/native/files.c
 	@[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c requirements.lock -e '.[test,bench]' --config-settings editable_mode=compat

@@ -58,5 +58,10 @@ setup(
             sources=["replicad/native/siphash.c"],
             extra_compile_args=["-O3"],
         ),
+        Extension(
+            "replicad.native._files",
+            sources=["replicad/native/files.c"],
+            extra_compile_args=["-O3"],
+        ),
     ]
 )

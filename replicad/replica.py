@@ -431,10 +431,7 @@ class TableReplica:
         return await self.insert(gen(), list(table.column_names), settings or InsertSettings())
 
     def _check_too_many_parts(self) -> None:
-        by_partition: dict[str, int] = {}
-        for p in self.store.active():
-            by_partition[p.info.partition_id] = by_partition.get(p.info.partition_id, 0) + 1
-        worst = max(by_partition.values(), default=0)
+        worst = self.store.max_active_in_partition()
         if worst >= self.parts_to_throw_insert:
             raise TooManyPartsError(
                 f"Too many parts ({worst}). Merges are processing significantly slower than inserts."

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import struct
 from typing import Any
 
@@ -80,19 +82,35 @@ class IntType(FixedWidthType):
         return convert_integers(self, arr, self.arrow_type)
 
 
+#: texts up to this size are checked by one regular-expression scan (numpy's temporaries cost more there)
+_SMALL_TEXT = 65536
+
+
+@functools.cache
+def _not_plain(forbidden: bytes) -> re.Pattern[bytes]:
+    """A byte outside printable ASCII without space ('!'..'~'), or one of ``forbidden``."""
+    return re.compile(b"[^!-~]" + (b"|[" + re.escape(forbidden) + b"]" if forbidden else b""))
+
+
 def _plain_ascii(arr: pa.Array, forbidden: bytes) -> pa.Array | None:
     """``arr`` as UTF-8 text if its values hold only printable ASCII other than space (so that
     :func:`strip_text` would change nothing) and none of the ``forbidden`` bytes; else None."""
     if not (pa.types.is_binary(arr.type) or pa.types.is_string(arr.type)):
         return None
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4)
-    data_buf = arr.buffers()[2]
+    buffers = arr.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4)
+    data_buf = buffers[2]
     if data_buf is not None and offsets[-1] > offsets[0]:
-        data = np.frombuffer(data_buf, dtype=np.uint8)[offsets[0]:offsets[-1]]
-        if ((data - np.uint8(0x21)) > 0x5D).any():  # outside '!'..'~'
-            return None
-        if any((data == b).any() for b in forbidden):
-            return None
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        if hi - lo <= _SMALL_TEXT:  # one scan of the bytes, no temporary arrays
+            if _not_plain(forbidden).search(memoryview(data_buf)[lo:hi]):
+                return None
+        else:
+            data = np.frombuffer(data_buf, dtype=np.uint8)[lo:hi]
+            if ((data - np.uint8(0x21)) > 0x5D).any():  # outside '!'..'~'
+                return None
+            if any((data == b).any() for b in forbidden):
+                return None
     if pa.types.is_string(arr.type):
         return arr
     # printable ASCII is valid UTF-8: the same buffers as text, without the cast's validation pass

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from replicad.errors import ZnodeFormatError
@@ -346,7 +346,12 @@ class LogEntry:
         return cls(**f)  # type: ignore[arg-type]
 
     def with_znode(self, znode_name: str) -> LogEntry:
-        return replace(self, znode_name=znode_name)
+        """This entry under another queue node name (``dataclasses.replace`` without its field-by-field
+        constructor call: the class has no ``__post_init__`` and every field is an ``__init__`` one)."""
+        out = object.__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        object.__setattr__(out, "znode_name", znode_name)
+        return out
 
 
 def _read_merge_options(r: TextReader, f: dict[str, object]) -> bool:

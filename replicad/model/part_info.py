@@ -29,6 +29,11 @@ _NAME_RE = re.compile(rf"([A-Za-z0-9-]{{1,{MAX_PARTITION_ID_LENGTH}}})_{_NUM}_{_
 _OLD_SYNTAX_RE = re.compile(r"[0-9]{8}_[0-9]{8}_[0-9]+_[0-9]+_[0-9]+(_[0-9]+)?")
 
 
+#: PartInfo.parse's cache: name -> PartInfo (emptied when full)
+_PARSED: dict[str, PartInfo] = {}
+_PARSED_MAX = 4096
+
+
 @dataclass(frozen=True, order=True, slots=True)
 class PartInfo:
     """A part's identity.  Ordering is (partition_id, min_block, max_block, level, mutation)."""
@@ -50,7 +55,22 @@ class PartInfo:
 
     @classmethod
     def parse(cls, name: str) -> Self:
-        """Parse a part name; :class:`BadPartNameError` ("Unexpected part name: ...") on anything else."""
+        """Parse a part name; :class:`BadPartNameError` ("Unexpected part name: ...") on anything else.  A
+        name parsed before is answered from a bounded cache (the value is immutable): a replica parses the
+        same few names again and again (queue, part set, merges, the interserver's routes)."""
+        if type(name) is str and cls is PartInfo:
+            hit = _PARSED.get(name)
+            if hit is not None:
+                return hit  # type: ignore[return-value]
+        info = cls._parse(name)
+        if cls is PartInfo:
+            if len(_PARSED) >= _PARSED_MAX:
+                _PARSED.clear()
+            _PARSED[name] = info
+        return info
+
+    @classmethod
+    def _parse(cls, name: str) -> Self:
         if not isinstance(name, str):
             raise BadPartNameError(f"Unexpected part name: {name!r}")
         m = _NAME_RE.fullmatch(name)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import replace
 
 from replicad import fault_plant
 from replicad.errors import (
@@ -124,7 +123,6 @@ class LogPuller:
             await self._resync()
         if self._pointer_version is not None:  # ours as last written: the multi checks its version
             children = await self.keeper.get_children(self.paths.log, watch=self._on_watch)
-            log_entries = sorted(c for c in children if c.startswith("log-"))
             index = self.log_pointer
         else:
             # one pipelined round: the pointer is read before the log is listed, as ZooKeeper answers in order
@@ -132,16 +130,17 @@ class LogPuller:
                 self.keeper.get(me.log_pointer),
                 self.keeper.get_children(self.paths.log, watch=self._on_watch),
             )
-            log_entries = sorted(c for c in children if c.startswith("log-"))
             if not raw_pointer.strip():
-                index = sequence_number(log_entries[0]) if log_entries else 0
+                logs = [c for c in children if c.startswith("log-")]
+                index = sequence_number(min(logs)) if logs else 0
                 stat = await self.keeper.set(me.log_pointer, str(index).encode())
             else:
                 index = int(raw_pointer)
             self._pointer_version = stat.version
             self.log_pointer = index
         first = f"log-{pad_index(index)}"
-        todo = [c for c in log_entries if c >= first]
+        # only the entries at or past the pointer are sorted (the log keeps ~100 and more already pulled)
+        todo = sorted(c for c in children if c >= first and c.startswith("log-"))
         copied = 0
         for start in range(0, len(todo), MAX_MULTI_OPS):
             copied += await self._copy_batch(todo[start : start + MAX_MULTI_OPS])
@@ -194,7 +193,7 @@ class LogPuller:
             raise
         written = results[pointer_op]
         self._pointer_version = written.version if isinstance(written, ZnodeStat) else None
-        entries = [replace(e, znode_name=basename(str(results[i]))) for i, e in enumerate(entries)]
+        entries = [e.with_znode(basename(str(results[i]))) for i, e in enumerate(entries)]
         self.log_pointer = last_index + 1
         log.debug("pulled_log_entries", count=len(entries), first=names[0], last=names[-1])
         self.on_entries(entries)

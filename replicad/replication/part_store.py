@@ -144,6 +144,15 @@ class PartStore:
         each fetch)."""
         return sum(p.directory.rows for p in self._live.values() if p.state is PartState.ACTIVE)
 
+    def max_active_in_partition(self) -> int:
+        """The most active parts any one partition has (the insert's too-many-parts check, before every
+        block: counted, not sorted as :meth:`active` sorts them after each change)."""
+        worst = 0
+        for parts in self._live_by_partition.values():
+            n = sum(1 for p in parts.values() if p.state is PartState.ACTIVE)
+            worst = max(worst, n)
+        return worst
+
     def active_names(self) -> list[str]:
         return [p.name for p in self.active()]
 
@@ -173,18 +182,22 @@ class PartStore:
     def active_containing(self, info: PartInfo) -> LocalPart | None:
         """The active (or pre-committed) part equal to or covering ``info``."""
         best: LocalPart | None = None
+        lo, hi = info.min_block, info.max_block
         for p in self._live_in(info.partition_id):
-            if p.info == info or p.info.contains(info):
+            pi = p.info  # the block range first (plain integers): what contains() needs before anything else
+            if pi.min_block <= lo and pi.max_block >= hi and (pi == info or pi.contains(info)):
                 if best is None or p.info.contains(best.info):
                     best = p
         return best
 
     def covered_by(self, info: PartInfo) -> list[LocalPart]:
         """Active parts strictly covered by ``info``."""
+        lo, hi = info.min_block, info.max_block
         return [
             p
             for p in self._live_in(info.partition_id)
-            if p.state is PartState.ACTIVE and p.info != info and info.contains(p.info)
+            if lo <= p.info.min_block and p.info.max_block <= hi  # the block range first, as above
+            and p.state is PartState.ACTIVE and p.info != info and info.contains(p.info)
         ]
 
     # ---------------------------------------------------------------------------------------- changes
@@ -252,8 +265,10 @@ class PartStore:
         part = self._parts[name]
         if self.remote is not None:
             self.remote.committed(name)
-        covering = [p for p in self._live_in(part.info.partition_id) if p.state is PartState.ACTIVE
-                    and p.info != part.info and p.info.contains(part.info)]
+        info = part.info
+        covering = [p for p in self._live_in(info.partition_id)
+                    if p.info.min_block <= info.min_block and p.info.max_block >= info.max_block
+                    and p.state is PartState.ACTIVE and p.info != info and p.info.contains(info)]
         if covering:
             log.warning("obsolete_part_added", part=name, covered_by=covering[0].name)
             self._outdate(part, 0.0)  # removed by the next cleanup

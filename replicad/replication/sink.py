@@ -31,6 +31,7 @@ from replicad.sql.table_metadata import ColumnsDescription
 from replicad.storage.block import ColumnDefaults, is_identity, sort_indices
 from replicad.storage.checksums import Checksums
 from replicad.storage.layout import TMP_INSERT, TableDataLayout
+from replicad.storage.small_part import SmallPartWriter, small_part_fits
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart, prepare_block
 
 _tmp_counter = itertools.count(1)
@@ -89,6 +90,13 @@ class TableSchema:
     @cached_property
     def primary_exprs(self) -> list[Expr]:
         return compile_key(self.primary_key) if self.primary_key else self.sorting_exprs
+
+    @cached_property
+    def primary_of_sorting(self) -> bool:
+        """The PRIMARY KEY expressions are the first ORDER BY ones (always so without a PRIMARY KEY clause):
+        a block's key arrays are evaluated once for both."""
+        n = len(self.primary_exprs)
+        return [e.text for e in self.primary_exprs] == [e.text for e in self.sorting_exprs[:n]]
 
     @cached_property
     def minmax_columns(self) -> list[str]:
@@ -159,13 +167,17 @@ def write_temp_part(
     order = sort_indices([a for _n, a, _t in sort_keys]) if sort_keys and rows.num_rows > 1 else None
     if order is not None and is_identity(order):
         order = None
-    pk = _key_arrays(schema.primary_exprs, rows, schema)
+    pk = (sort_keys[:len(schema.primary_exprs)] if schema.primary_of_sorting
+          else _key_arrays(schema.primary_exprs, rows, schema))
     extra_types = {name: dtype for name, _a, dtype in pk if name not in schema.types}
     extra_arrays = {name: arr for name, arr, _t in pk if name not in schema.types}
     n = next(_tmp_counter)
     # made by the writer (one mkdir; a leftover directory of the name is emptied there)
     tmp_dir = layout.tmp_path(TMP_INSERT, f"{block.partition_id}_{n}_{n}_0")
-    writer = PartWriter(
+    # a part of one granule (a small insert's) is written in one go: the same bytes (storage/small_part.py)
+    small = small_part_fits(schema.columns, rows.num_rows, settings, rows.nbytes)
+    make = SmallPartWriter if small else PartWriter
+    writer = make(
         tmp_dir,
         list(schema.columns),
         settings,
@@ -181,6 +193,7 @@ def write_temp_part(
             stage_times.mark("seal")
         written = writer.finish()
     if early is not None:  # ``written.path`` stays the tmp_insert_ path; ``early.renamed`` the new one
+        written.checksums.minimalistic_text()  # the commit's value, made while the lock may still be out
         stage_times.mark("files")
         early.rename_if_locked(written.path, EARLY_RENAME_WAIT_S)
     return written
@@ -286,17 +299,22 @@ async def write_block(
     """Write one insert block as temporary parts (one per partition); appended to ``ctx.parts`` too.  With
     ``early`` (made for ``ctx``'s next ordinal), the first part's lock is taken while its files are written
     and that part carries it to the commit; a failed write lets it go."""
+    ordinal = ctx.ordinal
+
+    def write() -> list[tuple[str, WrittenPart, str]]:  # the block ids made in the same thread, off the loop
+        parts = write_parts(table, schema, layout, settings, fill_missing=fill_missing,
+                            max_partitions=ctx.max_partitions, early=early)
+        return [(pid, w, block_id_of(pid, w.checksums.files, ctx.deduplicate, ctx.token, ordinal + i))
+                for i, (pid, w) in enumerate(parts)]
+
     try:
-        written_parts = await asyncio.to_thread(write_parts, table, schema, layout, settings,
-                                                fill_missing=fill_missing, max_partitions=ctx.max_partitions,
-                                                early=early)
+        written_parts = await asyncio.to_thread(write)
     except BaseException:
         if early is not None:
             early.abandon()
         raise
     out: list[TempPart] = []
-    for i, (partition_id, written) in enumerate(written_parts):
-        bid = block_id_for(partition_id, written.checksums, ctx)
+    for i, (partition_id, written, bid) in enumerate(written_parts):
         ctx.ordinal += 1
         carried = early if i == 0 and early is not None and early.started else None
         if carried is not None and (carried.block_id, carried.partition_id) != (bid, partition_id):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import functools
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -50,7 +50,7 @@ from replicad.server.insert_input import input_spec, spool_dir
 from replicad.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from replicad.server.metrics import Metrics
 from replicad.server.output_formats import content_type
-from replicad.server.query_settings import insert_settings, query_setting, url_settings
+from replicad.server.query_settings import insert_settings, query_setting, request_query_id, url_settings
 from replicad.server.routing import (
     InsertRoute,
     SelectRoute,
@@ -201,7 +201,8 @@ def _log_stages(clock: stage_times.StageClock) -> None:
     if not clock.marks:  # not an INSERT
         return
     clock.mark("finish")
-    log.info("insert_stages", wall0=round(clock.wall0, 6), us=clock.durations_us(), zk=dict(clock.zk))
+    asyncio.get_running_loop().call_soon(functools.partial(  # after the answer is written, as insert_done
+        log.info, "insert_stages", wall0=round(clock.wall0, 6), us=clock.durations_us(), zk=dict(clock.zk)))
 
 
 QUERY_KIND = web.RequestKey("query_kind", str)
@@ -257,16 +258,6 @@ async def _off_loop_if_long(text: str, fn: Callable[..., _T], *args: Any) -> _T:
     return await asyncio.to_thread(fn, *args)
 
 
-def _query_id(given: str | None) -> str:
-    """The client's ``query_id`` (echoed in ``X-ClickHouse-Query-Id``), or a fresh one.  Checked before
-    anything is done: a control character would break the answer's headers after an insert committed."""
-    if not given:
-        return str(uuid.uuid4())
-    if len(given) > 256 or any(ord(c) < 32 or ord(c) == 127 for c in given):
-        raise BadInputError("Invalid query_id: at most 256 characters, no control characters", code=36)
-    return given
-
-
 def _check_query_size(text: str, config: Config, given: Mapping[str, Any]) -> None:
     """ClickHouse's ``max_query_size`` (the URL's, else the config's ``settings:``): the statement (for
     INSERT, the text before the data) is refused when longer, before it is parsed."""
@@ -290,7 +281,7 @@ async def handle_query(request: web.Request) -> web.StreamResponse:
     state: ApiState = request.app[STATE]
     params = request.query
     given = url_settings(params)
-    query_id = _query_id(params.get("query_id"))
+    query_id = request_query_id(params.get("query_id"))
     prefix = b""
     text = params.get("query")
     has_body = request.method == "POST" and request.can_read_body
@@ -386,8 +377,11 @@ async def _insert(request: web.Request, state: ApiState, r: InsertRoute, given: 
     m.inserted_bytes.labels(name).inc(summary.written_bytes)
     m.inserted_parts.labels(name).inc(summary.written_parts)
     m.deduplicated_blocks.labels(name).inc(summary.deduplicated_blocks)
-    log.info("insert_done", table=name, query_id=query_id, format=r.format, rows=summary.written_rows,
-             parts=summary.written_parts, deduplicated_blocks=summary.deduplicated_blocks)
+    # logged once the answer is written (aiohttp writes it in this task step): the line's rendering and its
+    # write (a system call that lets go of the GIL) are no longer in the acknowledgement's time
+    asyncio.get_running_loop().call_soon(functools.partial(
+        log.info, "insert_done", table=name, query_id=query_id, format=r.format, rows=summary.written_rows,
+        parts=summary.written_parts, deduplicated_blocks=summary.deduplicated_blocks))
     headers["X-ClickHouse-Summary"] = json.dumps(summary.header_dict(), separators=(",", ":"))
     resp = web.json_response(summary.to_dict(), headers=headers)
     stage_times.mark("respond")

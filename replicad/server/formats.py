@@ -188,19 +188,20 @@ def _tsv(body: SyncBody, spec: InputSpec, with_names: bool = False) -> Iterator[
     width = len(fields)
     yield names
     conv = Converter(names, types, spec, text="tsv")
-    col_names = [f"c{i}" for i in range(width)]
-    read_opts = pa_csv.ReadOptions(column_names=col_names, use_threads=True)
-    parse_opts = pa_csv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
-                                     ignore_empty_lines=width > 1)
-    convert_opts = pa_csv.ConvertOptions(column_types={c: pa.binary() for c in col_names}, null_values=[],
-                                         strings_can_be_null=False, check_utf8=False)
     kinds = text_kinds(width, positions, types, spec.tz)
     for block in body.line_blocks(spec.read_block_bytes):
         got = _tsvsplit.split(block, width, width > 1, pa.allocate_buffer, kinds)
         if got is None:  # a line with another number of fields (or an unusual block): pyarrow's reader
+            col_names = [f"c{i}" for i in range(width)]
             try:
-                table = pa_csv.read_csv(io.BytesIO(block), read_options=read_opts, parse_options=parse_opts,
-                                        convert_options=convert_opts)
+                table = pa_csv.read_csv(  # its options made only here: most bodies never need them
+                    io.BytesIO(block),
+                    read_options=pa_csv.ReadOptions(column_names=col_names, use_threads=True),
+                    parse_options=pa_csv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
+                                                      ignore_empty_lines=width > 1),
+                    convert_options=pa_csv.ConvertOptions(
+                        column_types={c: pa.binary() for c in col_names}, null_values=[],
+                        strings_can_be_null=False, check_utf8=False))
             except pa.ArrowInvalid as e:
                 raise _tsv_shape_error(block, fields, conv.row, e) from None
             yield from conv.feed([table.column(p) for p in positions], escaped=b"\\" in block)

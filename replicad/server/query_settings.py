@@ -1,7 +1,9 @@
-"""Query-level settings of an HTTP request: the URL's ClickHouse settings, and an INSERT's settings."""
+"""Query-level settings of an HTTP request (the URL's ClickHouse settings, an INSERT's), and its query id."""
 
 from __future__ import annotations
 
+import random
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,3 +58,18 @@ def insert_settings(config: Config, given: Mapping[str, int | float | str], quer
 
 
 # ---- reading the query ---------------------------------------------------------------------------------
+
+
+#: fresh query ids, version-4 UUIDs from a generator seeded once (uuid4() reads os.urandom per id: a system
+#: call that lets go of the GIL on the loop, and another thread may keep it for up to a switch interval)
+_QUERY_IDS = random.Random()
+
+
+def request_query_id(given: str | None) -> str:
+    """The client's ``query_id`` (echoed in ``X-ClickHouse-Query-Id``), or a fresh one.  Checked before
+    anything is done: a control character would break the answer's headers after an insert committed."""
+    if not given:
+        return str(uuid.UUID(int=_QUERY_IDS.getrandbits(128), version=4))
+    if len(given) > 256 or any(ord(c) < 32 or ord(c) == 127 for c in given):
+        raise BadInputError("Invalid query_id: at most 256 characters, no control characters", code=36)
+    return given

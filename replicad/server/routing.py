@@ -233,7 +233,13 @@ def _statement(sql: str, db: str) -> StatementRoute:
 # ---- lexical helpers -----------------------------------------------------------------------------------
 
 
+_QUOTES = re.compile("['\"`]")
+
+
 def strip_comments(sql: str) -> str:
+    """``sql`` without its comments (``--`` to the line end, ``/* … */`` as one space); quoted text kept."""
+    if "--" not in sql and "/*" not in sql and not _QUOTES.search(sql):  # nothing to strip or check
+        return sql
     out, i, n = [], 0, len(sql)
     while i < n:
         c = sql[i]

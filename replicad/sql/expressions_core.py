@@ -91,9 +91,10 @@ class Context:
 
     def column(self, name: str) -> Val:
         dt = self.types.get(name)
-        if dt is None or name not in self.table.column_names:
+        i = self.table.schema.get_field_index(name) if dt is not None else -1  # no list of the names
+        if dt is None or (i < 0 and name not in self.table.column_names):
             raise BadInputError(f"Missing column {name!r} (unknown identifier)", code=UNKNOWN_IDENTIFIER)
-        col = self.table.column(name)
+        col = self.table.column(i if i >= 0 else name)  # -1 for a name twice: column() refuses it as before
         arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
         return Val(arr, dt)
 

@@ -223,8 +223,14 @@ class Checksums:
         return MinimalisticChecksums.from_checksums(self)
 
     def minimalistic_text(self) -> bytes:
-        """The v5 value of ZooKeeper's ``parts/<p>/checksums`` (binary despite the name)."""
-        return self.minimalistic().to_bytes()
+        """The v5 value of ZooKeeper's ``parts/<p>/checksums`` (binary despite the name).  Made once per
+        object (``files`` never changes): an insert's writer thread makes it while the block-number lock is
+        being taken, and the commit on the loop finds it ready."""
+        text: bytes | None = self.__dict__.get("_minimalistic_text")
+        if text is None:
+            text = self.minimalistic().to_bytes()
+            object.__setattr__(self, "_minimalistic_text", text)
+        return text
 
     def total_checksum(self) -> tuple[int, int]:
         """SipHash-128 (lo, hi) over (name, file hash) of every file = minimalistic hash_of_all_files."""

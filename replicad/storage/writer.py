@@ -28,7 +28,6 @@ import os
 import shutil
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -41,26 +40,15 @@ import pyarrow.compute as pc
 from replicad.datatypes import DataType
 from replicad.errors import BadInputError
 from replicad.storage.block import prepare_block, sort_indices, sort_table
-from replicad.storage.checksums import Checksum, Checksums
+from replicad.storage.checksums import Checksum
 from replicad.storage.column_writer import (
     BulkSerializer,
     ColumnWriter,
     WriterSettings,
     combine_chunks,
     is_serialized,
-    plain_checksum,
 )
-from replicad.storage.part import (
-    CHECKSUMS_FILE,
-    COLUMNS_FILE,
-    COUNT_FILE,
-    PARTITION_FILE,
-    PRIMARY_INDEX_FILE,
-    columns_text,
-    fsync_dir,
-    minmax_file_name,
-    write_file,
-)
+from replicad.storage.written_part import WrittenPart, write_part_metadata
 
 #: the machine's CPUs, read once (os.cpu_count reads /sys on every call: ~6 µs per part written)
 _CPUS = os.cpu_count() or 1
@@ -77,18 +65,6 @@ __all__ = [
 
 #: a write of fewer rows runs in the caller's thread, column after column
 PARALLEL_MIN_ROWS = 8192
-
-
-@dataclass(frozen=True)
-class WrittenPart:
-    """What :meth:`PartWriter.finish` produced (the part is still in its temporary directory)."""
-
-    path: Path
-    rows: int
-    marks_count: int
-    checksums: Checksums
-    columns_text: str
-    bytes_on_disk: int
 
 
 class PartWriter:
@@ -347,41 +323,13 @@ class PartWriter:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-        def put(name: str, data: bytes) -> None:
-            write_file(os.path.join(self.path, name), data, fsync)
-            files[name] = plain_checksum(data)
-
-        if self.primary_key:
-            put(PRIMARY_INDEX_FILE, bytes(self._primary))
-        if self.partition_value is not None:
-            put(PARTITION_FILE, b"".join(
-                t.serialize_value(pa.array([v], t.arrow_type), 0) for t, v in self.partition_value
-            ))
-            if self.rows:
-                for c in self.minmax_columns:
-                    t = self._types[c]
-                    lo, hi = self._minmax[c]
-                    pair = pa.array([lo, hi], t.arrow_type)
-                    put(minmax_file_name(c), t.serialize_value(pair, 0) + t.serialize_value(pair, 1))
-            put(COUNT_FILE, str(self.rows).encode())
-        elif self.minmax_columns:
-            raise ValueError("minmax_columns given without a partition_value")
-        else:
-            put(COUNT_FILE, str(self.rows).encode())
-
-        text = columns_text(self.columns)
-        text_bytes = text.encode("utf-8")
-        write_file(os.path.join(self.path, COLUMNS_FILE), text_bytes, fsync)
-        checksums = Checksums(files=files)
-        checksums_bytes = checksums.to_bytes()
-        write_file(os.path.join(self.path, CHECKSUMS_FILE), checksums_bytes, fsync)
-        if fsync:
-            fsync_dir(self.path)
+        written = write_part_metadata(
+            self.path, files, self.columns, rows=self.rows, marks_count=self.marks_count,
+            primary=bytes(self._primary) if self.primary_key else None, partition_value=self.partition_value,
+            minmax_columns=self.minmax_columns, minmax=self._minmax, fsync=fsync)
         self._finished = True
         self._closed = True
-        # every file of the (fresh) directory is one of these: no stat of each
-        size = sum(c.file_size for c in files.values()) + len(text_bytes) + len(checksums_bytes)
-        return WrittenPart(self.path, self.rows, self.marks_count, checksums, text, size)
+        return written
 
     def abort(self) -> None:
         """Stop writing and remove the temporary directory (idempotent)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from replicad.model.block_id import block_id_from_checksums
 from replicad.replica import TableReplica
 from replicad.storage.checksums import Checksums
 from replicad.storage.layout import TableDataLayout
+from replicad.storage.small_part import SmallPartWriter
 from replicad.storage.writer import PartWriter
 from tests.support.table_cluster import Cluster, rows, sorted_rows, wait_for
 
@@ -37,16 +39,23 @@ async def lock_nodes(replica: TableReplica) -> list[str]:
     return out
 
 
+def patch_finish(monkeypatch: pytest.MonkeyPatch, wrap: Callable[[Any], Callable[[Any], Any]]) -> None:
+    """``finish`` of both part writers (a small insert's one-granule part is SmallPartWriter's) replaced by
+    ``wrap(the real finish)``."""
+    for cls in (PartWriter, SmallPartWriter):
+        monkeypatch.setattr(cls, "finish", wrap(cls.finish))
+
+
 def slow_finish(monkeypatch: pytest.MonkeyPatch, until: threading.Event, record: list[bool]) -> None:
-    """PartWriter.finish waits (in the writer's thread) until ``until`` is set, at most 5 s, and records
-    whether it was: the lock, set by the allocator, came back while the part was being written."""
-    real = PartWriter.finish
+    """The part writer's finish waits (in the writer's thread) until ``until`` is set, at most 5 s, and
+    records whether it was: the lock, set by the allocator, came back while the part was being written."""
+    def wrap(real: Any) -> Callable[[Any], Any]:
+        def finish(self: Any) -> Any:
+            record.append(until.wait(5.0))
+            return real(self)
+        return finish
 
-    def finish(self: PartWriter) -> Any:
-        record.append(until.wait(5.0))
-        return real(self)
-
-    monkeypatch.setattr(PartWriter, "finish", finish)
+    patch_finish(monkeypatch, wrap)
 
 
 def lock_event(replica: TableReplica, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
@@ -114,16 +123,17 @@ async def test_a_write_failing_after_the_lock_started_releases_it(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     r1 = await cluster.start("r1")
     done = lock_event(r1, monkeypatch)
-    real = PartWriter.finish
     failing = True
 
-    def finish(self: PartWriter) -> Any:
-        if failing:
-            assert done.wait(5.0)  # the lock is held now
-            raise OSError(28, "injected: no space left on device")
-        return real(self)
+    def wrap(real: Any) -> Callable[[Any], Any]:
+        def finish(self: Any) -> Any:
+            if failing:
+                assert done.wait(5.0)  # the lock is held now
+                raise OSError(28, "injected: no space left on device")
+            return real(self)
+        return finish
 
-    monkeypatch.setattr(PartWriter, "finish", finish)
+    patch_finish(monkeypatch, wrap)
     with pytest.raises(OSError, match="injected"):
         await r1.insert_table(rows(range(10), month=11))
     await wait_for(lambda: _no_locks(r1), timeout=10.0)
@@ -174,18 +184,19 @@ async def test_a_later_part_failing_after_the_first_was_renamed_leaves_nothing(
     write fails; neither the renamed directory nor the lock survives the insert's error."""
     r1 = await cluster.start("r1")
     done = lock_event(r1, monkeypatch)
-    real = PartWriter.finish
     finished = 0
 
-    def finish(self: PartWriter) -> Any:
-        nonlocal finished
-        finished += 1
-        if finished == 1:
-            assert done.wait(5.0)  # the first part's lock is back: its thread renames it
-            return real(self)
-        raise OSError(5, "injected: the second part cannot be written")
+    def wrap(real: Any) -> Callable[[Any], Any]:
+        def finish(self: Any) -> Any:
+            nonlocal finished
+            finished += 1
+            if finished == 1:
+                assert done.wait(5.0)  # the first part's lock is back: its thread renames it
+                return real(self)
+            raise OSError(5, "injected: the second part cannot be written")
+        return finish
 
-    monkeypatch.setattr(PartWriter, "finish", finish)
+    patch_finish(monkeypatch, wrap)
     block = rows(range(10), month=10)
     more = rows(range(100, 110), month=11)
     both = block.__class__.from_batches([*block.to_batches(), *more.to_batches()])

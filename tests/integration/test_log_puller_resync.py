@@ -60,3 +60,26 @@ async def test_entries_of_a_lost_answer_are_found_in_the_queue(keeper: Keeper) -
         keeper.multi = real_multi  # type: ignore[method-assign]
     assert sorted(handed) == ["all_0_0_0", "all_1_1_0", "all_2_2_0"]
     assert len(await keeper.get_children(paths.me.queue)) == 3
+
+
+async def test_only_entries_from_the_pointer_on_are_copied_in_order(keeper: Keeper) -> None:
+    """An empty pointer starts at the oldest entry; a set one copies the entries at or past it, in log order,
+    however many older ones the log still keeps."""
+    paths = TablePaths.create("/clickhouse/tables/01/t2", "r1")
+    await zk_init.create_table_if_not_exists(keeper, paths, METADATA, COLUMNS)
+    await zk_init.create_replica(keeper, paths, COLUMNS)
+    await zk_init.create_new_nodes(keeper, paths, METADATA)
+    for i in range(12):
+        entry = LogEntry.get_part(f"all_{i}_{i}_0", source_replica="r2", create_time=1_700_000_000 + i)
+        await keeper.create(paths.log_prefix, entry.to_bytes(), sequence=True)
+    await keeper.set(paths.me.log_pointer, b"")
+    handed: list[str] = []
+    puller = LogPuller(keeper, paths, lambda es: handed.extend(e.new_part_name for e in es))
+    assert await puller.pull() == 12
+    assert handed == [f"all_{i}_{i}_0" for i in range(12)]
+    handed.clear()
+    await keeper.set(paths.me.log_pointer, b"9")
+    puller = LogPuller(keeper, paths, lambda es: handed.extend(e.new_part_name for e in es))  # reads it
+    assert await puller.pull() == 3
+    assert handed == ["all_9_9_0", "all_10_10_0", "all_11_11_0"]
+    assert (await keeper.get(paths.me.log_pointer))[0] == b"12"

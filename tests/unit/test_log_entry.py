@@ -359,3 +359,15 @@ def test_round_trip_modern_fields(
         extra.update(new_part_uuid=uuid)
     modern = replace(entry, **extra)  # type: ignore[arg-type]
     assert LogEntry.parse(modern.to_bytes()) == modern
+
+
+def test_with_znode_is_replace() -> None:
+    """with_znode (no constructor call) gives what dataclasses.replace gives, and leaves the entry alone."""
+    import dataclasses
+
+    e = LogEntry.get_part("202401_3_3_0", source_replica="r1", create_time=1_700_000_000,
+                          block_id="202401_1_2")
+    moved = e.with_znode("queue-0000000042")
+    assert moved == dataclasses.replace(e, znode_name="queue-0000000042")
+    assert moved.znode_name == "queue-0000000042" and e.znode_name != moved.znode_name
+    assert dataclasses.fields(moved) == dataclasses.fields(e) and type(moved) is type(e)

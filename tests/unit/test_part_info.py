@@ -178,3 +178,19 @@ def test_merge_covers_sources(parts: list[PartInfo]) -> None:
     assume(len({p.partition_id for p in parts}) == 1)
     merged = PartInfo.for_merge(parts)
     assert all(merged.contains(p) and merged.contains(p, strict=True) for p in parts)
+
+
+def test_parse_cache_answers_the_same_and_still_refuses() -> None:
+    """Names parsed before come from a bounded cache: the same value, a bad name refused every time, the
+    cache emptied when full."""
+    from replicad.model import part_info
+
+    a = PartInfo.parse("202401_5_9_2_11")
+    assert PartInfo.parse("202401_5_9_2_11") == a == PartInfo("202401", 5, 9, 2, 11)
+    for _ in range(2):
+        with pytest.raises(BadPartNameError):
+            PartInfo.parse("202401_9_5_0")
+    assert "202401_9_5_0" not in part_info._PARSED
+    for i in range(part_info._PARSED_MAX + 5):
+        assert PartInfo.parse(f"p_{i}_{i}_0").max_block == i
+    assert len(part_info._PARSED) <= part_info._PARSED_MAX

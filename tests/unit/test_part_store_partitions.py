@@ -82,8 +82,28 @@ async def test_index_agrees_with_the_whole_set_after_every_change(store: PartSto
         assert by_partition == whole
         # count() without a WHERE: the active parts' rows, counted without ordering them
         assert store.active_rows() == sum(p.directory.rows for p in store.active())
+        # the insert's too-many-parts check: the most active parts of one partition, counted without sorting
+        per: dict[str, int] = {}
+        for p in store.active():
+            per[p.info.partition_id] = per.get(p.info.partition_id, 0) + 1
+        assert store.max_active_in_partition() == max(per.values(), default=0)
         for p in store._live.values():
             target = PartInfo(p.info.partition_id, p.info.min_block, p.info.min_block, 0)
             brute = [q for q in store._live.values() if q.info == target or q.info.contains(target)]
             found = store.active_containing(target)
             assert (found is None) == (not brute)
+
+
+async def test_max_active_in_partition_counts_active_parts_only(store: PartStore) -> None:
+    assert store.max_active_in_partition() == 0
+    for n in range(1, 4):
+        await add(store, f"a_{n}_{n}_0")
+    await add(store, "b_1_1_0")
+    tmp_dir = store.layout.tmp_path("tmp-fetch_", "b_2_2_0")
+    tmp_dir.mkdir()
+    (tmp_dir / "checksums.txt").write_bytes(b"x")
+    (tmp_dir / "count.txt").write_bytes(b"1")
+    await store.precommit(tmp_dir, PartInfo.parse("b_2_2_0"))  # pre-committed, not active: not counted
+    assert store.max_active_in_partition() == 3
+    store.make_outdated("a_1_1_0")
+    assert store.max_active_in_partition() == 2

@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from replicad.errors import SyntaxError_
 from replicad.server import routing
 from replicad.server.routing import InsertRoute, SelectRoute, StatementRoute, resolve
 
@@ -52,3 +55,41 @@ def test_syntax_errors_are_raised_every_time(parses: list[str]) -> None:
     for _ in range(2):
         with pytest.raises(Exception, match="Syntax error"):
             resolve("SELECT count( FROM db.events")
+
+
+@given(st.lists(st.sampled_from(["INSERT", " ", "t", "-", "--", "/", "/*", "*/", "*", "'", '"', "`", "\\",
+                                 "\n", "x", "''"]), max_size=12).map("".join))
+@settings(max_examples=400, deadline=None)
+def test_strip_comments_fast_path_changes_nothing(sql: str) -> None:
+    """A text with no comment marker and no quote is returned as it is; any other goes through the scan
+    (an unterminated quote still refused there)."""
+    from replicad.server import routing
+
+    def scanned(text: str) -> object:
+        try:
+            out, i, n = [], 0, len(text)
+            while i < n:  # the scan alone, as strip_comments runs it past its fast path
+                c = text[i]
+                if c in "'\"`":
+                    j = routing._skip_quoted(text, i)
+                    out.append(text[i:j])
+                    i = j
+                elif text.startswith("--", i):
+                    j = text.find("\n", i)
+                    i = n if j < 0 else j
+                elif text.startswith("/*", i):
+                    j = text.find("*/", i + 2)
+                    i = n if j < 0 else j + 2
+                    out.append(" ")
+                else:
+                    out.append(c)
+                    i += 1
+            return "".join(out)
+        except SyntaxError_ as e:
+            return ("error", str(e))
+
+    try:
+        got: object = routing.strip_comments(sql)
+    except SyntaxError_ as e:
+        got = ("error", str(e))
+    assert got == scanned(sql)

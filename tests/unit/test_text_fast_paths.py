@@ -130,3 +130,24 @@ def test_zero_dates_searched_or_tested_alike(scan_bytes: int, monkeypatch: pytes
     assert zero_dates(pa.array(["0000-00-00", "2024-01-01"]), "E").to_pylist() == ["E", "2024-01-01"]
     empty = pa.array([b"", b""])
     assert zero_dates(empty, "E").to_pylist() == [b"", b""]
+
+
+#: the bytes at the edges of printable ASCII and the forbidden ones, in short texts
+_EDGE_TEXT = st.lists(st.sampled_from([b" ", b"!", b"~", b"\x7f", b"\x80", b"\xff", b"\t", b"\0", b"n", b"N",
+                                       b"-", b"]", b"^", b"\\", b"5"]), max_size=4).map(b"".join)
+
+
+@given(st.lists(st.binary(max_size=6) | _EDGE_TEXT | st.none(), max_size=12),
+       st.sampled_from([b"", b"nN", b"-]\\^"]), st.integers(0, 3))
+@settings(max_examples=300, deadline=None)
+def test_plain_ascii_scanned_or_tested_alike(values: list[bytes | None], forbidden: bytes,
+                                             start: int) -> None:
+    """A small text column is checked by one regular-expression scan, a big one with numpy: the same answer
+    for every byte (space, controls, DEL, bytes >= 0x80, the forbidden ones), slices and NULLs included."""
+    arr = pa.array([b"xx", b"y", b"z", *values], pa.binary()).slice(start)
+    small = types_numeric._plain_ascii(arr, forbidden)
+    with patch.object(types_numeric, "_SMALL_TEXT", -1):  # the numpy path only
+        big = types_numeric._plain_ascii(arr, forbidden)
+    assert (small is None) == (big is None)
+    if small is not None and big is not None:
+        assert small.equals(big)

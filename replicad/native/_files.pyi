@@ -1,0 +1,7 @@
+from collections.abc import Sequence
+from os import PathLike
+
+def write_files(
+    directory: str | bytes | PathLike[str], files: Sequence[tuple[str, bytes | bytearray | memoryview]],
+    fsync: bool, make_dir: bool = False, /,
+) -> None: ...

@@ -1,0 +1,320 @@
+"""A part of at most one granule written in one go (the small insert's part): the same files and bytes as
+:class:`replicad.storage.writer.PartWriter`, without its streaming machinery.
+
+A part whose rows fit in one granule (``rows <= index_granularity``) has, in every substream, one mark at
+``(0, 0)`` and, unless the substream's serialized rows pass ``max_compress_block_size``, one compressed
+block holding all of them: each ``.bin`` is one :meth:`BlockCompressor.block` of the column's serialized
+rows, each ``.mrk`` 16 zero bytes.  :class:`SmallPartWriter` serializes each column once (permuted by the
+ORDER BY as PartWriter's writeWithPermutation does), compresses it, and hashes the block and the plain
+bytes once each, where PartWriter builds a stream, a block writer and two running hashes per substream and
+feeds them granule piece by granule piece (~0.3 ms of a 100-row, 6-column part's ~0.5 ms).  A substream
+longer than one block goes through :class:`CompressedStreamWriter` as PartWriter's does (the same cuts).
+
+Stateful serializations (LowCardinality) and serialized-row columns (a merge's) are left to PartWriter:
+:func:`small_part_fits` says which parts this writer takes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replicad.datatypes import DataType
+from replicad.datatypes.composite import NullableType
+from replicad.datatypes.strings import StringType
+from replicad.errors import BadInputError
+from replicad.model.cityhash import file_hash
+from replicad.native import _strings
+from replicad.native._files import write_files
+from replicad.storage.checksums import Checksum
+from replicad.storage.column_writer import WriterSettings, combine_chunks
+from replicad.storage.compression import BlockCompressor, CompressedStreamWriter
+from replicad.storage.part import DATA_EXT, MARKS_EXT, stream_stem
+from replicad.storage.reader import fixed_width
+from replicad.storage.written_part import WrittenPart, closing_files, written_part
+
+__all__ = ["SmallPartWriter", "small_part_fits"]
+
+#: the one mark of a one-granule substream: compressed offset 0, offset in the block 0
+_FIRST_MARK = bytes(16)
+
+
+#: a block of more Arrow bytes goes to PartWriter (which holds ~a compressed block per stream, where this
+#: writer holds every column serialized and compressed until the files are made): a few granule-sized rows
+#: of huge values keep PartWriter's memory bound
+SMALL_PART_MAX_BYTES = 4 << 20
+
+
+def small_part_fits(columns: Sequence[tuple[str, DataType]], rows: int, settings: WriterSettings,
+                    nbytes: int = 0) -> bool:
+    """Whether :class:`SmallPartWriter` writes this part: 1..index_granularity rows of at most
+    :data:`SMALL_PART_MAX_BYTES` (``nbytes``: the block's Arrow size), no stateful column."""
+    return 0 < rows <= settings.index_granularity and nbytes <= SMALL_PART_MAX_BYTES and all(
+        getattr(dtype, "bulk_serializer", None) is None for _n, dtype in columns)
+
+
+class _Sink:
+    """The ``.bin`` bytes of a substream longer than one block (what CompressedStreamWriter writes)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data: Any, /) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+
+class SmallPartWriter:
+    """PartWriter's face for a part of at most one granule (:func:`small_part_fits`): :meth:`write` once
+    (the rows, or ``order`` into them), :meth:`seal` (the ``.bin`` checksums), :meth:`finish` (the files).
+    On an exception in them, or leaving a ``with`` block unfinished, the temporary directory is removed."""
+
+    def __init__(
+        self,
+        tmp_dir: str | os.PathLike[str],
+        columns: Sequence[tuple[str, DataType]],
+        settings: WriterSettings,
+        *,
+        primary_key: Sequence[str] = (),
+        key_types: Mapping[str, DataType] | None = None,
+        minmax_columns: Sequence[str] = (),
+        partition_value: Sequence[tuple[DataType, object]] | None = None,
+    ) -> None:
+        self.path = Path(tmp_dir)
+        self.settings = settings
+        self.columns = list(columns)
+        self._types = dict(self.columns)
+        if len(self._types) != len(self.columns):
+            raise ValueError("duplicate column names")
+        self._key_types: dict[str, DataType] = {}
+        for k in primary_key:
+            kt = self._types.get(k) or (key_types or {}).get(k)
+            if kt is None:
+                raise ValueError(f"primary key {k!r} is neither a column nor typed in key_types")
+            self._key_types[k] = kt
+        self.primary_key = list(primary_key)
+        for c in minmax_columns:
+            if c not in self._types:
+                raise ValueError(f"partition key column {c!r} is not a column")
+        self.minmax_columns = list(minmax_columns)
+        self.partition_value = None if partition_value is None else list(partition_value)
+        self.rows = 0
+        self._primary = b""
+        self._minmax: dict[str, tuple[Any, Any]] = {}
+        #: (stream stem, .bin bytes, .bin checksum), in column and substream order
+        self._streams: list[tuple[str, bytes, Checksum]] = []
+        self._written = False
+        self._closed = False
+        # the directory is made with the files (finish): a system call less before the block id is known
+
+    # ---- writing -------------------------------------------------------------------------------------
+
+    def write(
+        self,
+        batch: pa.RecordBatch | pa.Table,
+        key_arrays: Mapping[str, pa.Array | pa.ChunkedArray] | None = None,
+        *,
+        order: npt.NDArray[np.int64] | pa.Array | None = None,
+    ) -> None:
+        """All the part's rows (storage Arrow), in ORDER BY order or permuted by ``order`` (as PartWriter)."""
+        if self._written or self._closed:
+            raise RuntimeError("SmallPartWriter takes one write")
+        try:
+            self._write(batch, key_arrays or {}, order)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _write(
+        self,
+        batch: pa.RecordBatch | pa.Table,
+        key_arrays: Mapping[str, pa.Array | pa.ChunkedArray],
+        order: npt.NDArray[np.int64] | pa.Array | None,
+    ) -> None:
+        idx: npt.NDArray[np.int64] | None = None
+        perm: pa.Array | None = None
+        if order is not None:
+            if isinstance(order, pa.Array):
+                perm = order
+                idx = np.ascontiguousarray(order.to_numpy(zero_copy_only=False), dtype=np.int64)
+            else:
+                idx = np.ascontiguousarray(order, dtype=np.int64)
+        n = batch.num_rows if idx is None else len(idx)
+        if not 0 < n <= self.settings.index_granularity:
+            raise ValueError(f"SmallPartWriter writes 1..index_granularity rows, not {n}")
+        arrays: dict[str, pa.Array] = {}
+        for name, dtype in self.columns:
+            i = batch.schema.get_field_index(name)
+            if i < 0:
+                raise BadInputError(f"column {name}: missing from the block being written")
+            arr = combine_chunks(batch.column(i))
+            if arr.type != dtype.arrow_type:
+                raise BadInputError(
+                    f"column {name}: storage type {arr.type} does not match {dtype.name} ({dtype.arrow_type})"
+                )
+            arrays[name] = arr
+        compressor = BlockCompressor(self.settings.method, self.settings.level)
+        taken: set[str] = set()
+        for name, dtype in self.columns:
+            stems = []
+            for suffix in dtype.substreams():
+                stem = stream_stem(name, suffix)
+                if stem not in taken:  # a stream shared with an earlier column (Nested sizes): written once
+                    taken.add(stem)
+                    stems.append((suffix, stem))
+            if not stems:
+                continue
+            parts = _serialized(dtype, arrays[name], idx, perm)
+            for suffix, stem in stems:
+                self._streams.append(self._stream(compressor, stem, parts.get(suffix, b"")))
+        first = 0 if idx is None else int(idx[0])
+        primary = bytearray()
+        for k in self.primary_key:
+            arr = arrays.get(k)
+            if arr is None:
+                given = key_arrays.get(k)
+                if given is None:
+                    raise ValueError(f"primary key expression {k!r}: no key array given")
+                arr = combine_chunks(given)
+                if len(arr) != batch.num_rows:
+                    raise ValueError(f"primary key array {k!r} has {len(arr)} rows, the batch does not")
+            primary += self._key_types[k].serialize_value(arr, first)
+        self._primary = bytes(primary)
+        for c in self.minmax_columns:
+            values = arrays[c]
+            if perm is not None and len(perm) != len(values):
+                values = values.take(perm)
+            mm = pc.min_max(values)
+            lo, hi = mm["min"].as_py(), mm["max"].as_py()
+            if lo is not None:
+                self._minmax[c] = (lo, hi)
+        self.rows = n
+        self._written = True
+
+    def _stream(self, compressor: BlockCompressor, stem: str, data: bytes | memoryview
+                ) -> tuple[str, bytes, Checksum]:
+        size = len(data)
+        if not size:
+            body = b""
+        elif size <= self.settings.max_compress_block_size:
+            body = bytes(compressor.block(data))
+        else:  # longer than a block: cut as PartWriter's stream cuts it
+            sink = _Sink()
+            out = CompressedStreamWriter(sink, self.settings.method, self.settings.level,
+                                         self.settings.max_compress_block_size)
+            out.write(data)
+            out.close()
+            body = b"".join(sink.parts)
+        return stem, body, Checksum(file_size=len(body), file_hash=file_hash(body), is_compressed=True,
+                                    uncompressed_size=size, uncompressed_hash=file_hash(data))
+
+    # ---- finishing -----------------------------------------------------------------------------------
+
+    def seal(self) -> dict[str, Checksum]:
+        """The part's ``.bin`` checksums (``<stream>.bin`` → checksum), hence its block id; no file made."""
+        if not self._written or self._closed:
+            raise RuntimeError("SmallPartWriter.seal before write, or after finish")
+        return {stem + DATA_EXT: checksum for stem, _b, checksum in self._streams}
+
+    def finish(self) -> WrittenPart:
+        """The part's files in its temporary directory; its description."""
+        if not self._written or self._closed:
+            raise RuntimeError("SmallPartWriter.finish before write, or twice")
+        try:
+            files: dict[str, Checksum] = {}
+            out: list[tuple[str, bytes]] = []
+            for stem, body, checksum in self._streams:
+                out += ((stem + DATA_EXT, body), (stem + MARKS_EXT, _FIRST_MARK))
+                files[stem + DATA_EXT] = checksum
+                files[stem + MARKS_EXT] = _MARK_CHECKSUM
+            closing, text, checksums = closing_files(
+                files, self.columns, rows=self.rows, primary=self._primary if self.primary_key else None,
+                partition_value=self.partition_value, minmax_columns=self.minmax_columns, minmax=self._minmax)
+            # the directory and every file in one native call: the GIL let go once, not at each of ~50 system
+            # calls
+            try:
+                write_files(self.path, out + closing, self.settings.fsync, True)
+            except (FileExistsError, FileNotFoundError) as e:
+                if e.filename != str(self.path):
+                    raise
+                self._make_dir()  # a leftover of the name, or no parent directory: as PartWriter
+                write_files(self.path, out + closing, self.settings.fsync)
+            written = written_part(self.path, checksums, closing, text, rows=self.rows, marks_count=1)
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        return written
+
+    def _make_dir(self) -> None:
+        """The part's directory as PartWriter makes it: with its parents; an empty one of the name is used
+        as it is, a leftover with files in it replaced."""
+        try:
+            self.path.mkdir(parents=True)
+        except FileExistsError:
+            if any(self.path.iterdir()):
+                shutil.rmtree(self.path)
+                self.path.mkdir()
+
+    def abort(self) -> None:
+        """Stop and remove the temporary directory (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._streams = []
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> SmallPartWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is not None or not self._closed:
+            self.abort()
+
+
+_MARK_CHECKSUM = Checksum(file_size=16, file_hash=file_hash(_FIRST_MARK), is_compressed=False,
+                          uncompressed_size=0, uncompressed_hash=bytes(16))
+
+
+def _serialized(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64] | None,
+                perm: pa.Array | None) -> Mapping[str, bytes | memoryview]:
+    """The column's serialized rows per substream suffix, permuted by ``idx`` (the same rows as ``perm``)
+    first if given: what PartWriter's column writer appends for one granule."""
+    if idx is None:
+        return dtype.serialize(arr)
+    if type(dtype) is StringType and arr.type == pa.binary() and not arr.null_count:
+        offsets, data = _string_buffers(arr)
+        return {"": _strings.encode_take(offsets, data, idx)}
+    if (type(dtype) is NullableType and type(dtype.inner) is StringType and arr.type == pa.binary()
+            and dtype.substreams() == [".null", ""]):
+        offsets, data = _string_buffers(arr)
+        nulls = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
+        if not arr.null_count or not np.diff(offsets)[nulls].any():  # NULL rows store "" (else: take)
+            return {".null": nulls.view(np.uint8)[idx].tobytes(),
+                    "": _strings.encode_take(offsets, data, idx)}
+    width = fixed_width(dtype.name) if dtype.substreams() == [""] else None
+    if width:
+        plain = dtype.serialize(arr).get("", b"")
+        if len(plain) == len(arr) * width:  # rows one after another: permute the rows' bytes
+            rows = np.frombuffer(plain, dtype=np.dtype((np.void, width)))
+            return {"": rows[idx].tobytes()}
+    return dtype.serialize(arr.take(perm if perm is not None else pa.array(idx, pa.int64())))
+
+
+def _string_buffers(arr: pa.Array) -> tuple[npt.NDArray[np.int32], Any]:
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4)
+    return offsets, bufs[2] if bufs[2] is not None else b""
