@@ -14,15 +14,23 @@ columns, changed between the reads) every replica is read, as before."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from replicad.errors import KeeperNoNodeError
+from replicad.errors import (
+    KeeperBadVersionError,
+    KeeperMultiError,
+    KeeperNodeExistsError,
+    KeeperNoNodeError,
+    ReplicadError,
+)
 from replicad.keeper.client import Keeper
-from replicad.keeper.ops import ZnodeStat
+from replicad.keeper.ops import Create, Delete, Op, ZnodeStat
 from replicad.keeper.paths import ReplicaPaths, TablePaths
 from replicad.logging import get_logger
 from replicad.model.siphash import SipHash
+from replicad.replication.commit import part_commit_ops
 from replicad.storage.checksums import Checksums, MinimalisticChecksums, PartHeader
 
 log = get_logger(__name__)
@@ -169,3 +177,74 @@ async def _get_or_none(keeper: Keeper, path: str) -> tuple[bytes, ZnodeStat] | N
         return await keeper.get(path)
     except KeeperNoNodeError:
         return None
+
+
+async def commit_registration(
+    keeper: Keeper,
+    paths: TablePaths,
+    part_name: str,
+    columns_text: str,
+    checksums: Checksums,
+    *,
+    read_state: Callable[[bool], Awaitable[ReplicaState]],
+    extra_ops: Callable[[], Sequence[Op]] = lambda: (),
+    absent: set[str] | None = None,
+    columns_version: int | None = None,
+    self_read: bool = True,
+) -> None:
+    """Register a part made here under ``replicas/<me>/parts`` after comparing it with the replicas'
+    registrations (``read_state(fresh_columns_version)`` reads them); ``absent`` / ``columns_version``: from
+    a check just made (used by the first attempt); ``self_read``: whether that check read our own
+    registration (if not and it exists, the multi's create of it fails and everything is read again, ours
+    included).  Every replica without the part is probed in the multi (create + delete), so one that
+    registers it meanwhile makes the multi fail and is compared.  A multi refused by its ``check columns``
+    (the version known is not current) is tried again with the version read from ZooKeeper.  ``extra_ops()``:
+    more of the same multi (a zero-copy lock)."""
+    me = paths.me
+    fresh_columns_version = False
+    recheck: set[str] = set()  # the part paths probed when a probe failed: only those are read again
+    for _attempt in range(10):
+        if recheck and columns_version is not None:  # ours among them: self_read
+            absent = await recheck_absent(
+                keeper, paths, part_name, recheck, columns_version, columns_text, checksums)
+            recheck, self_read = set(), True
+        elif absent is None or columns_version is None:
+            seen = await read_state(fresh_columns_version)
+            absent = compare_with_replicas(seen, part_name, columns_text, checksums)
+            columns_version = seen.columns_version
+            self_read = True
+        missing, absent = absent, None
+        if me.part(part_name) not in missing:  # our own node is there already
+            log.warning("part_node_already_exists", part=part_name)
+            return
+        probes: list[Op] = []
+        for path in sorted(missing):
+            if path == me.part(part_name):
+                continue
+            probes += [Create(path, b""), Delete(path)]
+        ops = probes + part_commit_ops(paths, part_name, columns_text, checksums, columns_version)
+        ops += extra_ops()
+        try:
+            await keeper.multi(ops)
+            return
+        except KeeperMultiError as e:
+            failed = ops[e.index].path if 0 <= e.index < len(ops) else ""
+            if e.index < len(probes) and isinstance(e.cause, KeeperNodeExistsError):
+                log.info("part_appeared_on_replica_rechecking", part=part_name, path=failed)
+                recheck = missing
+                continue
+            exists = isinstance(e.cause, KeeperNodeExistsError)
+            if not self_read and failed == me.part(part_name) and exists:
+                log.info("part_node_exists_rechecking", part=part_name)
+                continue
+            if failed == paths.columns and isinstance(e.cause, KeeperBadVersionError):
+                if fresh_columns_version:
+                    raise
+                log.info("columns_version_changed_rechecking", part=part_name, version=columns_version)
+                fresh_columns_version = True
+                columns_version = None
+                continue
+            raise
+    raise ReplicadError(
+        f"Could not commit fetched part {part_name}: replicas keep changing", retriable=True
+    )

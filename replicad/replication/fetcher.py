@@ -34,15 +34,10 @@ import aiohttp
 from replicad.errors import (
     CorruptedDataError,
     FetchError,
-    KeeperBadVersionError,
-    KeeperMultiError,
-    KeeperNodeExistsError,
     KeeperNoNodeError,
     NoReplicaHasPartError,
-    ReplicadError,
 )
 from replicad.keeper.client import Keeper
-from replicad.keeper.ops import Create, Delete, Op
 from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
@@ -50,7 +45,6 @@ from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.replication import checksum_compare, zero_copy_fetch
 from replicad.replication.checksum_compare import ReplicaState, compare_with_replicas, read_registrations
-from replicad.replication.commit import part_commit_ops
 from replicad.replication.exchange import FetchCredentials
 from replicad.replication.fetch_sources import MAX_PRECHECKS, FetchSource, SourceFinder, consume_error
 from replicad.replication.part_store import LocalPart, PartStore
@@ -547,59 +541,12 @@ class PartFetcher:
         *,
         self_read: bool = True,
     ) -> None:
-        """Register the part under ``replicas/<me>/parts``; ``absent`` / ``columns_version``: from a check
-        just made (used by the first attempt); ``self_read``: whether that check read our own registration
-        (if not and it exists, the multi's create of it fails and everything is read again, ours included).
-        A multi refused by its ``check columns`` (the version the replica knew is not current) is tried
-        again with the version read from ZooKeeper."""
-        me = self.paths.me
-        fresh_columns_version = False
-        recheck: set[str] = set()  # the part paths probed when a probe failed: only those are read again
-        for _attempt in range(10):
-            if recheck and columns_version is not None:  # ours among them: self_read
-                absent = await checksum_compare.recheck_absent(
-                    self.keeper, self.paths, part_name, recheck, columns_version, columns_text, checksums)
-                recheck, self_read = set(), True
-            elif absent is None or columns_version is None:
-                seen = await self._read_replica_state(part_name, fresh_columns_version=fresh_columns_version)
-                absent = compare_with_replicas(seen, part_name, columns_text, checksums)
-                columns_version = seen.columns_version
-                self_read = True
-            missing, absent = absent, None
-            if me.part(part_name) not in missing:  # our own node is there already
-                log.warning("part_node_already_exists", part=part_name)
-                return
-            probes: list[Op] = []
-            for path in sorted(missing):
-                if path == me.part(part_name):
-                    continue
-                probes += [Create(path, b""), Delete(path)]
-            ops = probes + part_commit_ops(self.paths, part_name, columns_text, checksums, columns_version)
-            ops += self.store.commit_ops(part_name)  # the zero-copy lock, in the same multi
-            try:
-                await self.keeper.multi(ops)
-                return
-            except KeeperMultiError as e:
-                failed = ops[e.index].path if 0 <= e.index < len(ops) else ""
-                if e.index < len(probes) and isinstance(e.cause, KeeperNodeExistsError):
-                    log.info("part_appeared_on_replica_rechecking", part=part_name, path=failed)
-                    recheck = missing
-                    continue
-                exists = isinstance(e.cause, KeeperNodeExistsError)
-                if not self_read and failed == me.part(part_name) and exists:
-                    log.info("part_node_exists_rechecking", part=part_name)
-                    continue
-                if failed == self.paths.columns and isinstance(e.cause, KeeperBadVersionError):
-                    if fresh_columns_version:
-                        raise
-                    log.info("columns_version_changed_rechecking", part=part_name, version=columns_version)
-                    fresh_columns_version = True
-                    columns_version = None
-                    continue
-                raise
-        raise ReplicadError(
-            f"Could not commit fetched part {part_name}: replicas keep changing", retriable=True
-        )
+        """Register the part (see :func:`checksum_compare.commit_registration`)."""
+        await checksum_compare.commit_registration(
+            self.keeper, self.paths, part_name, columns_text, checksums,
+            read_state=lambda fresh: self._read_replica_state(part_name, fresh_columns_version=fresh),
+            extra_ops=lambda: self.store.commit_ops(part_name),  # the zero-copy lock, in the same multi
+            absent=absent, columns_version=columns_version, self_read=self_read)
 
     async def _columns_version(self) -> int:
         return (await self.keeper.get(self.paths.columns))[1].version
