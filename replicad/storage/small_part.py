@@ -31,7 +31,6 @@ import pyarrow.compute as pc
 from replicad.datatypes import DataType
 from replicad.datatypes.composite import NullableType
 from replicad.datatypes.strings import StringType
-from replicad.errors import BadInputError
 from replicad.model.cityhash import file_hash
 from replicad.native import _strings
 from replicad.native._files import write_files
@@ -40,7 +39,7 @@ from replicad.storage.column_writer import WriterSettings, combine_chunks
 from replicad.storage.compression import BlockCompressor, CompressedStreamWriter
 from replicad.storage.part import DATA_EXT, MARKS_EXT, stream_stem
 from replicad.storage.reader import fixed_width
-from replicad.storage.written_part import WrittenPart, closing_files, written_part
+from replicad.storage.written_part import WrittenPart, closing_files, storage_arrays, written_part
 
 __all__ = ["SmallPartWriter", "small_part_fits"]
 
@@ -153,17 +152,7 @@ class SmallPartWriter:
         n = batch.num_rows if idx is None else len(idx)
         if not 0 < n <= self.settings.index_granularity:
             raise ValueError(f"SmallPartWriter writes 1..index_granularity rows, not {n}")
-        arrays: dict[str, pa.Array] = {}
-        for name, dtype in self.columns:
-            i = batch.schema.get_field_index(name)
-            if i < 0:
-                raise BadInputError(f"column {name}: missing from the block being written")
-            arr = combine_chunks(batch.column(i))
-            if arr.type != dtype.arrow_type:
-                raise BadInputError(
-                    f"column {name}: storage type {arr.type} does not match {dtype.name} ({dtype.arrow_type})"
-                )
-            arrays[name] = arr
+        arrays = storage_arrays(batch, self.columns)
         compressor = BlockCompressor(self.settings.method, self.settings.level)
         taken: set[str] = set()
         for name, dtype in self.columns:

@@ -38,7 +38,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replicad.datatypes import DataType
-from replicad.errors import BadInputError
 from replicad.storage.block import prepare_block, sort_indices, sort_table
 from replicad.storage.checksums import Checksum
 from replicad.storage.column_writer import (
@@ -46,9 +45,8 @@ from replicad.storage.column_writer import (
     ColumnWriter,
     WriterSettings,
     combine_chunks,
-    is_serialized,
 )
-from replicad.storage.written_part import WrittenPart, write_part_metadata
+from replicad.storage.written_part import WrittenPart, storage_arrays, write_part_metadata
 
 #: the machine's CPUs, read once (os.cpu_count reads /sys on every call: ~6 µs per part written)
 _CPUS = os.cpu_count() or 1
@@ -195,20 +193,7 @@ class PartWriter:
         n = batch.num_rows if perm is None else len(perm)
         if n == 0:
             return
-        arrays: dict[str, pa.Array] = {}
-        for name, dtype in self.columns:
-            idx = batch.schema.get_field_index(name)
-            if idx < 0:
-                raise BadInputError(f"column {name}: missing from the block being written")
-            arr = combine_chunks(batch.column(idx))
-            if name in self.raw_columns:
-                if not is_serialized(arr.type):
-                    raise BadInputError(f"column {name}: serialized rows expected, not {arr.type}")
-            elif arr.type != dtype.arrow_type:
-                raise BadInputError(
-                    f"column {name}: storage type {arr.type} does not match {dtype.name} ({dtype.arrow_type})"
-                )
-            arrays[name] = arr
+        arrays = storage_arrays(batch, self.columns, self.raw_columns)
         segments = self._segments(n)
         if self._pool is None and self._threads > 1 and n >= PARALLEL_MIN_ROWS:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="part-writer")

@@ -14,8 +14,9 @@ from typing import Any
 import pyarrow as pa
 
 from replicad.datatypes import DataType
+from replicad.errors import BadInputError
 from replicad.storage.checksums import Checksum, Checksums
-from replicad.storage.column_writer import plain_checksum
+from replicad.storage.column_writer import combine_chunks, is_serialized, plain_checksum
 from replicad.storage.part import (
     CHECKSUMS_FILE,
     COLUMNS_FILE,
@@ -29,6 +30,27 @@ from replicad.storage.part import (
 )
 
 __all__ = ["WrittenPart", "closing_files", "write_part_metadata", "written_part"]
+
+
+def storage_arrays(batch: pa.RecordBatch | pa.Table, columns: Sequence[tuple[str, DataType]],
+                   raw_columns: frozenset[str] | set[str] = frozenset()) -> dict[str, pa.Array]:
+    """Each of ``columns`` from ``batch`` as one array of its storage type (``raw_columns``: rows already
+    serialized); BadInputError naming a column that is missing or of another type."""
+    arrays: dict[str, pa.Array] = {}
+    for name, dtype in columns:
+        idx = batch.schema.get_field_index(name)
+        if idx < 0:
+            raise BadInputError(f"column {name}: missing from the block being written")
+        arr = combine_chunks(batch.column(idx))
+        if name in raw_columns:
+            if not is_serialized(arr.type):
+                raise BadInputError(f"column {name}: serialized rows expected, not {arr.type}")
+        elif arr.type != dtype.arrow_type:
+            raise BadInputError(
+                f"column {name}: storage type {arr.type} does not match {dtype.name} ({dtype.arrow_type})"
+            )
+        arrays[name] = arr
+    return arrays
 
 
 @dataclass(frozen=True)
