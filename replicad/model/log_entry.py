@@ -24,15 +24,7 @@ from enum import StrEnum
 
 from replicad.errors import ZnodeFormatError
 from replicad.model.replace_range import ReplaceRangeEntry
-from replicad.model.text_io import (
-    TextReader,
-    check_raw,
-    decode,
-    encode,
-    escape,
-    format_datetime,
-    quote,
-)
+from replicad.model.text_io import TextReader, check_raw, decode, encode, escape, format_datetime, quote
 
 #: Levels that mark a "fake" part covering a block range (DROP/DETACH PARTITION, REPLACE PARTITION).
 MAX_LEVEL = 999_999_999
@@ -346,11 +338,10 @@ class LogEntry:
         return cls(**f)  # type: ignore[arg-type]
 
     def with_znode(self, znode_name: str) -> LogEntry:
-        """This entry under another queue node name (``dataclasses.replace`` without its field-by-field
+        """This entry under another queue node name (a copy without ``dataclasses.replace``'s field-by-field
         constructor call: the class has no ``__post_init__`` and every field is an ``__init__`` one)."""
         out = object.__new__(type(self))
-        out.__dict__.update(self.__dict__)
-        object.__setattr__(out, "znode_name", znode_name)
+        out.__dict__.update(self.__dict__, znode_name=znode_name)
         return out
 
 
