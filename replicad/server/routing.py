@@ -240,6 +240,11 @@ def strip_comments(sql: str) -> str:
     """``sql`` without its comments (``--`` to the line end, ``/* … */`` as one space); quoted text kept."""
     if "--" not in sql and "/*" not in sql and not _QUOTES.search(sql):  # nothing to strip or check
         return sql
+    return _strip_scan(sql)
+
+
+def _strip_scan(sql: str) -> str:
+    """:func:`strip_comments` past its fast path: one scan over quotes and comment markers."""
     out, i, n = [], 0, len(sql)
     while i < n:
         c = sql[i]
