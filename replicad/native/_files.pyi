@@ -3,5 +3,5 @@ from os import PathLike
 
 def write_files(
     directory: str | bytes | PathLike[str], files: Sequence[tuple[str, bytes | bytearray | memoryview]],
-    fsync: bool, make_dir: bool = False, /,
+    fsync: bool, make_dir: bool = False, prepared: bool = False, /,
 ) -> None: ...

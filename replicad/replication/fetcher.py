@@ -460,7 +460,8 @@ class PartFetcher:
             params[zero_copy_fetch.COOKIE] = remote.disk.disk_type if remote is not None else ""
         url = f"{address.base_url}/"
         # the directory is made while the request travels (a zero-copy answer fills it from the bucket)
-        sink = None if zero_copy else PartSink(tmp_dir, self.fsync, replace_stale=True)
+        sink = None if zero_copy else PartSink(tmp_dir, self.fsync, replace_stale=True,
+                                               prepared_in=self.store.layout.data_path)
         try:
             async with self._http().post(url, params=params, headers=self.credentials.headers(),
                                          ssl=await self.credentials.ssl_for(url)) as resp:
@@ -481,7 +482,8 @@ class PartFetcher:
                     received = await zero_copy_fetch.receive(remote, part_name, body, version, tmp_dir)
                     self.zero_copy_fetches += 1
                 else:
-                    sink = sink or PartSink(tmp_dir, self.fsync, replace_stale=True)
+                    sink = sink or PartSink(tmp_dir, self.fsync, replace_stale=True,
+                                            prepared_in=self.store.layout.data_path)
                     received = await receive_part(resp.content, tmp_dir, version, expected, sink=sink,
                                                   max_part_bytes=self.max_part_bytes)
         except BaseException as e:

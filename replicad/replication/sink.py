@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any
 
 import pyarrow as pa
 
@@ -31,6 +32,7 @@ from replicad.sql.table_metadata import ColumnsDescription
 from replicad.storage.block import ColumnDefaults, is_identity, sort_indices
 from replicad.storage.checksums import Checksums
 from replicad.storage.layout import TMP_INSERT, TableDataLayout
+from replicad.storage.prepared_dirs import prepared_for
 from replicad.storage.small_part import SmallPartWriter, small_part_fits
 from replicad.storage.writer import PartWriter, WriterSettings, WrittenPart, prepare_block
 
@@ -175,17 +177,19 @@ def write_temp_part(
     # made by the writer (one mkdir; a leftover directory of the name is emptied there)
     tmp_dir = layout.tmp_path(TMP_INSERT, f"{block.partition_id}_{n}_{n}_0")
     # a part of one granule (a small insert's) is written in one go: the same bytes (storage/small_part.py)
-    small = small_part_fits(schema.columns, rows.num_rows, settings, rows.nbytes)
-    make = SmallPartWriter if small else PartWriter
-    writer = make(
-        tmp_dir,
-        list(schema.columns),
-        settings,
+    shape: dict[str, Any] = dict(
         primary_key=[name for name, _a, _t in pk],
         key_types=extra_types,
         minmax_columns=schema.minmax_columns,
         partition_value=block.partition_value,
     )
+    writer: SmallPartWriter | PartWriter
+    if small_part_fits(schema.columns, rows.num_rows, settings, rows.nbytes):
+        # its files may go to a directory made ahead (storage/prepared_dirs.py)
+        writer = SmallPartWriter(tmp_dir, list(schema.columns), settings,
+                                 prepared=prepared_for(layout.data_path, layout.path), **shape)
+    else:
+        writer = PartWriter(tmp_dir, list(schema.columns), settings, **shape)
     with writer:
         writer.write(rows, extra_arrays, order=order)
         if early is not None:

@@ -10,6 +10,7 @@ file's hash with the one that followed it in the body.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import queue
 import shutil
@@ -22,6 +23,9 @@ from replicad import fault_plant
 from replicad.errors import CorruptedDataError
 from replicad.model.cityhash import FileHasher
 from replicad.storage.part import create_file, fsync_dir, write_all
+from replicad.storage.prepared_dirs import PreparedDirs, prepared_for
+
+_PREPARED_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
 
 #: the loop hands the writer thread about this many bytes at a time (with BATCHES_PENDING and the fetcher's
 #: read_bufsize, what a fetch holds: well under 1 MiB, whatever the part; the peak RSS of a fetch was +20 MiB
@@ -101,9 +105,16 @@ class PartSink:
     BATCH_SIZE bytes and waits while BATCHES_PENDING batches are handed over but not yet written, so memory
     stays bounded whatever the part's size; a small part is one hand-off."""
 
-    def __init__(self, path: Path, fsync: bool, *, replace_stale: bool = False) -> None:
+    def __init__(self, path: Path, fsync: bool, *, replace_stale: bool = False,
+                 prepared_in: Path | None = None) -> None:
         self.path = path
         self.fsync = fsync
+        #: the data path whose directories made ahead (storage/prepared_dirs.py) the part may be written into:
+        #: one of the files the table's last part had, renamed to ``path``; what the body does not bring of
+        #: them is removed at the end
+        self.prepared_in = prepared_in
+        self._prepared: frozenset[str] = frozenset()
+        self._opened: set[str] = set()
         #: a directory already at ``path`` (a fetch's leftover) is removed by the thread before it makes its
         #: own, instead of a check on the event loop (a stat there per fetched part); ``replaced_stale`` tells
         self.replace_stale = replace_stale
@@ -190,8 +201,10 @@ class PartSink:
 
     def _run(self) -> None:
         try:
+            pool = None if self.prepared_in is None else prepared_for(self.prepared_in, self.path.parent)
             try:
-                self.path.mkdir()
+                if pool is None or not self._adopt(pool):
+                    self.path.mkdir()
             except FileExistsError:
                 if not self.replace_stale:
                     raise
@@ -210,8 +223,13 @@ class PartSink:
                         except Exception as e:
                             self.error = e
                 self._release(sum(job.nbytes for job in batch))
-            if self.fsync and self.error is None and not self._aborted:
-                fsync_dir(self.path)
+            if self.error is None and not self._aborted:
+                for name in self._prepared - self._opened:  # made ahead, not in this part
+                    os.unlink(f"{self.path}/{name}")
+                if self.fsync:
+                    fsync_dir(self.path)
+                if pool is not None:
+                    pool.note(self.files, self.path.parent)
         except Exception as e:  # pragma: no cover - fsync_dir failing
             self.error = e
         finally:
@@ -220,6 +238,23 @@ class PartSink:
                 self._loop.call_soon_threadsafe(_resolve, self._done)
             except RuntimeError:  # pragma: no cover - the loop is gone
                 pass
+
+    def _adopt(self, pool: PreparedDirs) -> bool:
+        """Rename a directory made ahead to ``path``; False (and the directory dropped) if there is none, or
+        something is at ``path`` already (the caller's mkdir then decides, as without one)."""
+        got = pool.take_for(self.path.parent)
+        if got is None:
+            return False
+        ready, names = got
+        try:
+            if os.path.lexists(self.path):
+                raise FileExistsError(self.path)
+            os.rename(ready, self.path)
+        except OSError:
+            shutil.rmtree(ready, True)
+            return False
+        self._prepared = names
+        return True
 
     def _close(self) -> None:
         fd, self._fd = self._fd, -1
@@ -231,7 +266,12 @@ class PartSink:
         # lseek), each a hand-over of the GIL to a busy event loop
         if job.first:
             self._close()
-            self._fd = create_file(f"{self.path}/{job.name}", exclusive=True)
+            path = f"{self.path}/{job.name}"
+            if job.name in self._opened:  # as the exclusive creation fails on a name sent twice
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)
+            self._opened.add(job.name)
+            made = job.name in self._prepared  # empty: opened, not created (nor truncated: a journal update)
+            self._fd = os.open(path, _PREPARED_FLAGS, 0o666) if made else create_file(path, exclusive=True)
             self._hasher = FileHasher()
         fd, hasher = self._fd, self._hasher
         for piece in job.pieces:
@@ -240,6 +280,8 @@ class PartSink:
         if not job.last:
             return
         try:
+            if job.name in self._prepared and os.fstat(fd).st_size > hasher.size:
+                os.ftruncate(fd, hasher.size)  # cannot be: made empty, never handed out twice
             if self.fsync:
                 os.fsync(fd)
         finally:

@@ -38,6 +38,7 @@ from replicad.storage.checksums import Checksum
 from replicad.storage.column_writer import WriterSettings, combine_chunks
 from replicad.storage.compression import BlockCompressor, CompressedStreamWriter
 from replicad.storage.part import DATA_EXT, MARKS_EXT, stream_stem
+from replicad.storage.prepared_dirs import PreparedDirs
 from replicad.storage.reader import fixed_width
 from replicad.storage.written_part import WrittenPart, closing_files, storage_arrays, written_part
 
@@ -89,8 +90,11 @@ class SmallPartWriter:
         key_types: Mapping[str, DataType] | None = None,
         minmax_columns: Sequence[str] = (),
         partition_value: Sequence[tuple[DataType, object]] | None = None,
+        prepared: PreparedDirs | None = None,
     ) -> None:
         self.path = Path(tmp_dir)
+        #: where a directory holding the part's files, made ahead, may be taken instead of making ``tmp_dir``
+        self.prepared = prepared
         self.settings = settings
         self.columns = list(columns)
         self._types = dict(self.columns)
@@ -230,21 +234,35 @@ class SmallPartWriter:
             closing, text, checksums = closing_files(
                 files, self.columns, rows=self.rows, primary=self._primary if self.primary_key else None,
                 partition_value=self.partition_value, minmax_columns=self.minmax_columns, minmax=self._minmax)
-            # the directory and every file in one native call: the GIL let go once, not at each of ~50 system
-            # calls
-            try:
-                write_files(self.path, out + closing, self.settings.fsync, True)
-            except (FileExistsError, FileNotFoundError) as e:
-                if e.filename != str(self.path):
-                    raise
-                self._make_dir()  # a leftover of the name, or no parent directory: as PartWriter
-                write_files(self.path, out + closing, self.settings.fsync)
+            self._write_files(out + closing)
             written = written_part(self.path, checksums, closing, text, rows=self.rows, marks_count=1)
         except BaseException:
             self.abort()
             raise
         self._closed = True
         return written
+
+    def _write_files(self, entries: list[tuple[str, bytes]]) -> None:
+        """The directory and every file in one native call (the GIL let go once, not at each of ~50 system
+        calls); into a directory made ahead when one holds these files (``self.path`` becomes it)."""
+        ready = (self.prepared.take((name for name, _d in entries), self.path.parent)
+                 if self.prepared is not None else None)
+        if ready is not None:
+            planned, self.path = self.path, ready  # from here, a failure removes the taken directory
+            try:
+                write_files(ready, entries, self.settings.fsync, False, True)
+                return
+            except FileNotFoundError as e:
+                if e.filename != str(ready):
+                    raise
+                self.path = planned  # removed meanwhile (a temporary-directory cleanup): make one as before
+        try:
+            write_files(self.path, entries, self.settings.fsync, True)
+        except (FileExistsError, FileNotFoundError) as e:
+            if e.filename != str(self.path):
+                raise
+            self._make_dir()  # a leftover of the name, or no parent directory: as PartWriter
+            write_files(self.path, entries, self.settings.fsync)
 
     def _make_dir(self) -> None:
         """The part's directory as PartWriter makes it: with its parents; an empty one of the name is used
