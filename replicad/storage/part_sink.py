@@ -200,8 +200,10 @@ class PartSink:
             self._loop.call_soon_threadsafe(_resolve, space)
 
     def _run(self) -> None:
+        pool: PreparedDirs | None = None
         try:
-            pool = None if self.prepared_in is None else prepared_for(self.prepared_in, self.path.parent)
+            if self.prepared_in is not None:
+                pool = prepared_for(self.prepared_in, self.path.parent)
             try:
                 if pool is None or not self._adopt(pool):
                     self.path.mkdir()
@@ -230,7 +232,7 @@ class PartSink:
                     fsync_dir(self.path)
                 if pool is not None:
                     pool.note(self.files, self.path.parent)
-        except Exception as e:  # pragma: no cover - fsync_dir failing
+        except Exception as e:  # an unlink or fsync_dir failing
             self.error = e
         finally:
             self._close()
