@@ -381,6 +381,13 @@ def _merge(
             while s.fill():
                 yield s.take(s.pending)
         return
+    if len(sources) > 1 and sum(r.rows for r in readers) <= max_round_rows:
+        # small sources (a merge of small inserts' parts): every row in one round, sorted at once; rounds
+        # of cuts and run merges cost ~0.5 ms per source (30 sources of 100 rows: 47 of 83 ms, cProfile)
+        whole = [s.take(s.pending) for s in sources for _ in iter(s.fill, False)]
+        if whole:
+            yield _sorted_round(whole, keys)
+        return
     buffers = BufferPool()  # the gathered columns' buffers, used again round after round
     while True:
         active = [s for s in sources if s.fill(top_up=True)]
@@ -414,13 +421,17 @@ def _merge(
             yield merged, [_merged_key(e, [k[i] for _, k in pieces], merged, keys, order)
                            for i, e in enumerate(keys.sorting)]
             continue
-        table = _concat_tables([t for t, _ in pieces])
-        cols = [_concat_key(e, [k[i] for _, k in pieces], table, keys) for i, e in enumerate(keys.sorting)]
-        order = pa.array(reference_order(cols), pa.int64())
-        merged = take_rows(table, order)
-        sorted_keys = [_sorted_key(e, c, merged, keys, order)
-                       for e, c in zip(keys.sorting, cols, strict=True)]
-        yield merged, sorted_keys
+        yield _sorted_round(pieces, keys)
+
+
+def _sorted_round(pieces: Sequence[tuple[pa.Table, list[pa.Array]]],
+                  keys: TableKeys) -> tuple[pa.Table, list[pa.Array]]:
+    """The pieces of a round (in source order) concatenated and stably sorted: ties keep source order."""
+    table = _concat_tables([t for t, _ in pieces])
+    cols = [_concat_key(e, [k[i] for _, k in pieces], table, keys) for i, e in enumerate(keys.sorting)]
+    order = pa.array(reference_order(cols), pa.int64())
+    merged = take_rows(table, order)
+    return merged, [_sorted_key(e, c, merged, keys, order) for e, c in zip(keys.sorting, cols, strict=True)]
 
 
 def _chunks(a: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
