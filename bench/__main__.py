@@ -192,6 +192,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+#: options that name this machine's paths or keep its scratch: left out of the command a report records
+_LOCAL_OPTIONS = {"--work-dir": 1, "--keep": 0}
+
+
+def recorded_command(args: Sequence[str]) -> str:
+    """The command line a report shows: ``python -m bench`` and the options that shape the figures, without
+    the machine-local ones (a scratch directory's path)."""
+    out: list[str] = []
+    skip = 0
+    for a in args:
+        if skip:
+            skip -= 1
+            continue
+        name = a.split("=", 1)[0]
+        if name in _LOCAL_OPTIONS:
+            skip = _LOCAL_OPTIONS[name] if "=" not in a else 0
+            continue
+        out.append(a)
+    return " ".join(["python -m bench", *out])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -211,8 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ClickHouse 18.16 and ZooKeeper must be installed (make deps)", file=sys.stderr)
         return 1
     started = dt.datetime.now(dt.UTC)
-    command = "python -m bench" + ("" if argv is None and len(sys.argv) < 2 else
-                                   " " + " ".join(argv if argv is not None else sys.argv[1:]))
+    command = recorded_command(argv if argv is not None else sys.argv[1:])
     if command == "python -m bench":
         command = "make bench  (= .venv/bin/python -m bench)"
     work_dir = args.work_dir.absolute()
