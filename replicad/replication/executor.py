@@ -28,7 +28,7 @@ from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Delete, Op, Set
 from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
-from replicad.model.log_entry import LogEntryType
+from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.model.queue_state import QueueState, Selected
 from replicad.replication.fetcher import NoReplicaHasPartError, PartFetcher
@@ -286,6 +286,7 @@ class QueueExecutor(BackgroundTask):
             existing = self.store.active_containing(PartInfo.parse(entry.new_part_name))
         if existing is not None and await self.keeper.exists(self.paths.me.part(existing.name)) is not None:
             log.debug("part_already_exists", part=entry.new_part_name, existing=existing.name)
+            await self._quorum_of_held(entry, existing.name)
             return
         if (
             existing is not None
@@ -295,6 +296,7 @@ class QueueExecutor(BackgroundTask):
             # Here but not registered (a commit whose answer was lost, a restart in between): register it,
             # checked against the replicas that have it, instead of downloading it again.
             await self.fetcher.register_local_part(existing)
+            await self._quorum_of_held(entry, existing.name)
             return
         if entry.quorum and await self.keeper.exists(
             f"{self.paths.quorum_failed_parts}/{entry.new_part_name}"
@@ -322,6 +324,14 @@ class QueueExecutor(BackgroundTask):
             raise EntryNotReadyError(f"Part {source.part_name} is already being fetched")
         if entry.quorum:
             await update_quorum(self.keeper, self.paths, source.part_name)
+
+    async def _quorum_of_held(self, entry: LogEntry, held: str) -> None:
+        """A quorum insert's part fetched and committed here by an earlier try whose quorum update was lost
+        (a connection loss after the commit): count ourselves now.  18.16 skips the entry and counts itself
+        only at its next start-up (updateQuorumIfWeHavePart), leaving every later quorum insert refused
+        until then."""
+        if entry.quorum and entry.type is T.GET_PART and held == entry.new_part_name:
+            await update_quorum(self.keeper, self.paths, held)
 
     async def _active_holder(self, part_name: str) -> str | None:
         source = await self.fetcher.find_source(part_name)

@@ -24,7 +24,7 @@ from replicad.replication.quorum import (
     update_quorum,
 )
 from replicad.service import InsertSettings
-from tests.support.table_cluster import ZK_PATH, Cluster, rows, wait_for
+from tests.support.table_cluster import ZK_PATH, Cluster, rows, sorted_rows, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -260,3 +260,34 @@ async def test_a_duplicate_of_a_waiting_quorum_insert_waits_for_that_quorum(
     assert summary.deduplicated_blocks == 1 and summary.written_parts == 0
     assert await r2.count(None) == 2  # acknowledged: the rows are on the second replica
     assert (await asyncio.wait_for(first, 20)).written_parts == 1
+
+
+async def test_a_quorum_update_lost_after_the_fetch_is_made_on_the_retry(
+        cluster: Cluster, keeper: Keeper, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fetching replica commits the part, then loses its connection as it counts itself in the quorum
+    (seen in the chaos suite: a ZooKeeper leader killed at that moment).  The entry's retry finds the part
+    already here: it must still count itself, or the insert is never acknowledged and every later quorum
+    insert is refused until a restart."""
+    from replicad.errors import KeeperConnectionLossError
+    from replicad.replication import executor
+
+    real = executor.update_quorum
+    lost: list[str] = []
+
+    async def lose_the_first(k: Keeper, paths: TablePaths, part_name: str) -> bool:
+        if not lost:
+            lost.append(part_name)
+            raise KeeperConnectionLossError("injected: connection lost after the fetch's commit")
+        return await real(k, paths, part_name)
+
+    monkeypatch.setattr(executor, "update_quorum", lose_the_first)
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    summary = await r1.insert_table(rows([1, 2, 3]), InsertSettings(insert_quorum=2,
+                                                                     insert_quorum_timeout_ms=30_000))
+    assert summary.written_parts == 1 and lost == ["202611_0_0_0"]
+    assert await holders(keeper, "202611_0_0_0") == ["r1", "r2"]
+    assert await keeper.exists(STATUS) is None
+    # and the next quorum insert is not refused
+    await r1.insert_table(rows([4]), InsertSettings(insert_quorum=2, insert_quorum_timeout_ms=30_000))
+    assert len(await sorted_rows(r2)) == 4
