@@ -10,25 +10,28 @@ per insert), fetch — on one cluster of ZooKeeper + 2 replicad daemons + 2 Clic
 (bench/cluster.py) — then part_writer and merge (bench/part_writer.py, bench/merge.py: the storage engine
 alone, in child processes), zero_copy, and scale (bench/scale.py: how cost grows with tables, replicas,
 parts, backlog and clients; a table and BENCHMARKS-scale.png beside the report).  Scratch data
-lives in ./bench-data (removed at the end unless --keep).  Where replicad misses a target, an extra
+lives in ./bench-data (removed at the end unless --keep), on a fresh journaled ext4 loop-mounted there for
+the run where this process may mount one (bench/scratch_fs.py, --scratch-fs).  Where replicad misses a target, an extra
 uncounted run is profiled with py-spy and the top functions go into the report (--no-profile: skip).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import os
 import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import Context, Sizes
+from bench import Context, Sizes, scratch_fs
 from bench.report import Figure, Report
 
 REPO = Path(__file__).resolve().parent.parent
@@ -182,6 +185,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="markdown report (default BENCHMARKS.md for a full run of everything)")
     p.add_argument("--work-dir", type=Path, default=REPO / "bench-data", help="scratch directory")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    p.add_argument("--scratch-fs", choices=("auto", "image", "dir"), default="auto",
+                   help="image: the scratch directory is a fresh journaled ext4 loop-mounted for the run "
+                        "(needs root); dir: the directory as it is; auto (default): image where possible "
+                        "(bench/scratch_fs.py)")
     p.add_argument("--no-profile", action="store_true", help="do not profile replicad's shortfalls")
     p.add_argument("--scale-curves", default="tables,replicas,clone,drain,clients",
                    help="with --only scale: the curves to run (comma-separated)")
@@ -193,7 +200,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 #: options that name this machine's paths or keep its scratch: left out of the command a report records
-_LOCAL_OPTIONS = {"--work-dir": 1, "--keep": 0}
+_LOCAL_OPTIONS = {"--work-dir": 1, "--keep": 0}  # --scratch-fs is recorded: it shapes the figures
 
 
 def recorded_command(args: Sequence[str]) -> str:
@@ -211,6 +218,15 @@ def recorded_command(args: Sequence[str]) -> str:
             continue
         out.append(a)
     return " ".join(["python -m bench", *out])
+
+
+def _empty(path: Path) -> None:
+    """Everything under ``path`` removed, ``path`` itself kept (it may be a mount point)."""
+    for entry in list(path.iterdir()) if path.is_dir() else []:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -240,6 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx = Context(sizes, work_dir, profile=not args.no_profile and not args.quick,
                   log=lambda s: print(s, flush=True))
     report = Report(command, started, runs=sizes.runs)
+    scratch = contextlib.ExitStack()
+    fs_text = scratch.enter_context(
+        scratch_fs.journaled_scratch(work_dir, args.scratch_fs, ctx.say, args.keep))
+    os.environ["TMPDIR"] = str(work_dir / "tmp")  # the storage benches' child processes write there
+    (work_dir / "tmp").mkdir(exist_ok=True)
+    tempfile.tempdir = None
     load = LoadSampler().__enter__()
     try:
         cluster_names = [n for n in CLUSTER_BENCHES if n in names]
@@ -272,7 +294,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         load.__exit__()
         if not args.keep:
+            _empty(work_dir)
+        scratch.close()
+        if not args.keep:
             shutil.rmtree(work_dir, ignore_errors=True)
+    report.notes.append(f"scratch directory's file system (both systems' data, ZooKeeper's, the storage "
+                        f"benches' temporary files): {fs_text}")
     report.seconds = time.monotonic() - ctx.t0
     report.notes += ctx.notes
     if ctx.clickhouse_version:
