@@ -142,7 +142,7 @@ _EDGE_TEXT = st.lists(st.sampled_from([b" ", b"!", b"~", b"\x7f", b"\x80", b"\xf
 @settings(max_examples=300, deadline=None)
 def test_plain_ascii_scanned_or_tested_alike(values: list[bytes | None], forbidden: bytes,
                                              start: int) -> None:
-    """A small text column is checked by one regular-expression scan, a big one with numpy: the same answer
+    """A small text column is checked by one bytes.translate, a big one with numpy: the same answer
     for every byte (space, controls, DEL, bytes >= 0x80, the forbidden ones), slices and NULLs included."""
     arr = pa.array([b"xx", b"y", b"z", *values], pa.binary()).slice(start)
     small = types_numeric._plain_ascii(arr, forbidden)
