@@ -11,8 +11,9 @@ per insert), fetch — on one cluster of ZooKeeper + 2 replicad daemons + 2 Clic
 alone, in child processes), zero_copy, and scale (bench/scale.py: how cost grows with tables, replicas,
 parts, backlog and clients; a table and BENCHMARKS-scale.png beside the report).  Scratch data
 lives in ./bench-data (removed at the end unless --keep), on a fresh journaled ext4 loop-mounted there for
-the run where this process may mount one (bench/scratch_fs.py, --scratch-fs).  Where replicad misses a target, an extra
-uncounted run is profiled with py-spy and the top functions go into the report (--no-profile: skip).
+the run where this process may mount one (bench/scratch_fs.py, --scratch-fs).  Where replicad misses a
+target, an extra uncounted run is profiled with py-spy and the top functions go into the report
+(--no-profile: skip).
 """
 
 from __future__ import annotations

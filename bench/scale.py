@@ -18,7 +18,10 @@ its own chroot, one system at a time, so the two never compete for the cores):
 - with each of clone and drain, the CPU time of both servers (the source serves the parts) per part or
   entry: a figure the other engineers' load on a shared machine disturbs less than the elapsed time;
 - **clients**: insert throughput into one replica of a 2-replica set with 1, 4 and 16 concurrent
-  clients (10,000-row TSV blocks, ``insert_deduplicate=0`` so a repeated block is written again), and the
+  clients (10,000-row TSV blocks, each a different one of 900 made in advance, handed out in turn: a real
+  stream does not repeat its blocks, and repeated ones make a merged part compress n:1, so that both
+  systems' size-based merge selection sees a part far smaller than its rows; ``insert_deduplicate=0`` for
+  the rare block handed out again), and the
   CPU time of both servers per insert while the clients post (merges and the second replica's fetches
   included): on a shared machine the rate swings with the others' load, the CPU per insert much less.
   Each point has a table of its own, dropped after it.
@@ -33,6 +36,8 @@ worse; for the clients curve the speed-up instead), a table and a plot (bench/sc
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import math
 import shutil
 import statistics
@@ -87,12 +92,15 @@ class ScaleSizes:
     lag_inserts: int = 40
     client_seconds: float = 10.0
     client_rows: int = 10_000
+    #: distinct blocks made in advance for the clients curve (0.73 MB of TSV each, ~9 s to make): the fastest
+    #: point takes ~860
+    client_bodies: int = 900
 
     @classmethod
     def quick(cls) -> ScaleSizes:
         return cls(tables=(1, 5, 20), replicas=(2, 3), clone_parts=(100, 400), drain_entries=(100, 400),
                    clients=(1, 4), idle_window_s=10.0, settle_s=2.0, lag_inserts=8, client_seconds=3.0,
-                   client_rows=2_000)
+                   client_rows=2_000, client_bodies=40)
 
 
 @dataclass
@@ -354,9 +362,36 @@ def drain_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSize
                     f"(source {src_s:.2f}, draining replica {dst_s:.2f})")
 
 
+class BodyDeck:
+    """Distinct insert bodies handed out in turn to any number of client threads (``itertools.count`` is
+    atomic under the GIL); past the last one the deck starts again and says so."""
+
+    def __init__(self, bodies: Sequence[bytes]) -> None:
+        self.bodies = bodies
+        self._next = itertools.count()
+        self.taken = 0
+
+    def take(self) -> bytes:
+        i = next(self._next)
+        self.taken = max(self.taken, i + 1)
+        return self.bodies[i % len(self.bodies)]
+
+    @property
+    def wrapped(self) -> bool:
+        return self.taken > len(self.bodies)
+
+
+@functools.cache
+def client_bodies(n: int, rows: int) -> tuple[bytes, ...]:
+    """``n`` different blocks of ``rows`` events (one generated table cut in slices): the same for both
+    systems."""
+    table = make_events(n * rows, seed=90_000)
+    return tuple(to_tsv_fast(table.slice(i * rows, rows)) for i in range(n))
+
+
 def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSizes, clients: Curve,
                   cpu: Curve) -> None:
-    bodies = [to_tsv_fast(make_events(sz.client_rows, seed=90_000 + j)) for j in range(max(sz.clients))]
+    bodies = client_bodies(sz.client_bodies, sz.client_rows)
     with scale_set(system, zk, ctx.work_dir / "scale-clients", 2) as s:
         port = s.replicas[0].http.port
         for c in sz.clients:
@@ -366,14 +401,15 @@ def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSi
             s.create(table, EVENTS_DDL, on=(0, 1))
             rows = [0] * c
             errors: list[str] = []
+            deck = BodyDeck(bodies)  # each point (and system) starts from the first block
             stop_at = time.monotonic() + sz.client_seconds
 
             def client(j: int, stop_at: float = stop_at, rows: list[int] = rows,
-                       errors: list[str] = errors, table: str = table) -> None:
+                       errors: list[str] = errors, table: str = table, deck: BodyDeck = deck) -> None:
                 me = Replica(system, f"client{j}", s.servers[0], port)
                 try:
                     while time.monotonic() < stop_at:
-                        post(me, f"INSERT INTO {table} FORMAT TSV", bodies[j], insert_deduplicate=0)
+                        post(me, f"INSERT INTO {table} FORMAT TSV", deck.take(), insert_deduplicate=0)
                         rows[j] += sz.client_rows
                 except (BenchHttpError, OSError) as e:
                     errors.append(str(e)[:200])
@@ -389,6 +425,9 @@ def clients_curve(system: System, zk: ZooKeeperServer, ctx: Context, sz: ScaleSi
             rate = sum(rows) / (time.monotonic() - t0)
             inserts = max(1, sum(rows) // sz.client_rows)
             cpu_ms = 1000 * (s.cpu() - c0) / inserts  # the merges and the second replica's fetches included
+            if deck.wrapped:
+                ctx.notes.append(f"scale clients: {system} with {c} clients took {deck.taken} blocks of "
+                                 f"{len(bodies)} distinct ones: some were inserted twice")
             if errors:
                 ctx.notes.append(f"scale clients: {system} with {c} clients: {len(errors)} failed inserts, "
                                  f"first: {errors[0]}")
