@@ -29,3 +29,34 @@ def test_figures_and_table_of_a_partial_run() -> None:
     text = scale_plot.markdown([drain], None)
     assert "| Queue drain rate (entries/s) | 10,000 log entries | 183.1 | 141.6 | 1.29× |" in text
     assert "flat (slope -0.02)" in text and "falling (slope -0.66)" in text
+
+
+def test_the_clients_curve_posts_distinct_blocks_from_many_threads() -> None:
+    """Every insert of the clients curve a different block (a repeated one merges into a part compressed n:1,
+    which the merge selection then takes for a small part); past the last, the deck says it wrapped."""
+    import threading
+
+    from bench.scale import BodyDeck, client_bodies
+
+    bodies = client_bodies(12, 50)
+    assert len(set(bodies)) == 12
+    assert all(b.count(b"\n") == 50 for b in bodies)
+    assert client_bodies(12, 50) is bodies  # made once, the same for both systems
+    deck = BodyDeck(bodies)
+    taken: list[bytes] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        for _ in range(3):
+            b = deck.take()
+            with lock:
+                taken.append(b)
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(taken) == sorted(bodies) and not deck.wrapped
+    deck.take()
+    assert deck.wrapped and deck.taken == 13
