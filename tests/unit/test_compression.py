@@ -247,3 +247,27 @@ def test_big_writes_compressed_in_parallel_are_the_serial_bytes(method: str,
     monkeypatch.setattr(compression, "PARALLEL_MIN_BLOCKS", 10**9)
     assert parallel == run()
     assert decompress_all(parallel[0]) == body
+
+
+def test_the_reused_zstd_decompressor_starts_afresh_after_a_bad_frame() -> None:
+    """Each thread keeps one zstd decompressor: a block that fails to decompress (a checksum-valid block
+    holding a cut or garbled frame) leaves nothing behind for the next block, in this thread or another."""
+    from replicad.storage.compression import read_block
+
+    good_data = bytes(range(256)) * 40
+    good = compress_block(good_data, "zstd")
+    frame = zstandard.ZstdCompressor(level=1).compress(b"x" * 5000 + os.urandom(3000))
+
+    def block(payload: bytes, size: int) -> bytes:
+        body = struct.pack("<BII", 0x90, 9 + len(payload), size) + payload
+        return cityhash128(body) + body
+
+    for bad in (block(frame[: len(frame) // 2], 8000), block(frame[:6] + bytes(len(frame) - 6), 8000)):
+        with pytest.raises(CorruptedDataError, match=r"cannot decompress|declares"):
+            read_block(bad)
+        assert read_block(good)[0] == good_data  # the same thread, right after
+    out: list[bytes] = []
+    t = threading.Thread(target=lambda: out.append(read_block(good)[0]))
+    t.start()
+    t.join()
+    assert out == [good_data]
