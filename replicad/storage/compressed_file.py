@@ -16,7 +16,6 @@ import ctypes
 import functools
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import pyarrow as pa
 
@@ -53,12 +52,13 @@ _READ_SLACK = 1024
 
 
 class CompressedFile:
-    def __init__(self, path: Path, part_name: str) -> None:
+    def __init__(self, path: str | os.PathLike[str], part_name: str) -> None:
         self.path = path
+        self.name = os.path.basename(path)  # the file's name, in messages and per block read
         try:
             self.size = os.path.getsize(path)
         except FileNotFoundError:
-            raise CorruptedDataError(f"part {part_name}: no data file {path.name}") from None
+            raise CorruptedDataError(f"part {part_name}: no data file {self.name}") from None
         self._fd: int | None = None
         self._read_size = _MIN_READ  # bytes read at a block's offset (header and, usually, the body)
         self._cache: tuple[int, bytes | memoryview, int] | None = None  # (offset, payload, next offset)
@@ -76,7 +76,7 @@ class CompressedFile:
         """(compressed size with the 9 header bytes, decompressed size) of the block at ``offset``."""
         head = self._pread(BLOCK_OVERHEAD, offset)
         if len(head) < BLOCK_OVERHEAD:
-            raise CorruptedDataError(f"{self.path.name}: truncated block header at {offset}")
+            raise CorruptedDataError(f"{self.name}: truncated block header at {offset}")
         return (int.from_bytes(head[CHECKSUM_SIZE + 1:CHECKSUM_SIZE + 5], "little"),
                 int.from_bytes(head[CHECKSUM_SIZE + 5:CHECKSUM_SIZE + 9], "little"))
 
@@ -98,7 +98,7 @@ class CompressedFile:
         c = self._cache
         if c is not None and c[0] == offset:
             return c[1], c[2]
-        payload, used = read_block(self._raw(offset), 0, self.path.name, offset)
+        payload, used = read_block(self._raw(offset), 0, self.name, offset)
         nxt = offset + used
         self._cache = (offset, payload, nxt)
         return payload, nxt
@@ -145,7 +145,7 @@ class CompressedFile:
             blocks.append((off, raw, dsize, nxt))
             off = nxt
         if off < eb:
-            raise CorruptedDataError(f"{self.path.name}: mark offset {eb} is not at a block boundary")
+            raise CorruptedDataError(f"{self.name}: mark offset {eb} is not at a block boundary")
         if len(blocks) == 1 and blocks[0][2] < 0:
             return None
         total = sum(len(data) if dsize < 0 else dsize for _o, data, dsize, _n in blocks)
@@ -162,7 +162,7 @@ class CompressedFile:
                 done = decompress(src.address + BLOCK_OVERHEAD, out.address + pos, csize - HEADER_SIZE, dsize)
                 if done != dsize:
                     raise CorruptedDataError(
-                        f"cannot decompress block (LZ4 gave {done} of {dsize} bytes) in {self.path.name} "
+                        f"cannot decompress block (LZ4 gave {done} of {dsize} bytes) in {self.name} "
                         f"at offset {block_offset}")
                 size = dsize
             if block_offset < eb:
@@ -189,7 +189,7 @@ class CompressedFile:
                 out, before_end = got
                 end = before_end + eo if eb < self.size else len(out)
                 if end > len(out) or so > end:
-                    raise CorruptedDataError(f"{self.path.name}: marks point past the end of a block")
+                    raise CorruptedDataError(f"{self.name}: marks point past the end of a block")
                 return memoryview(out).cast("B")[so:end]
         data, so, end = self._between(start, stop)
         return memoryview(data)[so:end] if (so or end != len(data)) else data
@@ -199,7 +199,7 @@ class CompressedFile:
         sb, so = start
         eb, eo = stop
         if eb < sb or (eb == sb and eo < so) or eb > self.size:
-            raise CorruptedDataError(f"{self.path.name}: bad marks ({sb},{so}) .. ({eb},{eo})")
+            raise CorruptedDataError(f"{self.name}: bad marks ({sb},{so}) .. ({eb},{eo})")
         if self.size == 0 or (sb, so) == (eb, eo):
             return b"", 0, 0
         chunks: list[bytes | memoryview] = []
@@ -212,11 +212,11 @@ class CompressedFile:
             chunks.append(payload)
             off = nxt
         if off < eb:
-            raise CorruptedDataError(f"{self.path.name}: mark offset {eb} is not at a block boundary")
+            raise CorruptedDataError(f"{self.name}: mark offset {eb} is not at a block boundary")
         end = before_end + eo if eb < self.size else sum(len(c) for c in chunks)
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if end > len(data) or so > end:
-            raise CorruptedDataError(f"{self.path.name}: marks point past the end of a block")
+            raise CorruptedDataError(f"{self.name}: marks point past the end of a block")
         return data, so, end
 
     def decompressed_position(self, mark: Position) -> int:
@@ -225,12 +225,12 @@ class CompressedFile:
         off, total = 0, 0
         while off < sb:
             if off + BLOCK_OVERHEAD > self.size:
-                raise CorruptedDataError(f"{self.path.name}: truncated block header at {off}")
+                raise CorruptedDataError(f"{self.name}: truncated block header at {off}")
             csize, dsize = self._header(off)
             total += dsize
             off += CHECKSUM_SIZE + csize
         if off != sb:
-            raise CorruptedDataError(f"{self.path.name}: mark offset {sb} is not at a block boundary")
+            raise CorruptedDataError(f"{self.name}: mark offset {sb} is not at a block boundary")
         return total + so
 
     def close(self) -> None:

@@ -108,17 +108,19 @@ _MARK_LAYOUTS = {".mrk": _Layout(".mrk", 2), ".mrk2": _Layout(".mrk2", 3),
                  ".cmrk": _Layout(".cmrk", 2), ".cmrk2": _Layout(".cmrk2", 3)}
 
 
-def detect_layout(part: PartDirectory, columns: Mapping[str, DataType]) -> _Layout:
-    """The marks layout of a part (Wide: checked for the ``columns`` to be read; or Compact).
+def detect_layout(part: PartDirectory, columns: Mapping[str, DataType], files: set[str] | None = None,
+                  info: SerializationInfo | None = None) -> _Layout:
+    """The marks layout of a part (Wide: checked for the ``columns`` to be read; or Compact).  ``files`` and
+    ``info``: the part's file names and serialization, when the caller has read them already.
 
     ``primary.cidx`` does not matter for reading column data.
     """
-    files = set(part.files())
+    files = set(part.files()) if files is None else files
     name = part.name
     compact = find_marks(files)
     if compact is not None:
         return _Layout(compact.file, 3, compact)
-    info = serialization_info(part)
+    info = serialization_info(part, files) if info is None else info
     first = next(iter(columns.items()), None)
     if first is None:
         return _MARK_LAYOUTS[".mrk"]
@@ -138,10 +140,11 @@ def file_stem(files: set[str], stem: str) -> str:
     return hashed if hashed + DATA_EXT in files else stem
 
 
-def serialization_info(part: PartDirectory) -> SerializationInfo:
-    """The part's ``serialization.json`` (18.16 defaults without one)."""
-    return SerializationInfo.parse(part.read_bytes("serialization.json") if part.has("serialization.json")
-                                   else None, part.name)
+def serialization_info(part: PartDirectory, files: set[str] | None = None) -> SerializationInfo:
+    """The part's ``serialization.json`` (18.16 defaults without one); ``files``: the part's file names, when
+    the caller has them (no stat then)."""
+    present = part.has("serialization.json") if files is None else "serialization.json" in files
+    return SerializationInfo.parse(part.read_bytes("serialization.json") if present else None, part.name)
 
 
 def incompatibilities_with_18_16(part: PartDirectory) -> list[str]:
@@ -176,23 +179,41 @@ def incompatibilities_with_18_16(part: PartDirectory) -> list[str]:
     return out
 
 
+def _read_whole(path: str) -> bytes:
+    """A small file's bytes: open, read, close (no buffered file object)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 class _StreamReader:
     """One substream's ``.bin`` (read block by block) and marks."""
 
-    def __init__(self, part: PartDirectory, stem: str, layout: _Layout, file: str) -> None:
+    def __init__(self, part: PartDirectory, stem: str, layout: _Layout, file: str,
+                 directory: str = "") -> None:
+        """``directory``: the part's path as a string, when the caller has it (a join of strings is cheaper
+        than one of paths, and a merge opens a few streams of each of its sources)."""
         self.stem = stem
-        self.file = CompressedFile(part.path / (file + DATA_EXT), part.name)
-        marks_path = part.path / (file + layout.marks_ext)
+        directory = directory or os.fspath(part.path)
+        self.file = CompressedFile(os.path.join(directory, file + DATA_EXT), part.name)
+        marks_name = file + layout.marks_ext
         try:
-            raw = marks_path.read_bytes()
+            raw = _read_whole(os.path.join(directory, marks_name))
         except FileNotFoundError:
-            raise CorruptedDataError(f"part {part.name}: no marks file {marks_path.name}") from None
+            raise CorruptedDataError(f"part {part.name}: no marks file {marks_name}") from None
         if layout.compressed:
-            raw = decompress_all(raw, marks_path.name)
+            raw = decompress_all(raw, marks_name)
         width = 8 * layout.mark_width
         if len(raw) % width:
             raise CorruptedDataError(
-                f"part {part.name}: {marks_path.name} size {len(raw)} is not a multiple of {width}"
+                f"part {part.name}: {marks_name} size {len(raw)} is not a multiple of {width}"
             )
         self.marks: npt.NDArray[np.uint64] = np.frombuffer(raw, dtype="<u8").reshape(-1, layout.mark_width)
 
@@ -269,8 +290,11 @@ class PartReader:
             name0, type0 = next(iter(part_types.items()))
             opened[name0] = parse_type(type0)
         self._opened = opened
-        self.layout = detect_layout(self.part, opened)
-        info = serialization_info(self.part)
+        files = set(self.part.files())
+        #: the part's file names, listed once
+        self._files = files
+        info = serialization_info(self.part, files)
+        self.layout = detect_layout(self.part, opened, files, info)
         #: per column read, the stand-in type that follows the part's serialization (serialization.json)
         self._serial = {n: serialization_of(n, t, info) for n, t in opened.items()}
         self._streams: dict[str, _StreamReader] = {}
@@ -280,7 +304,7 @@ class PartReader:
             names = [n for n, _t in self.part.column_types]
             self._compact = CompactData(self.part, self.layout.compact, names)
             rows = self._compact.granule_rows
-            if self.part.has("count.txt") and int(rows.sum()) != self.part.rows:
+            if "count.txt" in self._files and int(rows.sum()) != self.part.rows:
                 raise CorruptedDataError(
                     f"part {self.part.name}: marks hold {int(rows.sum())} rows, count.txt {self.part.rows}"
                 )
@@ -288,13 +312,13 @@ class PartReader:
             self.row_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
             return
         marks_count = None
-        files = set(self.part.files())
+        directory = os.fspath(self.part.path)
         for name, dtype in self._serial.items():
             for suffix in dtype.substreams():
                 stem = stream_stem(name, suffix)
                 if stem in self._streams:
                     continue  # Nested columns share their .size0 stream
-                s = _StreamReader(self.part, stem, self.layout, file_stem(files, stem))
+                s = _StreamReader(self.part, stem, self.layout, file_stem(files, stem), directory)
                 self._streams[stem] = s
                 if marks_count is None:
                     marks_count = len(s.marks)
@@ -326,12 +350,12 @@ class PartReader:
             rows = first.marks[:, 2].astype(np.int64)
             if len(rows) and rows[-1] == 0:
                 rows = rows[:-1]  # the final mark
-            if self.part.has("count.txt") and int(rows.sum()) != self.part.rows:
+            if "count.txt" in self._files and int(rows.sum()) != self.part.rows:
                 raise CorruptedDataError(
                     f"part {self.part.name}: marks hold {int(rows.sum())} rows, count.txt {self.part.rows}"
                 )
             return rows
-        total = self.part.rows if self.part.has("count.txt") else self._rows_from_fixed_stream()
+        total = self.part.rows if "count.txt" in self._files else self._rows_from_fixed_stream()
         if marks_count == 0:
             if total:
                 raise CorruptedDataError(f"part {self.part.name}: {total} rows but no marks")
