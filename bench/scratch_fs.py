@@ -78,42 +78,53 @@ def can_mount_image() -> str | None:
     return None
 
 
+def _mount_image(work_dir: Path, image: Path) -> int | str:
+    """A sparse image made, formatted (ext4, with its journal) and loop-mounted on ``work_dir``: its size,
+    or why not (nothing left behind then)."""
+    free = shutil.disk_usage(work_dir.parent).free
+    size = min(IMAGE_MAX_BYTES, int(free * IMAGE_FREE_SHARE)) // (1 << 20) << 20
+    try:
+        image.unlink(missing_ok=True)
+        with open(image, "wb") as f:
+            f.truncate(size)
+        for argv in (["mkfs.ext4", "-q", "-F", "-E", "nodiscard", str(image)],
+                     ["mount", "-o", "loop", str(image), str(work_dir)]):
+            done = subprocess.run(argv, capture_output=True, timeout=300, check=False)
+            if done.returncode != 0:
+                err = done.stderr.decode(errors="replace").strip().splitlines()
+                raise OSError(f"{argv[0]} failed ({done.returncode}): {err[-1] if err else 'no message'}")
+    except (OSError, subprocess.SubprocessError) as e:
+        image.unlink(missing_ok=True)
+        return str(e)
+    return size
+
+
 @contextlib.contextmanager
 def journaled_scratch(work_dir: Path, mode: str, say: Callable[[str], None] = print,
                       keep: bool = False) -> Iterator[str]:
-    """Make ``work_dir`` the mount point of a fresh journaled ext4 (mode ``image``, or ``auto`` when
-    :func:`can_mount_image`), or leave it as it is (mode ``dir``); yields the file system's description
-    for the report.  The image (``<work_dir>.img``, beside it) is unmounted and removed at the end, unless
-    ``keep`` (then both stay, for a look at the data)."""
+    """Make ``work_dir`` the mount point of a fresh journaled ext4 (mode ``image``, or ``auto`` when it
+    can be made), or leave it as it is (mode ``dir``, or ``auto`` when it cannot: the description says
+    why); yields the file system's description for the report.  The image (``<work_dir>.img``, beside it)
+    is unmounted and removed at the end, unless ``keep`` (then both stay, for a look at the data)."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    why_not = can_mount_image() if mode != "dir" else "--scratch-fs dir"
-    if why_not is not None:
-        if mode == "image":
-            raise RuntimeError(f"cannot make the scratch file system: {why_not}")
-        yield describe(work_dir) + f" — the scratch directory itself ({why_not})"
-        return
     image = work_dir.with_name(work_dir.name + ".img")
-    free = shutil.disk_usage(work_dir.parent).free
-    size = min(IMAGE_MAX_BYTES, int(free * IMAGE_FREE_SHARE)) // (1 << 20) << 20
-    image.unlink(missing_ok=True)
-    with open(image, "wb") as f:
-        f.truncate(size)
-    mounted = False
+    why_not = can_mount_image() if mode != "dir" else "--scratch-fs dir"
+    made = _mount_image(work_dir, image) if why_not is None else why_not
+    if isinstance(made, str):
+        if mode == "image":
+            raise RuntimeError(f"cannot make the scratch file system: {made}")
+        yield describe(work_dir) + f" — the scratch directory itself ({made})"
+        return
+    gib = made / 2**30
     try:
-        subprocess.run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard", str(image)], check=True,
-                       capture_output=True, timeout=300)
-        subprocess.run(["mount", "-o", "loop", str(image), str(work_dir)], check=True, capture_output=True,
-                       timeout=60)
-        mounted = True
-        say(f"scratch file system: a fresh ext4 of {size / 2**30:.0f} GiB (sparse image) mounted on the "
-                "work directory")
+        say(f"scratch file system: a fresh ext4 of {gib:.0f} GiB (sparse image) mounted on the work "
+            "directory")
         yield (f"{describe(work_dir)}: a fresh ext4 with its journal, made for this run in a sparse image "
-               f"of {size / 2**30:.0f} GiB and loop-mounted (--scratch-fs image; the machine's own file "
+               f"of {gib:.0f} GiB and loop-mounted (--scratch-fs image; the machine's own file "
                f"system: {describe(work_dir.parent)})")
     finally:
-        if keep and mounted:
+        if keep:
             say(f"kept: the scratch file system stays mounted (umount {work_dir}; then remove {image})")
         else:
-            if mounted:
-                subprocess.run(["umount", "-l", str(work_dir)], capture_output=True, timeout=120)
+            subprocess.run(["umount", "-l", str(work_dir)], capture_output=True, timeout=120, check=False)
             image.unlink(missing_ok=True)

@@ -71,3 +71,29 @@ def test_image_mode_fails_loudly_where_it_cannot_mount(tmp_path: Path,
         pass
     with scratch_fs.journaled_scratch(tmp_path / "w", "auto") as text:  # auto falls back to the directory
         assert "not running as root" in text
+
+
+def test_auto_mode_falls_back_when_the_image_cannot_be_made(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """mkfs or mount failing (no space, no free loop device) leaves no image and, in ``auto``, the directory
+    as it is with the reason; in ``image`` mode it is an error."""
+    import subprocess
+
+    monkeypatch.setattr(scratch_fs, "can_mount_image", lambda: None)
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[bytes]:
+        calls.append(argv)
+        failed = argv[0] == "mount"
+        return subprocess.CompletedProcess(argv, 32 if failed else 0, b"",
+                                           b"mount: no free loop device\n" if failed else b"")
+
+    monkeypatch.setattr(scratch_fs.subprocess, "run", run)
+    monkeypatch.setattr(scratch_fs, "IMAGE_MAX_BYTES", 1 << 20)
+    with scratch_fs.journaled_scratch(tmp_path / "w", "auto") as text:
+        assert "mount failed (32): mount: no free loop device" in text
+    assert [a[0] for a in calls] == ["mkfs.ext4", "mount"]
+    assert not (tmp_path / "w.img").exists()
+    with pytest.raises(RuntimeError, match="no free loop device"), \
+            scratch_fs.journaled_scratch(tmp_path / "w", "image"):
+        pass
