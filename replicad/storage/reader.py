@@ -108,19 +108,17 @@ _MARK_LAYOUTS = {".mrk": _Layout(".mrk", 2), ".mrk2": _Layout(".mrk2", 3),
                  ".cmrk": _Layout(".cmrk", 2), ".cmrk2": _Layout(".cmrk2", 3)}
 
 
-def detect_layout(part: PartDirectory, columns: Mapping[str, DataType], files: set[str] | None = None,
-                  info: SerializationInfo | None = None) -> _Layout:
-    """The marks layout of a part (Wide: checked for the ``columns`` to be read; or Compact).  ``files`` and
-    ``info``: the part's file names and serialization, when the caller has read them already.
+def detect_layout(part: PartDirectory, columns: Mapping[str, DataType], files: set[str],
+                  info: SerializationInfo) -> _Layout:
+    """The marks layout of a part (Wide: checked for the ``columns`` to be read; or Compact), from its file
+    names and serialization.
 
     ``primary.cidx`` does not matter for reading column data.
     """
-    files = set(part.files()) if files is None else files
     name = part.name
     compact = find_marks(files)
     if compact is not None:
         return _Layout(compact.file, 3, compact)
-    info = serialization_info(part, files) if info is None else info
     first = next(iter(columns.items()), None)
     if first is None:
         return _MARK_LAYOUTS[".mrk"]
@@ -196,12 +194,9 @@ def _read_whole(path: str) -> bytes:
 class _StreamReader:
     """One substream's ``.bin`` (read block by block) and marks."""
 
-    def __init__(self, part: PartDirectory, stem: str, layout: _Layout, file: str,
-                 directory: str = "") -> None:
-        """``directory``: the part's path as a string, when the caller has it (a join of strings is cheaper
-        than one of paths, and a merge opens a few streams of each of its sources)."""
+    def __init__(self, part: PartDirectory, stem: str, layout: _Layout, file: str) -> None:
         self.stem = stem
-        directory = directory or os.fspath(part.path)
+        directory = os.fspath(part.path)  # joins of strings: a merge opens a few streams of each source
         self.file = CompressedFile(os.path.join(directory, file + DATA_EXT), part.name)
         marks_name = file + layout.marks_ext
         try:
@@ -312,13 +307,12 @@ class PartReader:
             self.row_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
             return
         marks_count = None
-        directory = os.fspath(self.part.path)
         for name, dtype in self._serial.items():
             for suffix in dtype.substreams():
                 stem = stream_stem(name, suffix)
                 if stem in self._streams:
                     continue  # Nested columns share their .size0 stream
-                s = _StreamReader(self.part, stem, self.layout, file_stem(files, stem), directory)
+                s = _StreamReader(self.part, stem, self.layout, file_stem(files, stem))
                 self._streams[stem] = s
                 if marks_count is None:
                     marks_count = len(s.marks)
