@@ -221,15 +221,6 @@ def recorded_command(args: Sequence[str]) -> str:
     return " ".join(["python -m bench", *out])
 
 
-def _empty(path: Path) -> None:
-    """Everything under ``path`` removed, ``path`` itself kept (it may be a mount point)."""
-    for entry in list(path.iterdir()) if path.is_dir() else []:
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -294,9 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report.add(scale.run(ctx, quick=sizes.quick, plot_path=plot, sizes=sz, only=curves))
     finally:
         load.__exit__()
-        if not args.keep:
-            _empty(work_dir)
-        scratch.close()
+        scratch.close()  # unmounted: the image's files go with it, unread
         if not args.keep:
             shutil.rmtree(work_dir, ignore_errors=True)
     report.notes.append(f"scratch directory's file system (both systems' data, ZooKeeper's, the storage "
