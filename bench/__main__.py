@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import Context, Sizes, scratch_fs
+from bench import Context, Sizes, page_cache, scratch_fs
 from bench.report import Figure, Report
 
 REPO = Path(__file__).resolve().parent.parent
@@ -254,6 +254,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["TMPDIR"] = str(work_dir / "tmp")  # the storage benches' child processes write there
     (work_dir / "tmp").mkdir(exist_ok=True)
     tempfile.tempdir = None
+    evicted_files, evicted_bytes = page_cache.evict(page_cache.program_files())
+    cache_text = (f"both systems' program files ({evicted_files} shared libraries and binaries, "
+                  f"{evicted_bytes / 2**20:,.0f} MiB) dropped from the page cache before the servers "
+                  f"started, so that their RSS counts the pages they map as after a reboot, not the large "
+                  f"folios a fresh install leaves cached (bench/page_cache.py)")
+    ctx.say(cache_text)
     load = LoadSampler().__enter__()
     try:
         cluster_names = [n for n in CLUSTER_BENCHES if n in names]
@@ -290,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(work_dir, ignore_errors=True)
     report.notes.append(f"scratch directory's file system (both systems' data, ZooKeeper's, the storage "
                         f"benches' temporary files): {fs_text}")
+    report.notes.append(cache_text)
     report.seconds = time.monotonic() - ctx.t0
     report.notes += ctx.notes
     if ctx.clickhouse_version:
