@@ -50,6 +50,7 @@ from replicad.config import (
     restart_required,
 )
 from replicad.memory import release_unused_memory
+from replicad.replication import background_pool
 from replicad.sd_notify import Notifier
 from replicad.server.api import ApiServer, ApiState, version
 from replicad.server.metrics import Metrics
@@ -163,6 +164,7 @@ class Daemon:
 
     async def start(self) -> None:
         cfg = self.config
+        background_pool.configure(int(cfg.setting("background_pool_size")))
         log.info("daemon_starting", replica=cfg.replica, version=version(), data_path=str(cfg.data_path),
                  zookeeper=cfg.zookeeper.hosts, api_port=cfg.api.port, interserver_port=cfg.interserver.port)
         for warning in config_warnings(cfg):

@@ -38,6 +38,7 @@ from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.model.queue_state import QueueState, Selected
+from replicad.replication import background_pool
 from replicad.replication.executor import EntryNotReadyError
 from replicad.replication.fetcher import NoReplicaHasPartError, PartFetcher
 from replicad.replication.mutations import MutationsState, storage_commands
@@ -139,11 +140,12 @@ class PartProducer:
 
     async def _reading(self, sources: Sequence[LocalPart], fn: Callable[..., WrittenPart],
                        *args: Any) -> WrittenPart:
-        """``fn(*args)`` in a thread; a source that cannot be read (checksum mismatch, truncated or missing
+        """``fn(*args)`` in the background pool (its own threads: a merge never holds one an INSERT waits
+        for); a source that cannot be read (checksum mismatch, truncated or missing
         file) is reported to the part check before the error propagates, so the entry does not fail on the
         same broken part forever (the part check decides which source is broken)."""
         try:
-            return await asyncio.to_thread(fn, *args)
+            return await background_pool.run(fn, *args)
         except (CorruptedDataError, FileNotFoundError) as e:
             for p in sources:
                 log.warning("merge_source_unreadable_checking", part=p.name, error=str(e))
