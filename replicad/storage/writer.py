@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Collection, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +64,29 @@ __all__ = [
 
 #: a write of fewer rows runs in the caller's thread, column after column
 PARALLEL_MIN_ROWS = 8192
+
+T = TypeVar("T")
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def column_pool(threads: int) -> ThreadPoolExecutor:
+    """The process's column threads for writers of ``threads`` threads, started once: a pool per part
+    started its threads for every 10k-row insert, and each new thread made (and the pool's end freed) its
+    own compression context (``_ZstdContext.__del__`` in a py-spy of 16 inserting clients).  Writers take
+    it only when they write alone (replication/sink.py), so they seldom share it."""
+    with _pools_lock:
+        pool = _pools.get(threads)
+        if pool is None:
+            pool = _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="part-writer")
+        return pool
+
+
+def _results(futures: Sequence[Future[T]]) -> list[T]:
+    """The futures' results in order, once every one is done (none left running when this raises)."""
+    wait(futures)
+    return [f.result() for f in futures]
 
 
 class PartWriter:
@@ -128,8 +152,9 @@ class PartWriter:
                 shutil.rmtree(self.path)
                 self.path.mkdir()
         self._cols: list[ColumnWriter] = []
-        #: made by the first write of PARALLEL_MIN_ROWS rows or more: a small part is written by this thread
-        #: alone (starting threads and handing work over would cost more than the work)
+        #: taken at the first write of PARALLEL_MIN_ROWS rows or more: a small part is written by this
+        #: thread alone (handing work over would cost more than the work); the column threads are the
+        #: process's (:func:`column_pool`), not started per part
         self._pool: ThreadPoolExecutor | None = None  # before abort() can run
         taken: set[str] = set()
         try:
@@ -196,7 +221,7 @@ class PartWriter:
         arrays = storage_arrays(batch, self.columns, self.raw_columns)
         segments = self._segments(n)
         if self._pool is None and self._threads > 1 and n >= PARALLEL_MIN_ROWS:
-            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="part-writer")
+            self._pool = column_pool(self._threads)
 
         if self._pool is None:
             for col in self._cols:
@@ -205,11 +230,10 @@ class PartWriter:
             futures: list[Future[None]] = [
                 self._pool.submit(col.write, arrays[col.name], segments, perm) for col in self._cols
             ]
-            self._index_and_minmax(arrays, key_arrays, segments, n, perm)
-            errors = [f.exception() for f in futures]
-            for e in errors:
-                if e is not None:
-                    raise e
+            try:
+                self._index_and_minmax(arrays, key_arrays, segments, n, perm)
+            finally:
+                _results(futures)  # every column's job done (raising the first error) before going on
             self._advance(n)
             return
         self._index_and_minmax(arrays, key_arrays, segments, n, perm)
@@ -279,7 +303,7 @@ class PartWriter:
                 for col in self._cols:
                     files.update(col.seal())
             else:
-                for result in self._pool.map(lambda c: c.seal(), self._cols):
+                for result in _results([self._pool.submit(c.seal) for c in self._cols]):
                     files.update(result)
             return files
         except BaseException:
@@ -303,9 +327,8 @@ class PartWriter:
             for col in self._cols:
                 files.update(col.finish(self.path, fsync))
         else:
-            for result in self._pool.map(lambda c: c.finish(self.path, fsync), self._cols):
+            for result in _results([self._pool.submit(c.finish, self.path, fsync) for c in self._cols]):
                 files.update(result)
-            self._pool.shutdown(wait=True)
             self._pool = None
 
         written = write_part_metadata(
@@ -321,9 +344,7 @@ class PartWriter:
         if self._closed and self._finished:
             return
         self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        self._pool = None  # the process's: no job of this writer is left in it (each call waits for its own)
         for col in getattr(self, "_cols", []):
             col.close()
         shutil.rmtree(self.path, ignore_errors=True)

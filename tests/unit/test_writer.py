@@ -674,3 +674,45 @@ def test_sealed_first_same_bytes_and_bin_checksums(tmp_path: Path) -> None:
     assert len(sealed) == 5  # k, s.null, s, ls.dict, ls
     on_disk = Checksums.parse((plain / "checksums.txt").read_bytes())
     assert block_id_of("all", sealed, True, None, 0) == block_id_of("all", on_disk.files, True, None, 0)
+
+
+def test_column_threads_are_the_process_pool_and_write_the_same_bytes(tmp_path: Path) -> None:
+    """A part of PARALLEL_MIN_ROWS rows or more is written by the process's column threads (no pool
+    started per part): the same files, byte for byte, as one thread writes; repeated parts reuse the
+    threads; a failing column job leaves no job running and no directory behind."""
+    import threading
+
+    from replicad.storage import writer as writer_mod
+
+    n = writer_mod.PARALLEL_MIN_ROWS + 100
+    rng = np.random.default_rng(11)
+    t = pa.table({"k": pa.array(rng.integers(0, 1000, n).astype(np.uint64)),
+                  "s": pa.array([b"r%d" % (i % 97) for i in range(n)])})
+    cols = [("k", T("UInt64")), ("s", T("String"))]
+    order = sort_indices([t.column("k")])
+
+    def write(name: str, threads: int) -> dict[str, bytes]:
+        s = WriterSettings(fsync=False, threads=threads)
+        with PartWriter(tmp_path / name, cols, s, primary_key=["k"]) as w:
+            w.write(t, order=order)
+            w.finish()
+        return {p.name: p.read_bytes() for p in sorted((tmp_path / name).iterdir())}
+
+    one = write("one", 1)
+    assert write("two", 2) == one
+    pool = writer_mod.column_pool(2)
+    workers = {th.ident for th in threading.enumerate() if th.name.startswith("part-writer")}
+    for i in range(3):
+        assert write(f"again{i}", 2) == one
+    assert writer_mod.column_pool(2) is pool
+    assert {th.ident for th in threading.enumerate() if th.name.startswith("part-writer")} == workers
+    assert 0 < len(workers) <= 2
+
+    fake: Any = _Exploding()
+    bad = pa.table({"a": pa.array(np.ones(n, np.uint8)), "x": pa.array(np.ones(n, np.uint8))})
+    w = PartWriter(tmp_path / "tmp_insert_bad", [("a", T("UInt8")), ("x", fake)],
+                   WriterSettings(fsync=False, threads=2))
+    with pytest.raises(ValueError, match="boom"):
+        w.write(bad)
+    assert not (tmp_path / "tmp_insert_bad").exists()
+    assert pool.submit(lambda: 7).result(timeout=10) == 7  # the shared threads still serve
