@@ -36,16 +36,17 @@ SCHEMA = TableSchema((("d", parse_type("Date")), ("k", parse_type("UInt64")), ("
 
 @pytest.fixture
 def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The worker counts of the column pools the part writer starts."""
-    made: list[int] = []
+    """The thread counts of the column pools part writers take (the process's, storage/writer.py
+    ``column_pool``), one entry per writer that takes one."""
+    taken: list[int] = []
+    real = writer_module.column_pool
 
-    class Recording(ThreadPoolExecutor):
-        def __init__(self, max_workers: int, *args: object, **kwargs: object) -> None:
-            made.append(max_workers)
-            super().__init__(max_workers, *args, **kwargs)  # type: ignore[arg-type]
+    def recording(threads: int) -> ThreadPoolExecutor:
+        taken.append(threads)
+        return real(threads)
 
-    monkeypatch.setattr(writer_module, "ThreadPoolExecutor", Recording)
-    return made
+    monkeypatch.setattr(writer_module, "column_pool", recording)
+    return taken
 
 
 def _files(path: Path) -> dict[str, bytes]:
