@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from replicad.replication.sink import WRITES_IN_FLIGHT, TableSchema, write_parts
 from replicad.storage import writer as writer_module
 from replicad.storage.layout import TableDataLayout
 from replicad.storage.writer import PARALLEL_MIN_ROWS, WriterSettings
+from tests.support.call_log import record_first_arguments
 
 ROWS = PARALLEL_MIN_ROWS + 1808  # enough rows for the column pool
 
@@ -38,15 +38,7 @@ SCHEMA = TableSchema((("d", parse_type("Date")), ("k", parse_type("UInt64")), ("
 def pools(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The thread counts of the column pools part writers take (the process's, storage/writer.py
     ``column_pool``), one entry per writer that takes one."""
-    taken: list[int] = []
-    real = writer_module.column_pool
-
-    def recording(threads: int) -> ThreadPoolExecutor:
-        taken.append(threads)
-        return real(threads)
-
-    monkeypatch.setattr(writer_module, "column_pool", recording)
-    return taken
+    return record_first_arguments(monkeypatch, writer_module, "column_pool")
 
 
 def _files(path: Path) -> dict[str, bytes]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,20 +9,13 @@ from hypothesis import strategies as st
 from replicad.errors import SyntaxError_
 from replicad.server import routing
 from replicad.server.routing import InsertRoute, SelectRoute, StatementRoute, resolve
+from tests.support.call_log import record_first_arguments
 
 
 @pytest.fixture
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     routing._resolve_cached.cache_clear()
-    seen: list[str] = []
-    real = routing.parse_full
-
-    def counting(text: str) -> Any:
-        seen.append(text)
-        return real(text)
-
-    monkeypatch.setattr(routing, "parse_full", counting)
-    return seen
+    return record_first_arguments(monkeypatch, routing, "parse_full")
 
 
 def test_a_select_is_parsed_once(parses: list[str]) -> None:
