@@ -53,10 +53,7 @@ def program_files(clickhouse_binary: str | None = None) -> list[Path]:
     interpreter's own), and ClickHouse's binary (``clickhouse_binary``, else the one the bench runs) with
     its libraries."""
     roots = {Path(sys.prefix), Path(sys.base_prefix)}
-    found: dict[str, Path] = {}
-    for root in roots:
-        for p in _libraries_under(root):
-            found[os.path.realpath(p)] = p
+    found = {os.path.realpath(p) for root in roots for p in _libraries_under(root)}
     if clickhouse_binary is None:
         from replicad.devtools.clickhouse import find_server_command
 
@@ -64,8 +61,7 @@ def program_files(clickhouse_binary: str | None = None) -> list[Path]:
         clickhouse_binary = command[0] if command else None
     binary = clickhouse_binary and shutil.which(clickhouse_binary)
     if binary:
-        for p in _ldd(binary):
-            found[os.path.realpath(p)] = p
+        found.update(os.path.realpath(p) for p in _ldd(binary))
     return [Path(p) for p in sorted(found)]
 
 

@@ -24,9 +24,9 @@ numpy/pyarrow serialization release the GIL.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
-import threading
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -67,20 +67,14 @@ PARALLEL_MIN_ROWS = 8192
 
 T = TypeVar("T")
 
-_pools: dict[int, ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
-
-
+@functools.cache
 def column_pool(threads: int) -> ThreadPoolExecutor:
     """The process's column threads for writers of ``threads`` threads, started once: a pool per part
     started its threads for every 10k-row insert, and each new thread made (and the pool's end freed) its
     own compression context (``_ZstdContext.__del__`` in a py-spy of 16 inserting clients).  Writers take
-    it only when they write alone (replication/sink.py), so they seldom share it."""
-    with _pools_lock:
-        pool = _pools.get(threads)
-        if pool is None:
-            pool = _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="part-writer")
-        return pool
+    it only when they write alone (replication/sink.py), so they seldom share it.  Made once, as the
+    compression pool (storage/compression.py ``_parallel_pool``)."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="part-writer")
 
 
 def _results(futures: Sequence[Future[T]]) -> list[T]:
