@@ -76,6 +76,7 @@ def main() -> None:
     layout.path.mkdir(parents=True)
     loop = asyncio.new_event_loop()
     times: dict[str, list[float]] = {s: [] for s in STAGES}
+    cpu0 = time.process_time()
     try:
         for i, raw in enumerate(bodies):
             if args.gap_ms:
@@ -104,12 +105,14 @@ def main() -> None:
                 times[stage].append((marks[k + 1] - marks[k]) / 1000)
             times["total"].append((t6 - t0) / 1000)
     finally:
+        cpu = time.process_time() - cpu0
         loop.close()
         shutil.rmtree(tmp, ignore_errors=True)
     warm = max(1, args.inserts // 10)  # the first inserts import and warm up
     gap = f", {args.gap_ms:g} ms between inserts" if args.gap_ms else ""
     print(f"{args.inserts} inserts of {args.rows} rows, {args.clock} time per stage (µs){gap}, "
-          f"load {os.getloadavg()[0]:.1f}")
+          f"load {os.getloadavg()[0]:.1f}; process CPU (all threads) {1e3 * cpu / len(bodies):.2f} ms "
+          "per insert")
     for stage in STAGES:
         v = sorted(times[stage][warm:])
         print(f"{stage:9s} p10 {v[len(v) // 10]:7.0f}  p50 {statistics.median(v):7.0f}  "

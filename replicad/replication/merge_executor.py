@@ -56,6 +56,9 @@ class ExecutorSettings:
     always_fetch_merged_part: bool = False
     prefer_fetch_merged_part_time_threshold: int = 3600
     prefer_fetch_merged_part_size_threshold: int = 10 << 30
+    #: merges yield the CPU (background_pool.run_yielding) while every partition has fewer active parts than
+    #: half this (the insert delay's threshold)
+    parts_to_delay_insert: int = 150
 
     @classmethod
     def from_settings(cls, s: dict[str, Any]) -> ExecutorSettings:
@@ -68,6 +71,7 @@ class ExecutorSettings:
             prefer_fetch_merged_part_size_threshold=int(
                 s.get("prefer_fetch_merged_part_size_threshold", base.prefer_fetch_merged_part_size_threshold)
             ),
+            parts_to_delay_insert=int(s.get("parts_to_delay_insert", base.parts_to_delay_insert)),
         )
 
 
@@ -144,13 +148,19 @@ class PartProducer:
         for); a source that cannot be read (checksum mismatch, truncated or missing
         file) is reported to the part check before the error propagates, so the entry does not fail on the
         same broken part forever (the part check decides which source is broken)."""
+        run = background_pool.run_yielding if self._may_yield() else background_pool.run
         try:
-            return await background_pool.run(fn, *args)
+            return await run(fn, *args)
         except (CorruptedDataError, FileNotFoundError) as e:
             for p in sources:
                 log.warning("merge_source_unreadable_checking", part=p.name, error=str(e))
                 self.on_broken_part(p.name)
             raise
+
+    def _may_yield(self) -> bool:
+        """True when the merge may run at a lower priority than inserts and fetches: no partition is even
+        half-way to the insert delay (a merge falling behind there would soon slow the inserts down)."""
+        return self.store.max_active_in_partition() * 2 < self.settings.parts_to_delay_insert
 
     async def _commit(self, selected: Selected, tmp_dir: Path, written: WrittenPart) -> bool:
         """checkPartChecksumsAndCommit for a part made here; False when another replica registered different

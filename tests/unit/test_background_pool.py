@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import threading
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
 from replicad.replication import background_pool
-from replicad.replication.merge_executor import PartProducer
+from replicad.replication.merge_executor import ExecutorSettings, PartProducer
 
 _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("_VAR", default="unset")
 
@@ -19,6 +21,7 @@ _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("_VAR", default="unse
 @pytest.fixture
 def fresh_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(background_pool, "_pool", None)
+    monkeypatch.setattr(background_pool, "_yielding", None)
     monkeypatch.setattr(background_pool, "_size", background_pool.DEFAULT_SIZE)
 
 
@@ -69,16 +72,60 @@ def test_configure_rejects_nothing_below_one(fresh_pool: None) -> None:
     assert background_pool.pool()._max_workers == 1
 
 
-def test_part_producer_runs_merges_in_the_background_pool(fresh_pool: None) -> None:
+def _producer(most_parts_in_a_partition: int) -> PartProducer:
     none = cast(Any, None)
-    producer = PartProducer(none, none, none, none, none, none, none, none)
+    store = cast(Any, SimpleNamespace(max_active_in_partition=lambda: most_parts_in_a_partition))
+    return PartProducer(none, none, store, none, none, none, none, none,
+                        settings=ExecutorSettings(parts_to_delay_insert=150))
 
-    def merge(*args: object) -> Any:
-        return (args, threading.current_thread().name)
 
+def _merge(*args: object) -> tuple[tuple[object, ...], str, int]:
+    return args, threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_part_producer_runs_merges_in_the_background_pool(fresh_pool: None) -> None:
     async def main() -> Any:
-        return await producer._reading([], merge, "a", "b")
+        return await _producer(1)._reading([], _merge, "a", "b")
 
-    args, thread = asyncio.run(main())
+    args, thread, _nice = asyncio.run(main())
     assert args == ("a", "b")
     assert thread.startswith("background-pool")
+
+
+def test_run_yielding_runs_below_the_process_priority_and_run_does_not(fresh_pool: None) -> None:
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if base + background_pool.YIELDING_NICE > 19:
+        pytest.skip("the process runs at the lowest priority already")
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    async def main() -> tuple[int, int]:
+        return await background_pool.run_yielding(nice), await background_pool.run(nice)
+
+    low, normal = asyncio.run(main())
+    assert low == base + background_pool.YIELDING_NICE
+    assert normal == base
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the thread's own value: the caller's is untouched
+
+
+def test_merges_yield_only_far_from_the_insert_delay(fresh_pool: None) -> None:
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if base + background_pool.YIELDING_NICE > 19:
+        pytest.skip("the process runs at the lowest priority already")
+
+    async def main(parts: int) -> tuple[str, int]:
+        _args, thread, nice = await _producer(parts)._reading([], _merge)
+        return thread, nice
+
+    for parts in (1, 74):  # 74 * 2 < 150: yields
+        thread, nice = asyncio.run(main(parts))
+        assert thread.startswith("background-pool-low") and nice == base + background_pool.YIELDING_NICE
+    for parts in (75, 400):  # half-way to the delay and beyond: a merge keeps the inserts' priority
+        thread, nice = asyncio.run(main(parts))
+        assert not thread.startswith("background-pool-low") and nice == base
+
+
+def test_executor_settings_take_the_tables_insert_delay() -> None:
+    assert ExecutorSettings.from_settings({"parts_to_delay_insert": 40}).parts_to_delay_insert == 40
+    assert ExecutorSettings.from_settings({}).parts_to_delay_insert == 150
