@@ -16,7 +16,8 @@ during one (10 % of the others did); with the merging threads at nice 10 or 19 t
 from a median 1.38x ClickHouse 18.16's to 1.06x over six alternating pairs of lag-bench runs.  The price is
 slower merges under a sustained insert load (more parts at once), so the merge executor uses it only while
 the table's partitions are far from the insert delay (``parts_to_delay_insert``).  A thread cannot raise its
-priority back without privileges: the two pools never swap threads.
+priority back without privileges: the two pools never swap threads.  Both together run at most
+``background_pool_size`` jobs at once (a job waits in its thread for one of that many slots).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ YIELDING_NICE = 10
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _yielding: ThreadPoolExecutor | None = None
+_slots: threading.Semaphore | None = None
 _size = DEFAULT_SIZE
 
 
@@ -93,7 +95,21 @@ async def run_yielding(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) ->
     return await _run_in(yielding_pool(), fn, *args, **kwargs)
 
 
+def _job_slots() -> threading.Semaphore:
+    """The slots the two pools' jobs share (``background_pool_size`` of them, made with the first pool)."""
+    global _slots
+    with _lock:
+        if _slots is None:
+            _slots = threading.Semaphore(_size)
+        return _slots
+
+
+def _in_a_slot(slots: threading.Semaphore, call: Callable[[], T]) -> T:
+    with slots:
+        return call()
+
+
 async def _run_in(executor: ThreadPoolExecutor, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     ctx = contextvars.copy_context()
-    call = functools.partial(ctx.run, fn, *args, **kwargs)
+    call = functools.partial(_in_a_slot, _job_slots(), functools.partial(ctx.run, fn, *args, **kwargs))
     return await asyncio.get_running_loop().run_in_executor(executor, call)

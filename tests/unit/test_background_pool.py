@@ -22,6 +22,7 @@ _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("_VAR", default="unse
 def fresh_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(background_pool, "_pool", None)
     monkeypatch.setattr(background_pool, "_yielding", None)
+    monkeypatch.setattr(background_pool, "_slots", None)
     monkeypatch.setattr(background_pool, "_size", background_pool.DEFAULT_SIZE)
 
 
@@ -107,6 +108,23 @@ def test_run_yielding_runs_below_the_process_priority_and_run_does_not(fresh_poo
     assert low == base + background_pool.YIELDING_NICE
     assert normal == base
     assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the thread's own value: the caller's is untouched
+
+
+def test_both_pools_together_run_at_most_the_configured_jobs(fresh_pool: None) -> None:
+    background_pool.configure(1)
+    release = threading.Event()
+
+    async def main() -> None:
+        busy = asyncio.ensure_future(background_pool.run(release.wait, 10))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(background_pool.run_yielding(lambda: "ran"))
+        await asyncio.sleep(0.3)
+        assert not second.done()  # one slot, taken: it waits although its pool has an idle thread
+        release.set()
+        assert await busy is True
+        assert await asyncio.wait_for(second, 5) == "ran"
+
+    asyncio.run(main())
 
 
 def test_merges_yield_only_far_from_the_insert_delay(fresh_pool: None) -> None:
