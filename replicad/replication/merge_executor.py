@@ -272,8 +272,8 @@ class PartProducer:
         started = time.monotonic()
         try:
             written = await self._reading(
-                sources, merge_parts, [p.path for p in sources], tmp_dir, self.schema, self.writer_settings
-            )
+                sources, merge_parts, [p.directory for p in sources], tmp_dir, self.schema,
+                self.writer_settings)
             if not await self._commit(selected, tmp_dir, written):
                 return False
         finally:

@@ -425,3 +425,27 @@ def test_equal_keys_across_a_batch_boundary_keep_source_order(tmp_path: Path, or
     stored = [PartReader(p).read().to_pylist() for p in sources]
     expected = sorted((r for rows in stored for r in rows), key=lambda r: py_key(order_by, r))
     assert [(r["k"], r["s"], r["f"]) for r in got] == [(r["k"], r["s"], r["f"]) for r in expected]
+
+
+def test_sources_given_as_directories_are_read_with_what_they_cached(tmp_path: Path) -> None:
+    """The daemon hands merge_parts its parts' PartDirectory objects: their cached count.txt and columns.txt
+    are used, not read again (removed from disk here, the merge still works), and the bytes are those of a
+    merge of the same parts given by path."""
+    sch = schema("k")
+    sources = [write_part(tmp_path / f"p{i}", sch, rows_table([(19754, 12 - i - j, b"x", 0.5)
+                                                                 for j in range(5)]))
+               for i in range(3)]
+    by_path = merge_parts(sources, tmp_path / "by_path", sch, SETTINGS)
+    dirs = [PartDirectory(p) for p in sources]
+    for d in dirs:
+        _ = d.rows, d.column_types  # cached, as the daemon's parts have them
+        (d.path / "count.txt").unlink()
+        (d.path / "columns.txt").unlink()
+    by_dir = merge_parts(dirs, tmp_path / "by_dir", sch, SETTINGS)
+    assert by_dir.rows == by_path.rows == 15
+    names = sorted(os.listdir(by_path.path))
+    assert names == sorted(os.listdir(by_dir.path))
+    for name in names:
+        assert (by_dir.path / name).read_bytes() == (by_path.path / name).read_bytes(), name
+    with pytest.raises(CorruptedDataError):  # by path, the removed files are missed
+        merge_parts(sources, tmp_path / "again", sch, SETTINGS)
