@@ -5,6 +5,7 @@ setup(
         Extension(
             "replicad.native._cityhash102",
             sources=["replicad/native/cityhash102.c"],
+            depends=["replicad/native/cityhash102_core.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(
@@ -56,6 +57,17 @@ setup(
         Extension(
             "replicad.native._siphash",
             sources=["replicad/native/siphash.c"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
+            "replicad.native._onegranule",
+            sources=["replicad/native/onegranule.c"],
+            depends=["replicad/native/cityhash102_core.h"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
+            "replicad.native._checksums",
+            sources=["replicad/native/checksums.c"],
             extra_compile_args=["-O3"],
         ),
         Extension(

@@ -29,7 +29,7 @@ from replicad.replication.early_lock import EarlyLock, block_id_of
 from replicad.sql.expressions import Expr, compile_key
 from replicad.sql.partition import PartitionKey, split_by_partition
 from replicad.sql.table_metadata import ColumnsDescription
-from replicad.storage.block import ColumnDefaults, is_identity, sort_indices
+from replicad.storage.block import ColumnDefaults, sort_order
 from replicad.storage.checksums import Checksums
 from replicad.storage.layout import TMP_INSERT, TableDataLayout
 from replicad.storage.prepared_dirs import prepared_for
@@ -166,9 +166,7 @@ def write_temp_part(
     # the ORDER BY permutation is applied column by column inside the writer (writeWithPermutation): the
     # sorted copy of the whole block is never held (peak RSS of a big insert)
     sort_keys = _key_arrays(schema.sorting_exprs, rows, schema)
-    order = sort_indices([a for _n, a, _t in sort_keys]) if sort_keys and rows.num_rows > 1 else None
-    if order is not None and is_identity(order):
-        order = None
+    order = sort_order([a for _n, a, _t in sort_keys])
     pk = (sort_keys[:len(schema.primary_exprs)] if schema.primary_of_sorting
           else _key_arrays(schema.primary_exprs, rows, schema))
     extra_types = {name: dtype for name, _a, dtype in pk if name not in schema.types}

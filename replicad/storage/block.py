@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import decimal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -87,10 +87,41 @@ def sort_indices(key_arrays: Sequence[pa.Array | pa.ChunkedArray]) -> npt.NDArra
     keys = [k for k in numeric if k is not None]
     if in_order(keys):  # rows already sorted (a SELECT from a MergeTree table, a sorted Spark frame)
         return np.arange(len(keys[0]), dtype=np.int64)
-    perm = _stable_argsort(keys[-1])
+    return _lsd_sort(keys, _stable_argsort)
+
+
+def _lsd_sort(keys: Sequence[npt.NDArray[Any]],
+              argsort: Callable[[npt.NDArray[Any]], npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+    perm = argsort(keys[-1])
     for key in reversed(keys[:-1]):
-        perm = perm[_stable_argsort(key[perm])]
+        perm = perm[argsort(key[perm])]
     return perm
+
+
+#: up to this many rows a block's keys are sorted by numpy's stable argsort as they are: the pairs trick
+#: of :func:`_stable_argsort` (and its run count) is a dozen more numpy calls, which a small insert runs
+#: cold at several times their hot cost
+SMALL_SORT_ROWS = 8192
+
+
+def sort_order(key_arrays: Sequence[pa.Array | pa.ChunkedArray]) -> npt.NDArray[np.int64] | None:
+    """:func:`sort_indices`, or None when the rows are in ORDER BY order already (no permutation)."""
+    if not key_arrays:
+        return None
+    numeric = [numpy_sort_key(a) for a in key_arrays]
+    if any(k is None for k in numeric):
+        perm = sort_indices(key_arrays)
+        return None if is_identity(perm) else perm
+    keys = [k for k in numeric if k is not None]
+    if len(keys[0]) < 2 or in_order(keys):
+        return None
+    if len(keys[0]) <= SMALL_SORT_ROWS:
+        return _lsd_sort(keys, _plain_stable_argsort)
+    return _lsd_sort(keys, _stable_argsort)
+
+
+def _plain_stable_argsort(key: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    return np.argsort(key, kind="stable").astype(np.int64, copy=False)
 
 
 def in_order(keys: Sequence[npt.NDArray[Any]]) -> bool:

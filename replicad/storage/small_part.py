@@ -30,13 +30,22 @@ import pyarrow.compute as pc
 
 from replicad.datatypes import DataType
 from replicad.datatypes.composite import NullableType
+from replicad.datatypes.dates import DateTimeType, DateType
+from replicad.datatypes.numeric import FloatType, IntType
 from replicad.datatypes.strings import StringType
 from replicad.model.cityhash import file_hash
 from replicad.native import _strings
 from replicad.native._files import write_files
+from replicad.native._onegranule import seal_streams
 from replicad.storage.checksums import Checksum
 from replicad.storage.column_writer import WriterSettings, combine_chunks
-from replicad.storage.compression import BlockCompressor, CompressedStreamWriter
+from replicad.storage.compression import (
+    METHOD_LZ4,
+    METHOD_NONE,
+    METHOD_ZSTD,
+    BlockCompressor,
+    CompressedStreamWriter,
+)
 from replicad.storage.part import DATA_EXT, MARKS_EXT, stream_stem
 from replicad.storage.prepared_dirs import PreparedDirs
 from replicad.storage.reader import fixed_width
@@ -157,20 +166,13 @@ class SmallPartWriter:
         if not 0 < n <= self.settings.index_granularity:
             raise ValueError(f"SmallPartWriter writes 1..index_granularity rows, not {n}")
         arrays = storage_arrays(batch, self.columns)
-        compressor = BlockCompressor(self.settings.method, self.settings.level)
-        taken: set[str] = set()
-        for name, dtype in self.columns:
-            stems = []
-            for suffix in dtype.substreams():
-                stem = stream_stem(name, suffix)
-                if stem not in taken:  # a stream shared with an earlier column (Nested sizes): written once
-                    taken.add(stem)
-                    stems.append((suffix, stem))
-            if not stems:
-                continue
-            parts = _serialized(dtype, arrays[name], idx, perm)
-            for suffix, stem in stems:
-                self._streams.append(self._stream(compressor, stem, parts.get(suffix, b"")))
+        method = _METHOD_BYTES.get(self.settings.method)
+        if method is None or not self._seal_natively(arrays, idx, perm, method):
+            compressor = BlockCompressor(self.settings.method, self.settings.level)
+            for name, dtype, stems in self._stems():
+                parts = _serialized(dtype, arrays[name], idx, perm)
+                for suffix, stem in stems:
+                    self._streams.append(self._stream(compressor, stem, parts.get(suffix, b"")))
         first = 0 if idx is None else int(idx[0])
         primary = bytearray()
         for k in self.primary_key:
@@ -188,12 +190,56 @@ class SmallPartWriter:
             values = arrays[c]
             if perm is not None and len(perm) != len(values):
                 values = values.take(perm)
-            mm = pc.min_max(values)
-            lo, hi = mm["min"].as_py(), mm["max"].as_py()
-            if lo is not None:
-                self._minmax[c] = (lo, hi)
+            bounds = _min_max(values)
+            if bounds is not None:
+                self._minmax[c] = bounds
         self.rows = n
         self._written = True
+
+    def _stems(self) -> list[tuple[str, DataType, list[tuple[str, str]]]]:
+        """Each column with the (substream suffix, stream stem) pairs it writes: a stream shared with an
+        earlier column (Nested sizes) is written once, by the first."""
+        taken: set[str] = set()
+        out = []
+        for name, dtype in self.columns:
+            stems = []
+            for suffix in dtype.substreams():
+                stem = stream_stem(name, suffix)
+                if stem not in taken:
+                    taken.add(stem)
+                    stems.append((suffix, stem))
+            if stems:
+                out.append((name, dtype, stems))
+        return out
+
+    def _seal_natively(self, arrays: Mapping[str, pa.Array], idx: npt.NDArray[np.int64] | None,
+                       perm: pa.Array | None, method: int) -> bool:
+        """Every stream serialized, compressed and hashed by one native call (native/onegranule.c): the
+        String and fixed-width columns' rows permuted there, the other columns' serialized here first.  False
+        (nothing done) when the system's compression library cannot be loaded."""
+        stems: list[str] = []
+        specs: list[tuple[int, Any, Any]] = []
+        for name, dtype, pairs in self._stems():
+            given = _native_streams(dtype, arrays[name], idx, perm)
+            for suffix, stem in pairs:
+                stems.append(stem)
+                specs.append(given.get(suffix, _EMPTY_STREAM))
+        try:
+            sealed = seal_streams(specs, idx, method, self.settings.level,
+                                  self.settings.max_compress_block_size)
+        except OSError:
+            return False
+        compressor: BlockCompressor | None = None
+        for stem, out in zip(stems, sealed, strict=True):
+            body, second = out[0], out[1]
+            if body is None:  # more than one block: cut as PartWriter's stream cuts it
+                compressor = compressor or BlockCompressor(self.settings.method, self.settings.level)
+                self._streams.append(self._stream(compressor, stem, second))
+            else:
+                self._streams.append((stem, body, Checksum(
+                    file_size=len(body), file_hash=second, is_compressed=True, uncompressed_size=out[2],
+                    uncompressed_hash=out[3])))
+        return True
 
     def _stream(self, compressor: BlockCompressor, stem: str, data: bytes | memoryview
                 ) -> tuple[str, bytes, Checksum]:
@@ -294,6 +340,80 @@ class SmallPartWriter:
 
 _MARK_CHECKSUM = Checksum(file_size=16, file_hash=file_hash(_FIRST_MARK), is_compressed=False,
                           uncompressed_size=0, uncompressed_hash=bytes(16))
+
+
+#: seal_streams' method byte of each method it compresses with (others: BlockCompressor)
+_METHOD_BYTES = {"none": METHOD_NONE, "lz4": METHOD_LZ4, "zstd": METHOD_ZSTD}
+_RAW, _FIXED, _STRING, _NARROW_4_2, _NARROW_8_4 = 0, 1, 2, 3, 4
+_EMPTY_STREAM = (_RAW, b"", 0)
+
+
+def _native_streams(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64] | None,
+                    perm: pa.Array | None) -> Mapping[str, tuple[int, Any, Any]]:
+    """seal_streams' description of the column's substreams (suffix → (kind, a, b)): a String column
+    without NULLs as its Arrow buffers (serialized, and permuted by ``idx``, natively); with ``idx``, a
+    fixed-width column as its serialized rows to permute and a Nullable(String) whose NULL rows store ""
+    as its null map and buffers; any other column serialized (and permuted) here, as :func:`_serialized`."""
+    if type(dtype) is StringType and arr.type == pa.binary() and not arr.null_count:
+        offsets, data = _string_buffers(arr)
+        return {"": (_STRING, offsets, data)}
+    rows = _plain_rows(dtype, arr)
+    if rows is not None:
+        return {"": rows}
+    if idx is None:
+        return {suffix: (_RAW, data, 0) for suffix, data in dtype.serialize(arr).items()}
+    if (type(dtype) is NullableType and type(dtype.inner) is StringType and arr.type == pa.binary()
+            and dtype.substreams() == [".null", ""]):
+        offsets, data = _string_buffers(arr)
+        nulls = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
+        if not arr.null_count or not np.diff(offsets)[nulls].any():  # NULL rows store "" (else: take)
+            return {".null": (_FIXED, nulls.view(np.uint8), 1), "": (_STRING, offsets, data)}
+    width = fixed_width(dtype.name) if dtype.substreams() == [""] else None
+    if width:
+        plain = dtype.serialize(arr).get("", b"")
+        if len(plain) == len(arr) * width:  # rows one after another: permuted natively
+            return {"": (_FIXED, plain, width)}
+    return {suffix: (_RAW, data, 0) for suffix, data in _serialized(dtype, arr, idx, perm).items()}
+
+
+def _min_max(values: pa.Array) -> tuple[Any, Any] | None:
+    """The least and the greatest value (None: no value): of an integer, date32 or timestamp column without
+    NULLs as ints by numpy (what pa.array makes the same values of again), else by pyarrow."""
+    t = values.type
+    if not values.null_count and len(values):
+        if pa.types.is_integer(t):
+            ints = values.to_numpy()
+        elif pa.types.is_date32(t) or pa.types.is_timestamp(t):
+            ints = values.view(pa.int32() if pa.types.is_date32(t) else pa.int64()).to_numpy()
+        else:
+            ints = None
+        if ints is not None:
+            return int(ints.min()), int(ints.max())
+    mm = pc.min_max(values)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    return None if lo is None else (lo, hi)
+
+
+def _plain_rows(dtype: DataType, arr: pa.Array) -> tuple[int, Any, int] | None:
+    """seal_streams' description of a column without NULLs whose Arrow values are its serialized rows
+    (Int*, UInt*, Float*), or their low bytes (Date: date32 days, DateTime: timestamp[s] seconds): the
+    Arrow buffer itself, no serialization here.  None for other columns."""
+    kind = type(dtype)
+    if arr.null_count or arr.type != dtype.arrow_type:
+        return None
+    if kind is IntType or kind is FloatType:
+        width = arr.type.bit_width // 8
+        return _FIXED, _values(arr, width), width
+    if kind is DateType:
+        return _NARROW_4_2, _values(arr, 4), 0
+    if kind is DateTimeType:
+        return _NARROW_8_4, _values(arr, 8), 0
+    return None
+
+
+def _values(arr: pa.Array, width: int) -> memoryview:
+    start = arr.offset * width
+    return memoryview(arr.buffers()[1])[start:start + len(arr) * width]
 
 
 def _serialized(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64] | None,

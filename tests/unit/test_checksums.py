@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from replicad.errors import CorruptedDataError
 from replicad.model.cityhash import file_hash
+from replicad.native import _checksums
 from replicad.storage.checksums import (
     Checksum,
     Checksums,
@@ -187,9 +189,23 @@ def test_roundtrip_all_versions(files: dict[str, Checksum]) -> None:
     assert Checksums.parse(cs.to_bytes()) == cs
     assert Checksums.parse(cs.to_v2_text()) == cs
     assert Checksums.parse(b"checksums format version: 3\n" + cs.v3_body()) == cs
+    assert cs.v3_body() == cs.v3_body_python()  # the native encoder (native/checksums.c)
     m = MinimalisticChecksums.parse(cs.minimalistic_text())
     assert m == cs.minimalistic()
     m.check_equal(cs, True)
     assert m.num_compressed_files + m.num_uncompressed_files == len(files)
     lo, hi = struct.unpack("<QQ", m.hash_of_all_files)
     assert cs.total_checksum() == (lo, hi)
+
+
+def test_native_v3_body_rejects_what_the_format_cannot_hold() -> None:
+    """A size past UInt64, a hash of another length, a non-dict: errors, not a truncated body."""
+    with pytest.raises(ValueError, match="UInt64"):
+        _checksums.v3_body({"a": SimpleNamespace(file_size=-1, file_hash=bytes(16), is_compressed=False)})
+    with pytest.raises(ValueError, match="16 bytes"):
+        _checksums.v3_body({"a": SimpleNamespace(file_size=1, file_hash=bytes(15), is_compressed=False)})
+    with pytest.raises(ValueError, match="16 bytes"):
+        _checksums.v3_body({"a": SimpleNamespace(file_size=1, file_hash=bytes(16), is_compressed=True,
+                                                 uncompressed_size=3, uncompressed_hash=b"")})
+    with pytest.raises(TypeError):
+        _checksums.v3_body([("a", Checksum(1, bytes(16)))])

@@ -70,7 +70,8 @@ def test_same_bytes_as_part_writer(
                        max_compress_block_size=max_block, method=method, fsync=False)  # type: ignore[arg-type]
     order = np.random.default_rng(seed).permutation(n).astype(np.int64) if permuted else None
     assert small_part_fits(cols, n, s)
-    minmax = ["d"] if "d" in table.column_names else []
+    # partition key columns of every kind min/max is taken of (numpy's integer and date paths, pyarrow's)
+    minmax = [c for c in ("d", "ts", "i8", "u32", "f64", "s") if c in table.column_names]
     _same_parts(tmp_path_factory.mktemp("sp"), cols, s, table, order, primary_key=["k"],
                 minmax_columns=minmax, partition_value=[(U32, 202401)])
 

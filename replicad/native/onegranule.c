@@ -1,0 +1,490 @@
+/*
+ * The column streams of a part of one granule (a small insert's part), serialized, compressed and hashed
+ * in one call: what replicad/storage/small_part.py did per stream with ~a dozen Python-level calls each
+ * (serialize, permute, compress, two hashes), which a small insert runs cold (after an idle gap) at several
+ * times their hot cost.
+ *
+ * Python API (module replicad.native._onegranule):
+ *   seal_streams(streams, order, method, level, max_block) -> list
+ *     ``streams``: a sequence of (kind, a, b):
+ *       (0, data, 0)            RAW: ``data`` is the stream's serialized rows as they are (``order`` unused);
+ *       (1, rows, width)        FIXED: ``rows`` holds rows of ``width`` bytes one after another;
+ *       (2, offsets, data)      STRING: Arrow binary buffers, ``offsets`` int32 (rows + 1 of them, native
+ *                               order, absolute positions in ``data``); each row serialized as ClickHouse's
+ *                               String: VarUInt length, then the bytes;
+ *       (3, rows, 0)            NARROW_4_2: int32 rows, each serialized as its low 16 bits (numpy's
+ *                               astype(uint16): Arrow date32 days as ClickHouse's Date);
+ *       (4, rows, 0)            NARROW_8_4: int64 rows, each serialized as its low 32 bits (Arrow
+ *                               timestamp[s] seconds as DateTime).
+ *     ``order``: None (rows in their order) or a contiguous int64 buffer of row numbers: all but RAW
+ *     streams serialize those rows in that order (each row number must be a row: ValueError otherwise).
+ *     ``method``: the block's method byte, 0x02 (none), 0x82 (LZ4_compress_default) or 0x90
+ *     (ZSTD_compressCCtx at ``level``), the libraries loaded from the system (liblz4.so.1, libzstd.so.1,
+ *     as replicad/storage/compression.py's blocks: the same bytes); OSError if one cannot be loaded.
+ *     For each stream, in order:
+ *       (body, body_hash, size, hash): the ``.bin`` file (one compressed block: 16-byte CityHash128 of the
+ *       rest, method byte, UInt32 compressed size with the 9-byte header, UInt32 size, payload; b"" for an
+ *       empty stream), its file hash, the serialized size and the serialized bytes' file hash (ClickHouse's
+ *       chained hash of checksums.txt); or
+ *       (None, serialized): the serialized rows when they pass ``max_block`` (one block is not the stream:
+ *       the caller cuts them as CompressedWriteBuffer does).
+ *     The GIL is let go for the work when the streams hold at least 256 KiB.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cityhash102_core.h"
+
+#define KIND_RAW 0
+#define KIND_FIXED 1
+#define KIND_STRING 2
+#define KIND_NARROW_4_2 3
+#define KIND_NARROW_8_4 4
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the serialized rows are little-endian: this file takes the host's order to be that"
+#endif
+#define METHOD_NONE 0x02
+#define METHOD_LZ4 0x82
+#define METHOD_ZSTD 0x90
+#define CHECKSUM_SIZE 16
+#define HEADER_SIZE 9
+#define OVERHEAD (CHECKSUM_SIZE + HEADER_SIZE)
+#define NOGIL_BYTES (256 * 1024)
+
+/* ------------------------------------------------------------------ the system compression libraries */
+
+typedef size_t (*zstd_compress_fn)(void *, void *, size_t, const void *, size_t, int);
+typedef size_t (*zstd_bound_fn)(size_t);
+typedef unsigned (*zstd_is_error_fn)(size_t);
+typedef void *(*zstd_create_fn)(void);
+typedef size_t (*zstd_free_fn)(void *);
+typedef int (*lz4_compress_fn)(const char *, char *, int, int);
+typedef int (*lz4_bound_fn)(int);
+
+static struct {
+    int loaded;
+    zstd_compress_fn compress;
+    zstd_bound_fn bound;
+    zstd_is_error_fn is_error;
+    zstd_create_fn create;
+    zstd_free_fn free_ctx;
+    pthread_key_t ctx_key;
+} zstd;
+
+static struct {
+    int loaded;
+    lz4_compress_fn compress;
+    lz4_bound_fn bound;
+} lz4;
+
+static void free_zstd_ctx(void *ctx) {
+    if (ctx != NULL)
+        zstd.free_ctx(ctx);
+}
+
+/* (GIL held) load the method's library once; 0, or -1 with OSError set */
+static int load_method(int method) {
+    if (method == METHOD_NONE)
+        return 0;
+    if (method == METHOD_ZSTD) {
+        if (zstd.loaded)
+            return 0;
+        void *lib = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (lib == NULL) {
+            PyErr_Format(PyExc_OSError, "cannot load libzstd.so.1: %s", dlerror());
+            return -1;
+        }
+        zstd.compress = (zstd_compress_fn)dlsym(lib, "ZSTD_compressCCtx");
+        zstd.bound = (zstd_bound_fn)dlsym(lib, "ZSTD_compressBound");
+        zstd.is_error = (zstd_is_error_fn)dlsym(lib, "ZSTD_isError");
+        zstd.create = (zstd_create_fn)dlsym(lib, "ZSTD_createCCtx");
+        zstd.free_ctx = (zstd_free_fn)dlsym(lib, "ZSTD_freeCCtx");
+        if (!zstd.compress || !zstd.bound || !zstd.is_error || !zstd.create || !zstd.free_ctx) {
+            PyErr_SetString(PyExc_OSError, "libzstd.so.1 lacks a ZSTD_ function");
+            return -1;
+        }
+        if (pthread_key_create(&zstd.ctx_key, free_zstd_ctx) != 0) {
+            PyErr_SetString(PyExc_OSError, "pthread_key_create failed");
+            return -1;
+        }
+        zstd.loaded = 1;
+        return 0;
+    }
+    if (method == METHOD_LZ4) {
+        if (lz4.loaded)
+            return 0;
+        void *lib = dlopen("liblz4.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (lib == NULL) {
+            PyErr_Format(PyExc_OSError, "cannot load liblz4.so.1: %s", dlerror());
+            return -1;
+        }
+        lz4.compress = (lz4_compress_fn)dlsym(lib, "LZ4_compress_default");
+        lz4.bound = (lz4_bound_fn)dlsym(lib, "LZ4_compressBound");
+        if (!lz4.compress || !lz4.bound) {
+            PyErr_SetString(PyExc_OSError, "liblz4.so.1 lacks an LZ4_ function");
+            return -1;
+        }
+        lz4.loaded = 1;
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "seal_streams: unknown method byte 0x%02x", method);
+    return -1;
+}
+
+/* the payload's capacity for n bytes */
+static size_t payload_bound(int method, size_t n) {
+    if (method == METHOD_ZSTD)
+        return zstd.bound(n);
+    if (method == METHOD_LZ4)
+        return (size_t)lz4.bound((int)n);
+    return n;
+}
+
+/* compress n bytes of src into dst (cap bytes); the payload's size, or (size_t)-1 on a failure */
+static size_t compress_payload(int method, int level, const uint8_t *src, size_t n, uint8_t *dst, size_t cap) {
+    if (method == METHOD_ZSTD) {
+        void *ctx = pthread_getspecific(zstd.ctx_key);
+        if (ctx == NULL) {
+            ctx = zstd.create();
+            if (ctx == NULL || pthread_setspecific(zstd.ctx_key, ctx) != 0) {
+                if (ctx != NULL)
+                    zstd.free_ctx(ctx);
+                return (size_t)-1;
+            }
+        }
+        size_t size = zstd.compress(ctx, dst, cap, src, n, level);
+        return zstd.is_error(size) ? (size_t)-1 : size;
+    }
+    if (method == METHOD_LZ4) {
+        int size = lz4.compress((const char *)src, (char *)dst, (int)n, (int)cap);
+        return size <= 0 ? (size_t)-1 : (size_t)size;
+    }
+    memcpy(dst, src, n);
+    return n;
+}
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void u128_out(u128 v, uint8_t *out) {
+    for (int i = 0; i < 8; i++) {
+        out[i] = (uint8_t)(v.lo >> (8 * i));
+        out[8 + i] = (uint8_t)(v.hi >> (8 * i));
+    }
+}
+
+/* ------------------------------------------------------------------ the streams */
+
+typedef struct {
+    int kind;
+    Py_buffer a, b;
+    int have_a, have_b;
+    Py_ssize_t width;   /* FIXED, NARROW_*: bytes per row in the buffer */
+    Py_ssize_t out_width; /* FIXED, NARROW_*: bytes per serialized row */
+    Py_ssize_t rows;    /* FIXED, STRING: rows in the buffers */
+    size_t plain_size;  /* serialized size */
+    uint8_t *plain;     /* serialized rows (malloc), or NULL: RAW's own buffer */
+    uint8_t *body;      /* the .bin file (malloc) */
+    size_t body_size;
+    uint8_t body_hash[16], plain_hash[16];
+    int oversized;
+} stream;
+
+static size_t varuint_size(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static uint8_t *put_varuint(uint8_t *p, uint64_t v) {
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+/* (GIL held) check a FIXED/STRING stream's buffers and the order against them; its serialized size */
+static int size_stream(stream *s, const int64_t *order, Py_ssize_t n_order, int have_order) {
+    if (s->kind == KIND_RAW) {
+        s->plain_size = (size_t)s->a.len;
+        return 0;
+    }
+    if (s->kind != KIND_STRING) {
+        if (s->width <= 0 || s->a.len % s->width) {
+            PyErr_SetString(PyExc_ValueError, "seal_streams: the rows are not a whole number of widths");
+            return -1;
+        }
+        s->rows = s->a.len / s->width;
+    } else {
+        if (s->a.len < 4 || s->a.len % 4) {
+            PyErr_SetString(PyExc_ValueError, "seal_streams: STRING offsets are not int32 values");
+            return -1;
+        }
+        s->rows = s->a.len / 4 - 1;
+    }
+    Py_ssize_t n = have_order ? n_order : s->rows;
+    for (Py_ssize_t i = 0; have_order && i < n; i++)
+        if (order[i] < 0 || order[i] >= s->rows) {
+            PyErr_Format(PyExc_ValueError, "seal_streams: row %lld of the order is not a row (%zd rows)",
+                         (long long)order[i], s->rows);
+            return -1;
+        }
+    if (s->kind != KIND_STRING) {
+        s->plain_size = (size_t)n * (size_t)s->out_width;
+        return 0;
+    }
+    const int32_t *off = (const int32_t *)s->a.buf;
+    if (off[0] < 0 || off[s->rows] > s->b.len) {
+        PyErr_SetString(PyExc_ValueError, "seal_streams: STRING offsets outside the data");
+        return -1;
+    }
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t r = have_order ? (Py_ssize_t)order[i] : i;
+        int32_t len = off[r + 1] - off[r];
+        if (len < 0 || off[r] < 0 || off[r + 1] > s->b.len) {
+            PyErr_SetString(PyExc_ValueError, "seal_streams: STRING offsets decrease or leave the data");
+            return -1;
+        }
+        total += varuint_size((uint64_t)len) + (size_t)len;
+    }
+    s->plain_size = total;
+    return 0;
+}
+
+/* (no Python) serialize a FIXED/STRING/NARROW_* stream into s->plain */
+static void serialize_stream(stream *s, const int64_t *order, Py_ssize_t n_order, int have_order) {
+    Py_ssize_t n = have_order ? n_order : s->rows;
+    uint8_t *p = s->plain;
+    if (s->kind == KIND_NARROW_4_2 || s->kind == KIND_NARROW_8_4) {
+        const uint8_t *rows = (const uint8_t *)s->a.buf;
+        size_t w = (size_t)s->width, ow = (size_t)s->out_width;
+        for (Py_ssize_t i = 0; i < n; i++, p += ow)
+            memcpy(p, rows + (size_t)(have_order ? order[i] : i) * w, ow); /* the low bytes (little-endian) */
+        return;
+    }
+    if (s->kind == KIND_FIXED) {
+        const uint8_t *rows = (const uint8_t *)s->a.buf;
+        size_t w = (size_t)s->width;
+        if (!have_order) {
+            memcpy(p, rows, (size_t)n * w);
+        } else if (w == 8) {
+            for (Py_ssize_t i = 0; i < n; i++, p += 8)
+                memcpy(p, rows + (size_t)order[i] * 8, 8);
+        } else if (w == 4) {
+            for (Py_ssize_t i = 0; i < n; i++, p += 4)
+                memcpy(p, rows + (size_t)order[i] * 4, 4);
+        } else if (w == 2) {
+            for (Py_ssize_t i = 0; i < n; i++, p += 2)
+                memcpy(p, rows + (size_t)order[i] * 2, 2);
+        } else if (w == 1) {
+            for (Py_ssize_t i = 0; i < n; i++)
+                *p++ = rows[order[i]];
+        } else {
+            for (Py_ssize_t i = 0; i < n; i++, p += w)
+                memcpy(p, rows + (size_t)order[i] * w, w);
+        }
+        return;
+    }
+    const int32_t *off = (const int32_t *)s->a.buf;
+    const uint8_t *data = (const uint8_t *)s->b.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t r = have_order ? (Py_ssize_t)order[i] : i;
+        size_t len = (size_t)(off[r + 1] - off[r]);
+        p = put_varuint(p, len);
+        memcpy(p, data + off[r], len);
+        p += len;
+    }
+}
+
+/* (no Python) the stream's block and hashes; -1 when compression failed */
+static int seal_stream(stream *s, int method, int level) {
+    const uint8_t *plain = s->plain != NULL ? s->plain : (const uint8_t *)s->a.buf;
+    size_t n = s->plain_size;
+    u128_out(whole_file_hash(plain, n), s->plain_hash);
+    if (n == 0) {
+        s->body_size = 0;
+        memset(s->body_hash, 0, 16);
+        return 0;
+    }
+    size_t cap = payload_bound(method, n);
+    size_t size = compress_payload(method, level, plain, n, s->body + OVERHEAD, cap);
+    if (size == (size_t)-1)
+        return -1;
+    uint8_t *h = s->body + CHECKSUM_SIZE;
+    h[0] = (uint8_t)method;
+    put_u32(h + 1, (uint32_t)(size + HEADER_SIZE));
+    put_u32(h + 5, (uint32_t)n);
+    u128_out(ch128(h, size + HEADER_SIZE), s->body);
+    s->body_size = size + OVERHEAD;
+    u128_out(whole_file_hash(s->body, s->body_size), s->body_hash);
+    return 0;
+}
+
+static void release_streams(stream *ss, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ss[i].have_a)
+            PyBuffer_Release(&ss[i].a);
+        if (ss[i].have_b)
+            PyBuffer_Release(&ss[i].b);
+        free(ss[i].plain);
+        free(ss[i].body);
+    }
+    PyMem_Free(ss);
+}
+
+static PyObject *seal_streams(PyObject *self, PyObject *args) {
+    PyObject *streams, *order_obj, *seq, *out = NULL;
+    int method, level;
+    Py_ssize_t max_block;
+    Py_buffer order;
+    int have_order = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOiin", &streams, &order_obj, &method, &level, &max_block))
+        return NULL;
+    if (load_method(method) < 0)
+        return NULL;
+    seq = PySequence_Fast(streams, "seal_streams: streams must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    stream *ss = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(stream));
+    if (ss == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    if (order_obj != Py_None) {
+        if (PyObject_GetBuffer(order_obj, &order, PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        have_order = 1;
+        if (order.len % 8) {
+            PyErr_SetString(PyExc_ValueError, "seal_streams: the order is not int64 values");
+            goto done;
+        }
+    }
+    const int64_t *rows_order = have_order ? (const int64_t *)order.buf : NULL;
+    Py_ssize_t n_order = have_order ? order.len / 8 : 0;
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        stream *s = &ss[i];
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
+            PyErr_SetString(PyExc_TypeError, "seal_streams: each stream is a (kind, a, b) tuple");
+            goto done;
+        }
+        s->kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+        if (s->kind == -1 && PyErr_Occurred())
+            goto done;
+        if (s->kind < KIND_RAW || s->kind > KIND_NARROW_8_4) {
+            PyErr_Format(PyExc_ValueError, "seal_streams: unknown stream kind %d", s->kind);
+            goto done;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 1), &s->a, PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        s->have_a = 1;
+        if (s->kind == KIND_STRING) {
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 2), &s->b, PyBUF_C_CONTIGUOUS) < 0)
+                goto done;
+            s->have_b = 1;
+        } else if (s->kind == KIND_FIXED) {
+            s->width = s->out_width = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 2));
+            if (s->width == -1 && PyErr_Occurred())
+                goto done;
+        } else if (s->kind == KIND_NARROW_4_2) {
+            s->width = 4;
+            s->out_width = 2;
+        } else if (s->kind == KIND_NARROW_8_4) {
+            s->width = 8;
+            s->out_width = 4;
+        }
+        if (size_stream(s, rows_order, n_order, have_order) < 0)
+            goto done;
+        if (s->plain_size > 0x7E000000) {
+            PyErr_SetString(PyExc_ValueError, "seal_streams: a stream of 2 GiB or more");
+            goto done;
+        }
+        s->oversized = (Py_ssize_t)s->plain_size > max_block;
+        if (s->kind != KIND_RAW && s->plain_size > 0) {
+            s->plain = malloc(s->plain_size);
+            if (s->plain == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+        }
+        if (!s->oversized && s->plain_size > 0) {
+            s->body = malloc(OVERHEAD + payload_bound(method, s->plain_size));
+            if (s->body == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+        }
+        total += s->plain_size;
+    }
+    int failed = 0;
+    /* below NOGIL_BYTES the GIL is kept: handing it over and winning it back costs more than the work */
+    PyThreadState *released = total >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t i = 0; i < n && !failed; i++) {
+        stream *s = &ss[i];
+        if (s->kind != KIND_RAW && s->plain_size > 0)
+            serialize_stream(s, rows_order, n_order, have_order);
+        if (!s->oversized && seal_stream(s, method, level) < 0)
+            failed = 1;
+    }
+    if (released != NULL)
+        PyEval_RestoreThread(released);
+    if (failed) {
+        PyErr_SetString(PyExc_RuntimeError, "seal_streams: the compression library failed");
+        goto done;
+    }
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        stream *s = &ss[i];
+        const char *plain = s->plain != NULL ? (const char *)s->plain : (const char *)s->a.buf;
+        PyObject *t;
+        if (s->oversized)
+            t = Py_BuildValue("(Oy#)", Py_None, plain != NULL ? plain : "", (Py_ssize_t)s->plain_size);
+        else
+            t = Py_BuildValue("(y#y#ny#)", s->body != NULL ? (const char *)s->body : "", (Py_ssize_t)s->body_size,
+                              (const char *)s->body_hash, (Py_ssize_t)16, (Py_ssize_t)s->plain_size,
+                              (const char *)s->plain_hash, (Py_ssize_t)16);
+        if (t == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+done:
+    if (have_order)
+        PyBuffer_Release(&order);
+    release_streams(ss, n);
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"seal_streams", seal_streams, METH_VARARGS,
+     "A one-granule part's column streams serialized, compressed and hashed (see the module's source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_onegranule", "The streams of a part of one granule in one call.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__onegranule(void) { return PyModule_Create(&module_def); }
