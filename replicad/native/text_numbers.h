@@ -12,12 +12,20 @@
  *                       seconds, 0..2^32-1 only
  *   't'                 DateTime in another time zone: int64 local seconds, 2 days away from both ends of
  *                       0..2^32-1 (no UTC offset can then take the time out of range)
+ *   'F' 'f'             Float64 / Float32: `[-]digits[.digits][(e|E)[+|-]digits]`, at most 64 bytes, read
+ *                       as the nearest double (strtod in the C locale: correctly rounded, as pyarrow's cast
+ *                       of the same text), Float32 that double rounded to float (as the general path's
+ *                       cast to float64 then float32); finite, no overflow or underflow only
  * A column with a row outside these shapes or ranges is not read: the caller gets its texts and the general
  * path converts them (and words the error). */
 #ifndef REPLICAD_TEXT_NUMBERS_H
 #define REPLICAD_TEXT_NUMBERS_H
 
 #include <Python.h>
+#include <errno.h>
+#include <locale.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,13 +130,70 @@ static inline int fixed_date(const uint8_t *p, Py_ssize_t len, int with_time, in
     return 1;
 }
 
+/* The C locale for strtod_l (made once per extension; NULL if it could not be: no float is read then). */
+static locale_t c_numeric_locale;
+static pthread_once_t c_numeric_once = PTHREAD_ONCE_INIT;
+
+static void make_c_numeric_locale(void) { c_numeric_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0); }
+
+#define PLAIN_FLOAT_MAX 64
+
+/* 1 and *out set when s[0, len) is a plain decimal float text (see 'F' above) whose value is finite and
+ * neither overflows nor underflows; else 0. */
+static inline int plain_float(const uint8_t *s, Py_ssize_t len, double *out) {
+    Py_ssize_t i = 0, digits = 0;
+    if (len <= 0 || len > PLAIN_FLOAT_MAX)
+        return 0;
+    if (s[0] == '-')
+        i = 1;
+    for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+        digits++;
+    if (!digits)
+        return 0;
+    if (i < len && s[i] == '.') {
+        Py_ssize_t frac = 0;
+        for (i++; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+            frac++;
+        if (!frac)
+            return 0;
+    }
+    if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+        Py_ssize_t exp = 0;
+        i++;
+        if (i < len && (s[i] == '+' || s[i] == '-'))
+            i++;
+        for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+            exp++;
+        if (!exp)
+            return 0;
+    }
+    if (i != len)
+        return 0;
+    pthread_once(&c_numeric_once, make_c_numeric_locale);
+    if (c_numeric_locale == (locale_t)0)
+        return 0;
+    char buf[PLAIN_FLOAT_MAX + 1];
+    memcpy(buf, s, (size_t)len);
+    buf[len] = 0;
+    char *end;
+    int saved = errno;
+    errno = 0;
+    double v = strtod_l(buf, &end, c_numeric_locale);
+    int range = errno;
+    errno = saved;
+    if (end != buf + len || range || !isfinite(v))
+        return 0;
+    *out = v;
+    return 1;
+}
+
 /* Bytes per value of a typed kind; 0 for 's' and unknown kinds. */
 static inline int kind_size(char kind) {
     switch (kind) {
     case 'B': case 'b': return 1;
     case 'H': case 'h': return 2;
-    case 'I': case 'i': case 'D': return 4;
-    case 'Q': case 'q': case 'T': case 't': return 8;
+    case 'I': case 'i': case 'D': case 'f': return 4;
+    case 'Q': case 'q': case 'T': case 't': case 'F': return 8;
     default: return 0;
     }
 }
@@ -166,6 +231,20 @@ static inline int typed_field(const uint8_t *s, Py_ssize_t len, char kind, uint8
         if (!fixed_date(s, len, 0, &v) || v < 0 || v > 0xFFFF)
             return 0;
         int32_t x = (int32_t)v;
+        memcpy(out + 4 * r, &x, 4);
+        return 1;
+    }
+    case 'F': case 'f': {
+        double d;
+        if (!plain_float(s, len, &d))
+            return 0;
+        if (kind == 'F') {
+            memcpy(out + 8 * r, &d, 8);
+            return 1;
+        }
+        float x = (float)d;
+        if (!isfinite(x))
+            return 0; /* past Float32's range: the general path says what it does with it */
         memcpy(out + 4 * r, &x, 4);
         return 1;
     }

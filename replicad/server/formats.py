@@ -244,7 +244,7 @@ def _split_columns(parts: Sequence[tuple[Any, Any, Any]], positions: Sequence[in
 
 #: bytes per value of the splitters' typed kinds (text_kinds)
 _KIND_SIZES = {ord(k): n for k, n in (("B", 1), ("b", 1), ("H", 2), ("h", 2), ("I", 4), ("i", 4), ("D", 4),
-                                      ("Q", 8), ("q", 8), ("T", 8), ("t", 8))}
+                                      ("f", 4), ("Q", 8), ("q", 8), ("T", 8), ("t", 8), ("F", 8))}
 
 
 def _tsv_shape_error(block: bytes, fields: Sequence[str], row0: int, e: Exception) -> BadInputError:

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from replicad.datatypes import DataType
 from replicad.datatypes.base import BadValue
 from replicad.datatypes.dates import DateTimeType, DateType, localize
-from replicad.datatypes.numeric import IntType
+from replicad.datatypes.numeric import FloatType, IntType
 from replicad.errors import BadInputError
 from replicad.server.sync_body import DEFAULT_MAX_LINE_BYTES, DEFAULT_RECEIVE_TIMEOUT_S
 from replicad.server.text_values import array_element, check_array_rows, tsv_unescape, zero_dates
@@ -188,8 +188,8 @@ _INT_KINDS = {(8, False): "B", (16, False): "H", (32, False): "I", (64, False): 
 
 def text_kinds(width: int, positions: Sequence[int], types: Sequence[DataType], tz: str) -> bytes:
     """The typed kind of each of the ``width`` field positions for the TSV/CSV splitters: the plain
-    (UInt|Int)N, Date and DateTime columns are read as their values in the splitting pass ('s': as texts;
-    Nullable, LowCardinality, Enum and every other type keep the general path)."""
+    (UInt|Int)N, Float32/64, Date and DateTime columns are read as their values in the splitting pass ('s':
+    as texts; Nullable, LowCardinality, Enum and every other type keep the general path)."""
     kinds = ["s"] * width
     for pos, dt in zip(positions, types, strict=True):
         if type(dt) is IntType:
@@ -198,6 +198,8 @@ def text_kinds(width: int, positions: Sequence[int], types: Sequence[DataType], 
             kinds[pos] = "D"
         elif type(dt) is DateTimeType:
             kinds[pos] = "T" if (dt.tz or tz) == "UTC" else "t"
+        elif type(dt) is FloatType:
+            kinds[pos] = "F" if dt.arrow_type == pa.float64() else "f"
     return "".join(kinds).encode()
 
 

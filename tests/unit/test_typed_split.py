@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import math
+import re
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -141,10 +144,53 @@ def test_csv_typed_column_is_the_reference_reading(kind: bytes, fields: list[tup
         assert o is None and v is None and _values(kind, d, n) == want
 
 
+_PLAIN_FLOAT = re.compile(rb"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+_FLOAT_FIELDS = [b"0", b"-0", b"1.5", b"-2.25", b"1e3", b"1E-3", b"1e+3", b"1.", b".5", b"+1", b" 1", b"1 ",
+                 b"inf", b"-inf", b"nan", b"NaN", b"1e308", b"1.8e308", b"1e-320", b"4.9e-324", b"2e-308",
+                 b"3.4028235e38", b"3.5e38", b"0.1", b"0.30000000000000004",
+                 b"123456789012345678901234567890", b"9007199254740993", b"1" * 70, b"1.0e", b"e5", b"--1",
+                 b"0x10", b"1,5", b"", b"\\N", b"1e"]
+float_field = st.one_of(st.sampled_from(_FLOAT_FIELDS),
+                        st.floats(allow_nan=False, allow_infinity=False).map(lambda f: repr(f).encode()),
+                        st.from_regex(_PLAIN_FLOAT, fullmatch=True).filter(lambda b: len(b) <= 64))
+
+
+@settings(deadline=None, max_examples=400)
+@given(st.sampled_from([b"F", b"f"]), st.lists(float_field, min_size=1, max_size=12))
+@example(b"f", [b"3.5e38"])
+@example(b"F", [b"1e-320"])
+@example(b"f", [b"1.0000000596046448"])  # a double rounding case: the nearest double, then float
+def test_tsv_float_column_is_the_nearest_value(kind: bytes, fields: list[bytes]) -> None:
+    """Float64/Float32 fields read as values only when every one is a plain decimal text of at most 64 bytes
+    (sign, digits, fraction, exponent) that is finite without overflow or underflow, and then each is
+    Python's (correctly rounded) float of it, rounded to float32 for Float32 as the general path does."""
+    block = b"".join(b"x\t" + f + b"\ty\n" for f in fields)
+    got = _tsvsplit.split(block, 3, True, pa.allocate_buffer, b"s" + kind + b"s")
+    assert got is not None
+    offsets, data, _, _ = got[1]
+    plain = all(_PLAIN_FLOAT.fullmatch(f) and len(f) <= 64 for f in fields)
+    if offsets is not None:  # texts: some field is not plain, or its value is not a finite normal one
+        assert pa.Array.from_buffers(pa.binary(), len(fields), [None, offsets, data]).to_pylist() == fields
+        values = [float(f) for f in fields] if plain else []
+        if kind == b"f":
+            values = [float(np.float32(v)) if abs(v) < 3.4e38 else math.inf for v in values]
+        assert not plain or any(not math.isfinite(v) or 0 < abs(v) < 2.3e-308 or
+                                (v == 0 and f.lstrip(b"-").strip(b"0.").split(b"e")[0].split(b"E")[0])
+                                for v, f in zip(values, fields, strict=True))
+        return
+    assert plain
+    want = np.array([float(f) for f in fields], np.float64)
+    if kind == b"f":
+        want = want.astype(np.float32)
+    got_values = np.frombuffer(data, want.dtype, count=len(fields))
+    assert got_values.tobytes() == want.tobytes()  # bit for bit: -0.0 too
+
+
 # ---- end to end: the typed path against the general one ------------------------------------------------
 
 COLUMNS = [("u8", T("UInt8")), ("i16", T("Int16")), ("u64", T("UInt64")), ("i64", T("Int64")),
-           ("d", T("Date")), ("ts", T("DateTime")), ("tk", T("DateTime('Asia/Kolkata')")), ("s", T("String"))]
+           ("d", T("Date")), ("ts", T("DateTime")), ("tk", T("DateTime('Asia/Kolkata')")),
+           ("f64", T("Float64")), ("f32", T("Float32")), ("s", T("String"))]
 
 
 class _Body:
@@ -198,6 +244,8 @@ _CELLS = {
            b"2106-02-07 06:28:16", b"2024-01-27T01:42:10", b"2024-01-27", b"1706319730", b""],
     "tk": [b"2024-01-27 01:42:10", b"1970-01-01 05:30:00", b"1970-01-01 05:29:59", b"1970-01-03 00:00:00",
            b"2106-02-07 11:58:15", b"2106-02-04 00:00:00"],
+    "f64": [b"1.5", b"-0", b"1e3", b"inf", b"nan", b"1e400", b" 2", b"", b"0.1", b"1e-320", b"x"],
+    "f32": [b"1.5", b"3.5e38", b"-3.4028235e38", b"1.0000000596046448", b"1e-50", b"-inf", b""],
     "s": [b"plain", b"tab\\there", b"", b"\xff\xfe", b'q"uote'],
 }
 
@@ -231,7 +279,7 @@ def _json_body(rows: list[list[bytes]], names: bool) -> bytes:
         fields = []
         for (n, _), cell in zip(COLUMNS, r, strict=True):
             text = cell.decode("latin-1")
-            digits = cell.lstrip(b"-").isdigit()
+            digits = _PLAIN_FLOAT.fullmatch(cell) is not None
             value = "null" if cell == b"\\N" else text if digits else json.dumps(text)
             fields.append(f'"{n}":{value}')
         lines.append("{" + ",".join(fields) + "}\n")
@@ -258,7 +306,7 @@ def test_clean_rows_take_the_typed_path_and_match() -> None:
     general path is not called for them) and the rows equal the general path's."""
     rows = [[b"%d" % (i % 256), b"%d" % (i - 500), b"%d" % (i * 7919), b"-%d" % i,
              b"2024-01-%02d" % (i % 28 + 1), b"2024-01-27 01:%02d:%02d" % (i % 60, i % 59),
-             b"2024-03-31 02:%02d:00" % (i % 60), b"s%d" % i]
+             b"2024-03-31 02:%02d:00" % (i % 60), b"%d.%03d" % (i - 1500, i % 1000), b"%de-3" % i, b"s%d" % i]
             for i in range(3000)]
     for fmt in ("TSV", "CSV", "JSONEachRow"):
         body = _render(fmt, rows)
@@ -266,12 +314,12 @@ def test_clean_rows_take_the_typed_path_and_match() -> None:
         assert not isinstance(typed, str)
         _same(typed, general)
     kinds = formats.text_kinds(len(COLUMNS), range(len(COLUMNS)), [t for _, t in COLUMNS], "UTC")
-    assert kinds == b"BhQqDTts"
+    assert kinds == b"BhQqDTtFfs"
     got = _tsvsplit.split(_tsv_body(rows, False), len(COLUMNS), True, pa.allocate_buffer, kinds)
-    assert got is not None and [o is None for o, _, _, _ in got] == [True] * 7 + [False]
+    assert got is not None and [o is None for o, _, _, _ in got] == [True] * 9 + [False]
     names = tuple(n.encode() for n, _ in COLUMNS)
     split = _jsonsplit.split(_json_body(rows, False), names, False, pa.allocate_buffer, kinds)
-    assert split is not None and [o is None for o, _, _ in split] == [True] * 7 + [False]
+    assert split is not None and [o is None for o, _, _ in split] == [True] * 9 + [False]
 
 
 @pytest.mark.parametrize(("cells", "message"), [
@@ -284,9 +332,12 @@ def test_clean_rows_take_the_typed_path_and_match() -> None:
     ({"tk": b"2106-02-07 11:58:16"}, "column tk, row 2"),  # after 2106-02-07 06:28:15 UTC
     ({"u8": b"\\N"}, "column u8, row 2: NULL is not allowed"),
     ({"i16": b"1\xe9"}, "column i16, row 2"),
+    ({"f64": b"1.5x"}, "column f64, row 2"),
+    ({"f32": b"1e"}, "column f32, row 2"),
 ])
 def test_bad_values_keep_their_errors(cells: dict[str, bytes], message: str) -> None:
-    good = [b"1", b"2", b"3", b"4", b"2024-01-27", b"2024-01-27 01:42:10", b"2024-01-27 01:42:10", b"x"]
+    good = [b"1", b"2", b"3", b"4", b"2024-01-27", b"2024-01-27 01:42:10", b"2024-01-27 01:42:10", b"1.5",
+            b"2.5", b"x"]
     bad = [cells.get(n, g) for (n, _), g in zip(COLUMNS, good, strict=True)]
     for fmt, render in (("TSV", _tsv_body), ("CSV", _csv_body), ("JSONEachRow", _json_body)):
         if fmt == "JSONEachRow" and b"\\N" in bad:
