@@ -62,7 +62,13 @@ setup(
         Extension(
             "replicad.native._onegranule",
             sources=["replicad/native/onegranule.c"],
-            depends=["replicad/native/cityhash102_core.h"],
+            depends=["replicad/native/cityhash102_core.h", "replicad/native/system_codecs.h"],
+            extra_compile_args=["-O3"],
+        ),
+        Extension(
+            "replicad.native._partread",
+            sources=["replicad/native/partread.c"],
+            depends=["replicad/native/cityhash102_core.h", "replicad/native/system_codecs.h"],
             extra_compile_args=["-O3"],
         ),
         Extension(

@@ -64,7 +64,7 @@ static inline uint64_t mix128(uint64_t lo, uint64_t hi) {
     return b * m;
 }
 
-static uint64_t hash_short(const uint8_t *s, size_t n) {
+static inline uint64_t hash_short(const uint8_t *s, size_t n) {
     if (n > 8) {
         uint64_t a = load64(s);
         uint64_t b = load64(s + n - 8);
@@ -97,7 +97,7 @@ static inline void weak32(const uint8_t *s, uint64_t a, uint64_t b, u128 *r) {
 }
 
 /* the short-input (< 128 bytes) path of the seeded 128-bit hash */
-static u128 murmur_path(const uint8_t *s, size_t n, u128 seed) {
+static inline u128 murmur_path(const uint8_t *s, size_t n, u128 seed) {
     uint64_t a = seed.lo, b = seed.hi, c, d;
     long rest = (long)n - 16;
     if (rest <= 0) {
@@ -125,7 +125,7 @@ static u128 murmur_path(const uint8_t *s, size_t n, u128 seed) {
     return r;
 }
 
-static u128 ch128_seed(const uint8_t *s, size_t n, u128 seed) {
+static inline u128 ch128_seed(const uint8_t *s, size_t n, u128 seed) {
     if (n < 128)
         return murmur_path(s, n, seed);
 
@@ -170,7 +170,7 @@ static u128 ch128_seed(const uint8_t *s, size_t n, u128 seed) {
     return r;
 }
 
-static u128 ch128(const uint8_t *s, size_t n) {
+static inline u128 ch128(const uint8_t *s, size_t n) {
     u128 seed;
     if (n >= 16) {
         seed.lo = load64(s) ^ K3;
@@ -188,7 +188,7 @@ static u128 ch128(const uint8_t *s, size_t n) {
 }
 
 /* chain whole chunks of data into state; returns the number of bytes consumed */
-static size_t chain_chunks(u128 *state, const uint8_t *p, size_t n) {
+static inline size_t chain_chunks(u128 *state, const uint8_t *p, size_t n) {
     size_t used = 0;
     while (n - used >= CH_CHUNK) {
         *state = ch128_seed(p + used, CH_CHUNK, *state);
@@ -197,7 +197,7 @@ static size_t chain_chunks(u128 *state, const uint8_t *p, size_t n) {
     return used;
 }
 
-static u128 whole_file_hash(const uint8_t *p, size_t n) {
+static inline u128 whole_file_hash(const uint8_t *p, size_t n) {
     u128 st = {0, 0};
     size_t used = chain_chunks(&st, p, n);
     if (used < n)

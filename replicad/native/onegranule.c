@@ -32,13 +32,12 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <dlfcn.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cityhash102_core.h"
+#include "system_codecs.h"
 
 #define KIND_RAW 0
 #define KIND_FIXED 1
@@ -49,125 +48,10 @@
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the serialized rows are little-endian: this file takes the host's order to be that"
 #endif
-#define METHOD_NONE 0x02
-#define METHOD_LZ4 0x82
-#define METHOD_ZSTD 0x90
 #define CHECKSUM_SIZE 16
 #define HEADER_SIZE 9
 #define OVERHEAD (CHECKSUM_SIZE + HEADER_SIZE)
 #define NOGIL_BYTES (256 * 1024)
-
-/* ------------------------------------------------------------------ the system compression libraries */
-
-typedef size_t (*zstd_compress_fn)(void *, void *, size_t, const void *, size_t, int);
-typedef size_t (*zstd_bound_fn)(size_t);
-typedef unsigned (*zstd_is_error_fn)(size_t);
-typedef void *(*zstd_create_fn)(void);
-typedef size_t (*zstd_free_fn)(void *);
-typedef int (*lz4_compress_fn)(const char *, char *, int, int);
-typedef int (*lz4_bound_fn)(int);
-
-static struct {
-    int loaded;
-    zstd_compress_fn compress;
-    zstd_bound_fn bound;
-    zstd_is_error_fn is_error;
-    zstd_create_fn create;
-    zstd_free_fn free_ctx;
-    pthread_key_t ctx_key;
-} zstd;
-
-static struct {
-    int loaded;
-    lz4_compress_fn compress;
-    lz4_bound_fn bound;
-} lz4;
-
-static void free_zstd_ctx(void *ctx) {
-    if (ctx != NULL)
-        zstd.free_ctx(ctx);
-}
-
-/* (GIL held) load the method's library once; 0, or -1 with OSError set */
-static int load_method(int method) {
-    if (method == METHOD_NONE)
-        return 0;
-    if (method == METHOD_ZSTD) {
-        if (zstd.loaded)
-            return 0;
-        void *lib = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL);
-        if (lib == NULL) {
-            PyErr_Format(PyExc_OSError, "cannot load libzstd.so.1: %s", dlerror());
-            return -1;
-        }
-        zstd.compress = (zstd_compress_fn)dlsym(lib, "ZSTD_compressCCtx");
-        zstd.bound = (zstd_bound_fn)dlsym(lib, "ZSTD_compressBound");
-        zstd.is_error = (zstd_is_error_fn)dlsym(lib, "ZSTD_isError");
-        zstd.create = (zstd_create_fn)dlsym(lib, "ZSTD_createCCtx");
-        zstd.free_ctx = (zstd_free_fn)dlsym(lib, "ZSTD_freeCCtx");
-        if (!zstd.compress || !zstd.bound || !zstd.is_error || !zstd.create || !zstd.free_ctx) {
-            PyErr_SetString(PyExc_OSError, "libzstd.so.1 lacks a ZSTD_ function");
-            return -1;
-        }
-        if (pthread_key_create(&zstd.ctx_key, free_zstd_ctx) != 0) {
-            PyErr_SetString(PyExc_OSError, "pthread_key_create failed");
-            return -1;
-        }
-        zstd.loaded = 1;
-        return 0;
-    }
-    if (method == METHOD_LZ4) {
-        if (lz4.loaded)
-            return 0;
-        void *lib = dlopen("liblz4.so.1", RTLD_NOW | RTLD_LOCAL);
-        if (lib == NULL) {
-            PyErr_Format(PyExc_OSError, "cannot load liblz4.so.1: %s", dlerror());
-            return -1;
-        }
-        lz4.compress = (lz4_compress_fn)dlsym(lib, "LZ4_compress_default");
-        lz4.bound = (lz4_bound_fn)dlsym(lib, "LZ4_compressBound");
-        if (!lz4.compress || !lz4.bound) {
-            PyErr_SetString(PyExc_OSError, "liblz4.so.1 lacks an LZ4_ function");
-            return -1;
-        }
-        lz4.loaded = 1;
-        return 0;
-    }
-    PyErr_Format(PyExc_ValueError, "seal_streams: unknown method byte 0x%02x", method);
-    return -1;
-}
-
-/* the payload's capacity for n bytes */
-static size_t payload_bound(int method, size_t n) {
-    if (method == METHOD_ZSTD)
-        return zstd.bound(n);
-    if (method == METHOD_LZ4)
-        return (size_t)lz4.bound((int)n);
-    return n;
-}
-
-/* compress n bytes of src into dst (cap bytes); the payload's size, or (size_t)-1 on a failure */
-static size_t compress_payload(int method, int level, const uint8_t *src, size_t n, uint8_t *dst, size_t cap) {
-    if (method == METHOD_ZSTD) {
-        void *ctx = pthread_getspecific(zstd.ctx_key);
-        if (ctx == NULL) {
-            ctx = zstd.create();
-            if (ctx == NULL || pthread_setspecific(zstd.ctx_key, ctx) != 0) {
-                if (ctx != NULL)
-                    zstd.free_ctx(ctx);
-                return (size_t)-1;
-            }
-        }
-        size_t size = zstd.compress(ctx, dst, cap, src, n, level);
-        return zstd.is_error(size) ? (size_t)-1 : size;
-    }
-    if (method == METHOD_LZ4) {
-        int size = lz4.compress((const char *)src, (char *)dst, (int)n, (int)cap);
-        return size <= 0 ? (size_t)-1 : (size_t)size;
-    }
-    memcpy(dst, src, n);
-    return n;
-}
 
 static void put_u32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++)

@@ -37,6 +37,7 @@ from replicad.datatypes.composite import filter_rows
 from replicad.errors import CorruptedDataError, MetadataMismatchError, UnsupportedPartFormatError
 from replicad.model.siphash import siphash128
 from replicad.native import _strings
+from replicad.native._partread import read_whole_streams
 from replicad.storage.compact import CompactData, CompactMarks, find_marks
 from replicad.storage.compressed_file import CompressedFile
 from replicad.storage.compression import decompress_all
@@ -49,6 +50,7 @@ from replicad.storage.serialization import (
     serialization_of,
     sparse_granule_rows,
 )
+from replicad.storage.whole_stream import WholeStream
 
 _FIXED_WIDTHS = {
     "Int8": 1, "UInt8": 1, "Int16": 2, "UInt16": 2, "Int32": 4, "UInt32": 4, "Int64": 8, "UInt64": 8,
@@ -191,6 +193,16 @@ def _read_whole(path: str) -> bytes:
         os.close(fd)
 
 
+def _parse_marks(raw: bytes, part: PartDirectory, layout: _Layout, marks_name: str) -> npt.NDArray[np.uint64]:
+    if layout.compressed:
+        raw = decompress_all(raw, marks_name)
+    width = 8 * layout.mark_width
+    if len(raw) % width:
+        raise CorruptedDataError(
+            f"part {part.name}: {marks_name} size {len(raw)} is not a multiple of {width}")
+    return np.frombuffer(raw, dtype="<u8").reshape(-1, layout.mark_width)
+
+
 class _StreamReader:
     """One substream's ``.bin`` (read block by block) and marks."""
 
@@ -203,14 +215,7 @@ class _StreamReader:
             raw = _read_whole(os.path.join(directory, marks_name))
         except FileNotFoundError:
             raise CorruptedDataError(f"part {part.name}: no marks file {marks_name}") from None
-        if layout.compressed:
-            raw = decompress_all(raw, marks_name)
-        width = 8 * layout.mark_width
-        if len(raw) % width:
-            raise CorruptedDataError(
-                f"part {part.name}: {marks_name} size {len(raw)} is not a multiple of {width}"
-            )
-        self.marks: npt.NDArray[np.uint64] = np.frombuffer(raw, dtype="<u8").reshape(-1, layout.mark_width)
+        self.marks = _parse_marks(raw, part, layout, marks_name)
 
     def position(self, mark: int) -> tuple[int, int]:
         """(block offset in file, offset in decompressed block) of a mark; the end for ``mark == count``."""
@@ -236,6 +241,11 @@ class _StreamReader:
 
     def close(self) -> None:
         self.file.close()
+
+
+#: a part of at most one granule (count.txt) whose ``.bin`` files hold at most this many decompressed bytes
+#: each has its streams read whole, all in one native call (a merge of small inserts' parts)
+WHOLE_READ_BYTES = 1 << 20
 
 
 class PartReader:
@@ -292,7 +302,7 @@ class PartReader:
         self.layout = detect_layout(self.part, opened, files, info)
         #: per column read, the stand-in type that follows the part's serialization (serialization.json)
         self._serial = {n: serialization_of(n, t, info) for n, t in opened.items()}
-        self._streams: dict[str, _StreamReader] = {}
+        self._streams: dict[str, _StreamReader | WholeStream] = {}
         self._raw_widths: dict[str, int | None] = {}
         self._compact: CompactData | None = None
         if self.layout.compact is not None:
@@ -306,22 +316,42 @@ class PartReader:
             self._granule_rows = rows
             self.row_starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
             return
-        marks_count = None
+        stems: dict[str, str] = {}  # stem -> file stem (Nested columns share their .size0 stream)
         for name, dtype in self._serial.items():
             for suffix in dtype.substreams():
                 stem = stream_stem(name, suffix)
-                if stem in self._streams:
-                    continue  # Nested columns share their .size0 stream
-                s = _StreamReader(self.part, stem, self.layout, file_stem(files, stem))
-                self._streams[stem] = s
-                if marks_count is None:
-                    marks_count = len(s.marks)
-                elif len(s.marks) != marks_count:
-                    raise CorruptedDataError(
-                        f"part {self.part.name}: {stem} has {len(s.marks)} marks, other streams {marks_count}"
-                    )
+                if stem not in stems:
+                    stems[stem] = file_stem(files, stem)
+        whole = self._read_whole(stems, index_granularity)
+        marks_count = None
+        for stem, file in stems.items():
+            s = whole.get(stem) or _StreamReader(self.part, stem, self.layout, file)
+            self._streams[stem] = s
+            if marks_count is None:
+                marks_count = len(s.marks)
+            elif len(s.marks) != marks_count:
+                raise CorruptedDataError(
+                    f"part {self.part.name}: {stem} has {len(s.marks)} marks, other streams {marks_count}"
+                )
         self._granule_rows = self._compute_granules(marks_count or 0, index_granularity)
         self.row_starts = np.concatenate([[0], np.cumsum(self._granule_rows)]).astype(np.int64)
+
+    def _read_whole(self, stems: Mapping[str, str], index_granularity: int | None
+                    ) -> dict[str, _StreamReader | WholeStream]:
+        """The streams of a part of one granule read whole, in one native call (each one it cannot read
+        so, left out: read the general way, which names what is wrong with it)."""
+        if "count.txt" not in self._files or not stems or self.part.rows > (index_granularity or 8192):
+            return {}
+        ext = self.layout.marks_ext
+        got = read_whole_streams(self.part.path, [(f + ext, f + DATA_EXT) for f in stems.values()],
+                                 WHOLE_READ_BYTES)
+        out: dict[str, _StreamReader | WholeStream] = {}
+        for (stem, file), one in zip(stems.items(), got, strict=True):
+            if one is not None:
+                marks, data, size = one
+                out[stem] = WholeStream(stem, _parse_marks(marks, self.part, self.layout, file + ext), data,
+                                         size, f"part {self.part.name}: {file}{DATA_EXT}")
+        return out
 
     # ---- geometry ------------------------------------------------------------------------------------
 
@@ -364,7 +394,7 @@ class PartReader:
         out[-1] = last
         return out
 
-    def _fixed_stream(self) -> tuple[_StreamReader, int] | None:
+    def _fixed_stream(self) -> tuple[_StreamReader | WholeStream, int] | None:
         for name, dtype in self._serial.items():
             if isinstance(dtype, SparseType):
                 continue  # its value streams hold only the non-default rows
