@@ -13,8 +13,8 @@
  *   't'                 DateTime in another time zone: int64 local seconds, 2 days away from both ends of
  *                       0..2^32-1 (no UTC offset can then take the time out of range)
  *   'F' 'f'             Float64 / Float32: `[-]digits[.digits][(e|E)[+|-]digits]`, at most 64 bytes, read
- *                       as the nearest double (strtod in the C locale: correctly rounded, as pyarrow's cast
- *                       of the same text), Float32 that double rounded to float (as the general path's
+ *                       as the nearest double (Clinger's exact fast path, else strtod in the C locale: both
+ *                       correctly rounded, as pyarrow's cast of the same text), Float32 that double rounded to float (as the general path's
  *                       cast to float64 then float32); finite, no overflow or underflow only
  * A column with a row outside these shapes or ranges is not read: the caller gets its texts and the general
  * path converts them (and words the error). */
@@ -138,6 +138,65 @@ static void make_c_numeric_locale(void) { c_numeric_locale = newlocale(LC_NUMERI
 
 #define PLAIN_FLOAT_MAX 64
 
+/* Exact powers of ten as doubles (10^0 .. 10^22 are all representable). */
+static const double exact_powers_of_ten[23] = {
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+    1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* Clinger's fast path for a text already checked plain: when its decimal significand w (digits without
+ * the point) is at most 2^53 and its decimal exponent q within -22..22, w and 10^|q| are exact doubles
+ * and one IEEE multiplication or division rounds w * 10^q correctly: the value strtod gives.  1 and *out
+ * set, or 0 (strtod then).  (x86-64 evaluates doubles in SSE2: no extended precision in between.) */
+static inline int fast_plain_float(const uint8_t *s, Py_ssize_t len, double *out) {
+    Py_ssize_t i = 0;
+    int neg = 0, digits = 0;
+    uint64_t w = 0;
+    long q = 0;
+    if (s[0] == '-') {
+        neg = 1;
+        i = 1;
+    }
+    for (; i < len && s[i] >= '0' && s[i] <= '9'; i++) {
+        if (w == 0 && s[i] == '0')
+            continue; /* leading zeros */
+        if (++digits > 19)
+            return 0;
+        w = w * 10 + (uint64_t)(s[i] - '0');
+    }
+    if (i < len && s[i] == '.') {
+        for (i++; i < len && s[i] >= '0' && s[i] <= '9'; i++) {
+            q--;
+            if (w == 0 && s[i] == '0')
+                continue;
+            if (++digits > 19)
+                return 0;
+            w = w * 10 + (uint64_t)(s[i] - '0');
+        }
+    }
+    if (i < len) { /* the exponent: 'e' or 'E', a sign, digits (checked by plain_float) */
+        int eneg = 0;
+        long e = 0;
+        i++;
+        if (s[i] == '+' || s[i] == '-')
+            eneg = s[i++] == '-';
+        for (; i < len; i++) {
+            if (e > 100000)
+                return 0;
+            e = e * 10 + (s[i] - '0');
+        }
+        q += eneg ? -e : e;
+    }
+    double v;
+    if (w == 0)
+        v = 0.0;
+    else if (w > ((uint64_t)1 << 53) || q < -22 || q > 22)
+        return 0;
+    else
+        v = q < 0 ? (double)w / exact_powers_of_ten[-q] : (double)w * exact_powers_of_ten[q];
+    *out = neg ? -v : v;
+    return 1;
+}
+
 /* 1 and *out set when s[0, len) is a plain decimal float text (see 'F' above) whose value is finite and
  * neither overflows nor underflows; else 0. */
 static inline int plain_float(const uint8_t *s, Py_ssize_t len, double *out) {
@@ -169,6 +228,8 @@ static inline int plain_float(const uint8_t *s, Py_ssize_t len, double *out) {
     }
     if (i != len)
         return 0;
+    if (fast_plain_float(s, len, out))
+        return 1;
     pthread_once(&c_numeric_once, make_c_numeric_locale);
     if (c_numeric_locale == (locale_t)0)
         return 0;

@@ -149,7 +149,11 @@ _FLOAT_FIELDS = [b"0", b"-0", b"1.5", b"-2.25", b"1e3", b"1E-3", b"1e+3", b"1.",
                  b"inf", b"-inf", b"nan", b"NaN", b"1e308", b"1.8e308", b"1e-320", b"4.9e-324", b"2e-308",
                  b"3.4028235e38", b"3.5e38", b"0.1", b"0.30000000000000004",
                  b"123456789012345678901234567890", b"9007199254740993", b"1" * 70, b"1.0e", b"e5", b"--1",
-                 b"0x10", b"1,5", b"", b"\\N", b"1e"]
+                 b"0x10", b"1,5", b"", b"\\N", b"1e",
+                 # Clinger's fast path and its edges (significand 2^53, exponent 22) against strtod's
+                 b"9007199254740992", b"9007199254740992e-22", b"1e22", b"1e23", b"1e-22", b"1e-23",
+                 b"123456789012345678e-3", b"0.000", b"-0e5", b"0e999999999999", b"00001.50000",
+                 b"4503599627370497.5", b"1.7976931348623157e308", b"2.2250738585072014e-308"]
 float_field = st.one_of(st.sampled_from(_FLOAT_FIELDS),
                         st.floats(allow_nan=False, allow_infinity=False).map(lambda f: repr(f).encode()),
                         st.from_regex(_PLAIN_FLOAT, fullmatch=True).filter(lambda b: len(b) <= 64))
