@@ -12,20 +12,19 @@
  *                       seconds, 0..2^32-1 only
  *   't'                 DateTime in another time zone: int64 local seconds, 2 days away from both ends of
  *                       0..2^32-1 (no UTC offset can then take the time out of range)
- *   'F' 'f'             Float64 / Float32: `[-]digits[.digits][(e|E)[+|-]digits]`, at most 64 bytes, read
- *                       as the nearest double (Clinger's exact fast path, else strtod in the C locale: both
- *                       correctly rounded, as pyarrow's cast of the same text), Float32 that double rounded to float (as the general path's
- *                       cast to float64 then float32); finite, no overflow or underflow only
+ *   'F' 'f'             Float64 / Float32: `[-]digits[.digits][(e|E)[+|-]digits]`, at most 64 bytes, whose
+ *                       significand (at most 19 digits after leading zeros) is at most 2^53 and whose
+ *                       decimal exponent is within -22..22 (or zero): read as the nearest double by
+ *                       Clinger's exact fast path (correctly rounded, as pyarrow's cast of the same text),
+ *                       Float32 that double rounded to float (as the general path's cast to float64 then
+ *                       float32)
  * A column with a row outside these shapes or ranges is not read: the caller gets its texts and the general
  * path converts them (and words the error). */
 #ifndef REPLICAD_TEXT_NUMBERS_H
 #define REPLICAD_TEXT_NUMBERS_H
 
 #include <Python.h>
-#include <errno.h>
-#include <locale.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,12 +129,6 @@ static inline int fixed_date(const uint8_t *p, Py_ssize_t len, int with_time, in
     return 1;
 }
 
-/* The C locale for strtod_l (made once per extension; NULL if it could not be: no float is read then). */
-static locale_t c_numeric_locale;
-static pthread_once_t c_numeric_once = PTHREAD_ONCE_INIT;
-
-static void make_c_numeric_locale(void) { c_numeric_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0); }
-
 #define PLAIN_FLOAT_MAX 64
 
 /* Exact powers of ten as doubles (10^0 .. 10^22 are all representable). */
@@ -145,8 +138,8 @@ static const double exact_powers_of_ten[23] = {
 
 /* Clinger's fast path for a text already checked plain: when its decimal significand w (digits without
  * the point) is at most 2^53 and its decimal exponent q within -22..22, w and 10^|q| are exact doubles
- * and one IEEE multiplication or division rounds w * 10^q correctly: the value strtod gives.  1 and *out
- * set, or 0 (strtod then).  (x86-64 evaluates doubles in SSE2: no extended precision in between.) */
+ * and one IEEE multiplication or division rounds w * 10^q correctly (the nearest double, as any correct
+ * parser gives).  1 and *out set, or 0.  (x86-64 evaluates doubles in SSE2: no extended precision.) */
 static inline int fast_plain_float(const uint8_t *s, Py_ssize_t len, double *out) {
     Py_ssize_t i = 0;
     int neg = 0, digits = 0;
@@ -180,8 +173,11 @@ static inline int fast_plain_float(const uint8_t *s, Py_ssize_t len, double *out
         if (s[i] == '+' || s[i] == '-')
             eneg = s[i++] == '-';
         for (; i < len; i++) {
-            if (e > 100000)
-                return 0;
+            if (e > 100000) {
+                if (w != 0)
+                    return 0;
+                break; /* zero whatever the exponent */
+            }
             e = e * 10 + (s[i] - '0');
         }
         q += eneg ? -e : e;
@@ -197,8 +193,8 @@ static inline int fast_plain_float(const uint8_t *s, Py_ssize_t len, double *out
     return 1;
 }
 
-/* 1 and *out set when s[0, len) is a plain decimal float text (see 'F' above) whose value is finite and
- * neither overflows nor underflows; else 0. */
+/* 1 and *out set when s[0, len) is a plain decimal float text (see 'F' above) within the fast path; else 0
+ * (the column's texts then go to pyarrow's cast, whose parser is faster than strtod for the others). */
 static inline int plain_float(const uint8_t *s, Py_ssize_t len, double *out) {
     Py_ssize_t i = 0, digits = 0;
     if (len <= 0 || len > PLAIN_FLOAT_MAX)
@@ -228,24 +224,7 @@ static inline int plain_float(const uint8_t *s, Py_ssize_t len, double *out) {
     }
     if (i != len)
         return 0;
-    if (fast_plain_float(s, len, out))
-        return 1;
-    pthread_once(&c_numeric_once, make_c_numeric_locale);
-    if (c_numeric_locale == (locale_t)0)
-        return 0;
-    char buf[PLAIN_FLOAT_MAX + 1];
-    memcpy(buf, s, (size_t)len);
-    buf[len] = 0;
-    char *end;
-    int saved = errno;
-    errno = 0;
-    double v = strtod_l(buf, &end, c_numeric_locale);
-    int range = errno;
-    errno = saved;
-    if (end != buf + len || range || !isfinite(v))
-        return 0;
-    *out = v;
-    return 1;
+    return fast_plain_float(s, len, out);
 }
 
 /* Bytes per value of a typed kind; 0 for 's' and unknown kinds. */
