@@ -94,7 +94,7 @@ INSERT_STAGES = (
     ("commit_ops", "log entry and commit ops built", 0),
     ("rename", "the commit's own rename trip, when the worker thread could not rename", 0),
     ("zk_commit_multi", "ZooKeeper: commit multi (log, part, blocks, unlock)", 1),
-    ("activate", "part active, logged", 0),
+    ("activate", "part active (its `part_committed` line written once the answer is)", 0),
     ("parse_end", "no more blocks", 0),
     ("parse_close", "parser closed", 0),
     ("respond", "metrics, insert_done log, JSON answer built", 0),
