@@ -136,95 +136,69 @@ static const double exact_powers_of_ten[23] = {
     1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
     1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-/* Clinger's fast path for a text already checked plain: when its decimal significand w (digits without
- * the point) is at most 2^53 and its decimal exponent q within -22..22, w and 10^|q| are exact doubles
- * and one IEEE multiplication or division rounds w * 10^q correctly (the nearest double, as any correct
- * parser gives).  1 and *out set, or 0.  (x86-64 evaluates doubles in SSE2: no extended precision.) */
-static inline int fast_plain_float(const uint8_t *s, Py_ssize_t len, double *out) {
-    Py_ssize_t i = 0;
-    int neg = 0, digits = 0;
+/* The decimal digits from s[*i] on, each added to the significand *w (leading zeros skipped: *sig counts
+ * the significant digits of the whole text); how many digits were read, or -1 past 19 significant ones. */
+static inline Py_ssize_t take_digits(const uint8_t *s, Py_ssize_t len, Py_ssize_t *i, uint64_t *w, int *sig) {
+    Py_ssize_t start = *i;
+    for (; *i < len && s[*i] >= '0' && s[*i] <= '9'; (*i)++) {
+        if (*w == 0 && s[*i] == '0')
+            continue;
+        if (++*sig > 19)
+            return -1;
+        *w = *w * 10 + (uint64_t)(s[*i] - '0');
+    }
+    return *i - start;
+}
+
+/* 1 and *out set when s[0, len) is a plain decimal float text (see 'F' above) within Clinger's fast path,
+ * read in one pass; else 0 (the column's texts then go to pyarrow's cast).  When the decimal significand w
+ * (the digits without the point) is at most 2^53 and the decimal exponent q within -22..22, w and 10^|q|
+ * are exact doubles and one IEEE multiplication or division rounds w * 10^q correctly (the nearest double,
+ * as any correct parser gives).  (x86-64 evaluates doubles in SSE2: no extended precision.) */
+static inline int plain_float(const uint8_t *s, Py_ssize_t len, double *out) {
+    Py_ssize_t i = 0, n;
+    int neg = 0, sig = 0;
     uint64_t w = 0;
     long q = 0;
+    if (len <= 0 || len > PLAIN_FLOAT_MAX)
+        return 0;
     if (s[0] == '-') {
         neg = 1;
         i = 1;
     }
-    for (; i < len && s[i] >= '0' && s[i] <= '9'; i++) {
-        if (w == 0 && s[i] == '0')
-            continue; /* leading zeros */
-        if (++digits > 19)
-            return 0;
-        w = w * 10 + (uint64_t)(s[i] - '0');
-    }
+    if (take_digits(s, len, &i, &w, &sig) <= 0)
+        return 0;
     if (i < len && s[i] == '.') {
-        for (i++; i < len && s[i] >= '0' && s[i] <= '9'; i++) {
-            q--;
-            if (w == 0 && s[i] == '0')
-                continue;
-            if (++digits > 19)
-                return 0;
-            w = w * 10 + (uint64_t)(s[i] - '0');
-        }
+        i++;
+        if ((n = take_digits(s, len, &i, &w, &sig)) <= 0)
+            return 0;
+        q -= (long)n;
     }
-    if (i < len) { /* the exponent: 'e' or 'E', a sign, digits (checked by plain_float) */
+    if (i < len && (s[i] == 'e' || s[i] == 'E')) {
         int eneg = 0;
         long e = 0;
         i++;
-        if (s[i] == '+' || s[i] == '-')
+        if (i < len && (s[i] == '+' || s[i] == '-'))
             eneg = s[i++] == '-';
-        for (; i < len; i++) {
-            if (e > 100000) {
-                if (w != 0)
-                    return 0;
-                break; /* zero whatever the exponent */
-            }
-            e = e * 10 + (s[i] - '0');
-        }
+        Py_ssize_t start = i;
+        for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+            if (e <= 100000) /* past it no significand but zero stays in range */
+                e = e * 10 + (s[i] - '0');
+        if (i == start)
+            return 0;
         q += eneg ? -e : e;
     }
+    if (i != len)
+        return 0;
     double v;
     if (w == 0)
-        v = 0.0;
+        v = 0.0; /* zero whatever the exponent */
     else if (w > ((uint64_t)1 << 53) || q < -22 || q > 22)
         return 0;
     else
         v = q < 0 ? (double)w / exact_powers_of_ten[-q] : (double)w * exact_powers_of_ten[q];
     *out = neg ? -v : v;
     return 1;
-}
-
-/* 1 and *out set when s[0, len) is a plain decimal float text (see 'F' above) within the fast path; else 0
- * (the column's texts then go to pyarrow's cast, whose parser is faster than strtod for the others). */
-static inline int plain_float(const uint8_t *s, Py_ssize_t len, double *out) {
-    Py_ssize_t i = 0, digits = 0;
-    if (len <= 0 || len > PLAIN_FLOAT_MAX)
-        return 0;
-    if (s[0] == '-')
-        i = 1;
-    for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
-        digits++;
-    if (!digits)
-        return 0;
-    if (i < len && s[i] == '.') {
-        Py_ssize_t frac = 0;
-        for (i++; i < len && s[i] >= '0' && s[i] <= '9'; i++)
-            frac++;
-        if (!frac)
-            return 0;
-    }
-    if (i < len && (s[i] == 'e' || s[i] == 'E')) {
-        Py_ssize_t exp = 0;
-        i++;
-        if (i < len && (s[i] == '+' || s[i] == '-'))
-            i++;
-        for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
-            exp++;
-        if (!exp)
-            return 0;
-    }
-    if (i != len)
-        return 0;
-    return fast_plain_float(s, len, out);
 }
 
 /* Bytes per value of a typed kind; 0 for 's' and unknown kinds. */
