@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import decimal
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -72,30 +72,10 @@ def sort_table(table: pa.Table, key_arrays: Sequence[pa.Array | pa.ChunkedArray]
 
 
 def sort_indices(key_arrays: Sequence[pa.Array | pa.ChunkedArray]) -> npt.NDArray[np.int64]:
-    """Stable ORDER BY permutation of the rows described by ``key_arrays``.
-
-    Every key becomes a numpy sort key (numbers as they are; strings and binary strings as their dense rank,
-    from the sorted dictionary of their distinct values, byte-wise unsigned as ClickHouse compares them), and
-    the keys are sorted least significant first with a stable sort each (LSD): the same permutation as one
-    multi-key stable sort, without comparing strings row by row.  Keys of other kinds (nulls, decimals …) go
-    to pyarrow's multi-key sort."""
-    numeric = [numpy_sort_key(a) for a in key_arrays]
-    if any(k is None for k in numeric):
-        table = pa.table({f"k{i}": a for i, a in enumerate(key_arrays)})
-        sort_keys = [(f"k{i}", "ascending", "at_end") for i in range(len(key_arrays))]
-        return np.asarray(pc.sort_indices(table, sort_keys=sort_keys).to_numpy(), dtype=np.int64)
-    keys = [k for k in numeric if k is not None]
-    if in_order(keys):  # rows already sorted (a SELECT from a MergeTree table, a sorted Spark frame)
-        return np.arange(len(keys[0]), dtype=np.int64)
-    return _lsd_sort(keys, _stable_argsort)
-
-
-def _lsd_sort(keys: Sequence[npt.NDArray[Any]],
-              argsort: Callable[[npt.NDArray[Any]], npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
-    perm = argsort(keys[-1])
-    for key in reversed(keys[:-1]):
-        perm = perm[argsort(key[perm])]
-    return perm
+    """Stable ORDER BY permutation of the rows described by ``key_arrays`` (:func:`sort_order`; the
+    identity when the rows are in order already)."""
+    perm = sort_order(key_arrays)
+    return np.arange(len(key_arrays[0]), dtype=np.int64) if perm is None else perm
 
 
 #: up to this many rows a block's keys are sorted by numpy's stable argsort as they are: the pairs trick
@@ -105,19 +85,30 @@ SMALL_SORT_ROWS = 8192
 
 
 def sort_order(key_arrays: Sequence[pa.Array | pa.ChunkedArray]) -> npt.NDArray[np.int64] | None:
-    """:func:`sort_indices`, or None when the rows are in ORDER BY order already (no permutation)."""
+    """Stable ORDER BY permutation of the rows described by ``key_arrays``, or None when the rows are in
+    that order already (no permutation).
+
+    Every key becomes a numpy sort key (numbers as they are; strings and binary strings as their dense rank,
+    from the sorted dictionary of their distinct values, byte-wise unsigned as ClickHouse compares them), and
+    the keys are sorted least significant first with a stable sort each (LSD): the same permutation as one
+    multi-key stable sort, without comparing strings row by row.  Keys of other kinds (nulls, decimals …) go
+    to pyarrow's multi-key sort."""
     if not key_arrays:
         return None
     numeric = [numpy_sort_key(a) for a in key_arrays]
     if any(k is None for k in numeric):
-        perm = sort_indices(key_arrays)
+        table = pa.table({f"k{i}": a for i, a in enumerate(key_arrays)})
+        sort_keys = [(f"k{i}", "ascending", "at_end") for i in range(len(key_arrays))]
+        perm = np.asarray(pc.sort_indices(table, sort_keys=sort_keys).to_numpy(), dtype=np.int64)
         return None if is_identity(perm) else perm
     keys = [k for k in numeric if k is not None]
-    if len(keys[0]) < 2 or in_order(keys):
+    if len(keys[0]) < 2 or in_order(keys):  # rows already sorted (a SELECT from a MergeTree table ...)
         return None
-    if len(keys[0]) <= SMALL_SORT_ROWS:
-        return _lsd_sort(keys, _plain_stable_argsort)
-    return _lsd_sort(keys, _stable_argsort)
+    argsort = _plain_stable_argsort if len(keys[0]) <= SMALL_SORT_ROWS else _stable_argsort
+    perm = argsort(keys[-1])
+    for key in reversed(keys[:-1]):
+        perm = perm[argsort(key[perm])]
+    return perm
 
 
 def _plain_stable_argsort(key: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
