@@ -354,26 +354,22 @@ def _native_streams(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64] |
     without NULLs as its Arrow buffers (serialized, and permuted by ``idx``, natively); with ``idx``, a
     fixed-width column as its serialized rows to permute and a Nullable(String) whose NULL rows store ""
     as its null map and buffers; any other column serialized (and permuted) here, as :func:`_serialized`."""
-    if type(dtype) is StringType and arr.type == pa.binary() and not arr.null_count:
-        offsets, data = _string_buffers(arr)
-        return {"": (_STRING, offsets, data)}
+    strings = _plain_strings(dtype, arr)
+    if strings is not None:
+        return {"": (_STRING, *strings)}
     rows = _plain_rows(dtype, arr)
     if rows is not None:
         return {"": rows}
     if idx is None:
         return {suffix: (_RAW, data, 0) for suffix, data in dtype.serialize(arr).items()}
-    if (type(dtype) is NullableType and type(dtype.inner) is StringType and arr.type == pa.binary()
-            and dtype.substreams() == [".null", ""]):
-        offsets, data = _string_buffers(arr)
-        nulls = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
-        if not arr.null_count or not np.diff(offsets)[nulls].any():  # NULL rows store "" (else: take)
-            return {".null": (_FIXED, nulls.view(np.uint8), 1), "": (_STRING, offsets, data)}
-    width = fixed_width(dtype.name) if dtype.substreams() == [""] else None
-    if width:
-        plain = dtype.serialize(arr).get("", b"")
-        if len(plain) == len(arr) * width:  # rows one after another: permuted natively
-            return {"": (_FIXED, plain, width)}
-    return {suffix: (_RAW, data, 0) for suffix, data in _serialized(dtype, arr, idx, perm).items()}
+    nullable = _nullable_strings(dtype, arr)
+    if nullable is not None:
+        nulls, offsets, data = nullable
+        return {".null": (_FIXED, nulls, 1), "": (_STRING, offsets, data)}
+    fixed = _fixed_rows(dtype, arr)
+    if fixed is not None:
+        return {"": (_FIXED, *fixed)}
+    return {suffix: (_RAW, data, 0) for suffix, data in _taken(dtype, arr, idx, perm).items()}
 
 
 def _min_max(values: pa.Array) -> tuple[Any, Any] | None:
@@ -422,22 +418,54 @@ def _serialized(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64] | Non
     first if given: what PartWriter's column writer appends for one granule."""
     if idx is None:
         return dtype.serialize(arr)
+    strings = _plain_strings(dtype, arr)
+    if strings is not None:
+        return {"": _strings.encode_take(*strings, idx)}
+    nullable = _nullable_strings(dtype, arr)
+    if nullable is not None:
+        nulls, offsets, data = nullable
+        return {".null": nulls[idx].tobytes(), "": _strings.encode_take(offsets, data, idx)}
+    fixed = _fixed_rows(dtype, arr)
+    if fixed is not None:  # rows one after another: permute the rows' bytes
+        plain, width = fixed
+        return {"": np.frombuffer(plain, dtype=np.dtype((np.void, width)))[idx].tobytes()}
+    return _taken(dtype, arr, idx, perm)
+
+
+def _plain_strings(dtype: DataType, arr: pa.Array) -> tuple[npt.NDArray[np.int32], Any] | None:
+    """A String column without NULLs: its Arrow offsets and data; else None."""
     if type(dtype) is StringType and arr.type == pa.binary() and not arr.null_count:
-        offsets, data = _string_buffers(arr)
-        return {"": _strings.encode_take(offsets, data, idx)}
-    if (type(dtype) is NullableType and type(dtype.inner) is StringType and arr.type == pa.binary()
+        return _string_buffers(arr)
+    return None
+
+
+def _nullable_strings(dtype: DataType, arr: pa.Array
+                      ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int32], Any] | None:
+    """A Nullable(String) column whose NULL rows store "": its null map (a byte a row) and Arrow offsets and
+    data; else None (such a column whose NULL rows store bytes is serialized from a take)."""
+    if not (type(dtype) is NullableType and type(dtype.inner) is StringType and arr.type == pa.binary()
             and dtype.substreams() == [".null", ""]):
-        offsets, data = _string_buffers(arr)
-        nulls = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
-        if not arr.null_count or not np.diff(offsets)[nulls].any():  # NULL rows store "" (else: take)
-            return {".null": nulls.view(np.uint8)[idx].tobytes(),
-                    "": _strings.encode_take(offsets, data, idx)}
+        return None
+    offsets, data = _string_buffers(arr)
+    nulls = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
+    if arr.null_count and np.diff(offsets)[nulls].any():
+        return None
+    return nulls.view(np.uint8), offsets, data
+
+
+def _fixed_rows(dtype: DataType, arr: pa.Array) -> tuple[bytes | memoryview, int] | None:
+    """A one-stream fixed-width column serialized as rows one after another: (the rows, bytes a row);
+    else None."""
     width = fixed_width(dtype.name) if dtype.substreams() == [""] else None
-    if width:
-        plain = dtype.serialize(arr).get("", b"")
-        if len(plain) == len(arr) * width:  # rows one after another: permute the rows' bytes
-            rows = np.frombuffer(plain, dtype=np.dtype((np.void, width)))
-            return {"": rows[idx].tobytes()}
+    if not width:
+        return None
+    plain = dtype.serialize(arr).get("", b"")
+    return (plain, width) if len(plain) == len(arr) * width else None
+
+
+def _taken(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64], perm: pa.Array | None
+           ) -> Mapping[str, bytes | memoryview]:
+    """The column's rows ``idx`` (``perm`` when given as Arrow) taken, then serialized."""
     return dtype.serialize(arr.take(perm if perm is not None else pa.array(idx, pa.int64())))
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from replicad.datatypes import DataType, parse_type
 from replicad.errors import BadInputError
+from replicad.storage import small_part
 from replicad.storage.part import PartDirectory
 from replicad.storage.reader import PartReader
 from replicad.storage.small_part import SmallPartWriter, small_part_fits
@@ -76,11 +77,18 @@ def test_same_bytes_as_part_writer(
                 minmax_columns=minmax, partition_value=[(U32, 202401)])
 
 
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("as_arrow", [False, True])
-def test_permuted_strings_nested_and_key_expressions(tmp_path: Path, as_arrow: bool) -> None:
+def test_permuted_strings_nested_and_key_expressions(tmp_path: Path, as_arrow: bool, native: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The string columns' permuted paths (a sliced String, Nullable(String) whose NULL rows store nothing
     or store bytes), Nested arrays sharing one sizes stream, a primary key expression given as an array, an
-    Arrow permutation or a numpy one."""
+    Arrow permutation or a numpy one; sealed natively, and in Python as when the system's compression
+    library cannot be loaded."""
+    if not native:
+        def unloadable(*_a: Any) -> Any:
+            raise OSError("cannot load libzstd.so.1")
+        monkeypatch.setattr(small_part, "seal_streams", unloadable)
     n = 500
     rng = np.random.default_rng(3)
     lens = rng.integers(0, 4, n)
