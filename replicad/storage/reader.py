@@ -322,7 +322,7 @@ class PartReader:
                 stem = stream_stem(name, suffix)
                 if stem not in stems:
                     stems[stem] = file_stem(files, stem)
-        whole = self._read_whole(stems, index_granularity)
+        whole = self._whole_streams(stems, index_granularity)
         marks_count = None
         for stem, file in stems.items():
             s = whole.get(stem) or _StreamReader(self.part, stem, self.layout, file)
@@ -336,8 +336,8 @@ class PartReader:
         self._granule_rows = self._compute_granules(marks_count or 0, index_granularity)
         self.row_starts = np.concatenate([[0], np.cumsum(self._granule_rows)]).astype(np.int64)
 
-    def _read_whole(self, stems: Mapping[str, str], index_granularity: int | None
-                    ) -> dict[str, _StreamReader | WholeStream]:
+    def _whole_streams(self, stems: Mapping[str, str], index_granularity: int | None
+                       ) -> dict[str, WholeStream]:
         """The streams of a part of one granule read whole, in one native call (each one it cannot read
         so, left out: read the general way, which names what is wrong with it)."""
         if "count.txt" not in self._files or not stems or self.part.rows > (index_granularity or 8192):
@@ -345,7 +345,7 @@ class PartReader:
         ext = self.layout.marks_ext
         got = read_whole_streams(self.part.path, [(f + ext, f + DATA_EXT) for f in stems.values()],
                                  WHOLE_READ_BYTES)
-        out: dict[str, _StreamReader | WholeStream] = {}
+        out: dict[str, WholeStream] = {}
         for (stem, file), one in zip(stems.items(), got, strict=True):
             if one is not None:
                 marks, data, size = one
