@@ -48,9 +48,7 @@
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the serialized rows are little-endian: this file takes the host's order to be that"
 #endif
-#define CHECKSUM_SIZE 16
-#define HEADER_SIZE 9
-#define OVERHEAD (CHECKSUM_SIZE + HEADER_SIZE)
+
 #define NOGIL_BYTES (256 * 1024)
 
 static void put_u32(uint8_t *p, uint32_t v) {

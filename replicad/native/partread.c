@@ -27,9 +27,6 @@
 #include "cityhash102_core.h"
 #include "system_codecs.h"
 
-#define CHECKSUM_SIZE 16
-#define HEADER_SIZE 9
-#define OVERHEAD (CHECKSUM_SIZE + HEADER_SIZE)
 #define MARKS_MAX (1 << 20)
 
 typedef struct {

@@ -1,9 +1,9 @@
 /*
  * The system's compression libraries (liblz4.so.1, libzstd.so.1: the libraries ClickHouse's blocks of this
  * machine are made with, as replicad/storage/compression.py loads them), loaded once with dlopen (no
- * headers needed to build), for the extensions that compress or decompress blocks in C.  A thread keeps one
- * zstd compression context (freed when the thread ends).  Static functions: each extension that includes
- * this is its own shared object.
+ * headers needed to build), and the compressed block's layout, for the extensions that compress or
+ * decompress blocks in C.  A thread keeps one zstd compression context (freed when the thread ends).
+ * Static functions: each extension that includes this is its own shared object.
  */
 #ifndef REPLICAD_SYSTEM_CODECS_H
 #define REPLICAD_SYSTEM_CODECS_H
@@ -17,6 +17,12 @@
 #define METHOD_NONE 0x02
 #define METHOD_LZ4 0x82
 #define METHOD_ZSTD 0x90
+
+/* A compressed block: CityHash128 of the rest, then the header (method byte, UInt32 compressed size with
+ * the header, UInt32 decompressed size), then the payload. */
+#define CHECKSUM_SIZE 16
+#define HEADER_SIZE 9
+#define OVERHEAD (CHECKSUM_SIZE + HEADER_SIZE)
 
 typedef size_t (*zstd_compress_fn)(void *, void *, size_t, const void *, size_t, int);
 typedef size_t (*zstd_decompress_fn)(void *, size_t, const void *, size_t);
