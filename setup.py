@@ -60,8 +60,8 @@ setup(
             extra_compile_args=["-O3"],
         ),
         Extension(
-            "replicad.native._onegranule",
-            sources=["replicad/native/onegranule.c"],
+            "replicad.native._wholepart",
+            sources=["replicad/native/wholepart.c"],
             depends=["replicad/native/cityhash102_core.h", "replicad/native/system_codecs.h"],
             extra_compile_args=["-O3"],
         ),

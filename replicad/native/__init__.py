@@ -2,8 +2,9 @@
 ``_strings``: String column streams (VarUInt length + bytes) to and from Arrow binary buffers (also straight
 from the rows of a permutation, for the part writer).
 ``_kmerge``: the k-way merge of a merge round's sorted runs, and gathering their rows in merged order.
-``_onegranule``: the column streams of a one-granule part (a small insert's) serialized, compressed and
-hashed in one call; ``_checksums``: checksums.txt's v3 body; ``_files``: a part's files made in one call.
+``_wholepart``: the column streams of a part held whole in memory (an insert block's) serialized, cut
+into blocks, compressed, hashed and marked in one call; ``_checksums``: checksums.txt's v3 body;
+``_files``: a part's files made in one call.
 ``_bitcodecs``, ``_siphash``: DoubleDelta/Gorilla decoding, SipHash.  Text inserts: ``_tsvsplit`` (TSV blocks
 into binary columns), ``_jsonsplit`` (JSONEachRow blocks into binary columns of value texts), ``_arraytext``
 (one-level array literals into element texts), ``_textints`` (plain decimal integer texts, and

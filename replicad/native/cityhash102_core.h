@@ -1,7 +1,8 @@
 /*
  * CityHash v1.0.2, 128-bit variants (ch128, ch128_seed), and ClickHouse's chained "hashing buffer" file
  * hash (whole_file_hash: 2048-byte chunks, each CityHash128WithSeed(chunk, state) from a zero state), as
- * static functions for the extensions that hash (cityhash102.c, onegranule.c).  Values are (lo, hi).
+ * static functions for the extensions that hash (cityhash102.c, wholepart.c, partread.c).  Values are
+ * (lo, hi).
  */
 #ifndef REPLICAD_CITYHASH102_CORE_H
 #define REPLICAD_CITYHASH102_CORE_H

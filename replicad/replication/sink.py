@@ -174,7 +174,7 @@ def write_temp_part(
     n = next(_tmp_counter)
     # made by the writer (one mkdir; a leftover directory of the name is emptied there)
     tmp_dir = layout.tmp_path(TMP_INSERT, f"{block.partition_id}_{n}_{n}_0")
-    # a part of one granule (a small insert's) is written in one go: the same bytes (storage/small_part.py)
+    # a part held whole in memory (up to 4 MiB) is written in one go: the same bytes (storage/small_part.py)
     shape: dict[str, Any] = dict(
         primary_key=[name for name, _a, _t in pk],
         key_types=extra_types,

@@ -5,7 +5,6 @@ that shape the bytes.  :class:`replicad.storage.writer.PartWriter` drives them."
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,6 @@ __all__ = ["BulkSerializer", "ColumnWriter", "Method", "WriterSettings", "combin
            "plain_checksum"]
 
 Method = Literal["zstd", "lz4", "none"]
-_MARK = struct.Struct("<QQ")
 
 
 @dataclass(frozen=True)
@@ -124,10 +122,7 @@ class _Stream:
 
     def mark(self) -> None:
         """A granule starts here: flush if min_compress_block_size is buffered, then record the mark."""
-        out = self._out
-        if out.offset_in_block >= self._min:
-            out.flush_block()
-        self._marks += _MARK.pack(out.compressed_offset, out.offset_in_block)
+        self._marks += self._out.mark(self._min)
 
     def append(self, data: BytesLike) -> None:
         self._out.write(data)

@@ -45,6 +45,8 @@ MAX_BLOCK_SIZE = 0x40000000  # ClickHouse refuses compressed/decompressed sizes 
 Method = Literal["lz4", "lz4hc", "zstd", "none"]
 
 _HEADER = struct.Struct("<BII")
+#: a .mrk entry: the block's offset in the compressed file, the row's offset in the block
+_MARK = struct.Struct("<QQ")
 _METHOD_NAMES = {METHOD_NONE: "none", METHOD_LZ4: "lz4", METHOD_ZSTD: "zstd"}
 _MODERN_METHODS = {
     0x91: "Multiple",
@@ -561,6 +563,14 @@ class CompressedStreamWriter:
             mv = memoryview(mv.tobytes())
         self._pending.append(mv)
         self._pending_size += len(mv)
+
+    def mark(self, min_block_size: int) -> bytes:
+        """A granule starts at the next byte written: the pending bytes cut into a block first if there are
+        ``min_block_size`` or more (ClickHouse's rule before each mark); the 16-byte ``.mrk`` entry
+        (UInt64 ``compressed_offset``, UInt64 ``offset_in_block``)."""
+        if self._pending_size >= min_block_size:
+            self.flush_block()
+        return _MARK.pack(self._compressed_hash.size, self._pending_size)
 
     def flush_block(self) -> None:
         pending = self._pending

@@ -1,17 +1,18 @@
-"""A part of at most one granule written in one go (the small insert's part): the same files and bytes as
+"""A part held whole in memory, written in one go (an insert block's part): the same files and bytes as
 :class:`replicad.storage.writer.PartWriter`, without its streaming machinery.
 
-A part whose rows fit in one granule (``rows <= index_granularity``) has, in every substream, one mark at
-``(0, 0)`` and, unless the substream's serialized rows pass ``max_compress_block_size``, one compressed
-block holding all of them: each ``.bin`` is one :meth:`BlockCompressor.block` of the column's serialized
-rows, each ``.mrk`` 16 zero bytes.  :class:`SmallPartWriter` serializes each column once (permuted by the
-ORDER BY as PartWriter's writeWithPermutation does), compresses it, and hashes the block and the plain
-bytes once each, where PartWriter builds a stream, a block writer and two running hashes per substream and
-feeds them granule piece by granule piece (~0.3 ms of a 100-row, 6-column part's ~0.5 ms).  A substream
-longer than one block goes through :class:`CompressedStreamWriter` as PartWriter's does (the same cuts).
+:class:`SmallPartWriter` serializes each column once (permuted by the ORDER BY as PartWriter's
+writeWithPermutation does) and hands every stream to one native call (native/wholepart.c) that cuts its
+compressed blocks as PartWriter's streams cut them (before each granule, the pending bytes become a block
+if there are min_compress_block_size of them; a block at every max_compress_block_size bytes), compresses
+them, hashes the file and the plain bytes, and makes the marks, where PartWriter builds a stream, a block
+writer and two running hashes per substream and feeds them granule by granule (~0.3 ms of a 100-row,
+6-column part's ~0.5 ms; ~4 ms of a 10,000-row part's ~7 ms).  Without the system's compression library the
+same streams are cut and compressed in Python (:class:`CompressedStreamWriter`).
 
-Stateful serializations (LowCardinality) and serialized-row columns (a merge's) are left to PartWriter:
-:func:`small_part_fits` says which parts this writer takes.
+Stateful serializations (LowCardinality) and serialized-row columns (a merge's) are left to PartWriter, as
+are blocks of more than :data:`SMALL_PART_MAX_BYTES`: :func:`small_part_fits` says which parts this writer
+takes.
 """
 
 from __future__ import annotations
@@ -33,17 +34,15 @@ from replicad.datatypes.composite import NullableType
 from replicad.datatypes.dates import DateTimeType, DateType
 from replicad.datatypes.numeric import FloatType, IntType
 from replicad.datatypes.strings import StringType
-from replicad.model.cityhash import file_hash
 from replicad.native import _strings
 from replicad.native._files import write_files
-from replicad.native._onegranule import seal_streams
+from replicad.native._wholepart import seal_streams
 from replicad.storage.checksums import Checksum
-from replicad.storage.column_writer import WriterSettings, combine_chunks
+from replicad.storage.column_writer import WriterSettings, combine_chunks, plain_checksum
 from replicad.storage.compression import (
     METHOD_LZ4,
     METHOD_NONE,
     METHOD_ZSTD,
-    BlockCompressor,
     CompressedStreamWriter,
 )
 from replicad.storage.part import DATA_EXT, MARKS_EXT, stream_stem
@@ -53,10 +52,6 @@ from replicad.storage.written_part import WrittenPart, closing_files, storage_ar
 
 __all__ = ["SmallPartWriter", "small_part_fits"]
 
-#: the one mark of a one-granule substream: compressed offset 0, offset in the block 0
-_FIRST_MARK = bytes(16)
-
-
 #: a block of more Arrow bytes goes to PartWriter (which holds ~a compressed block per stream, where this
 #: writer holds every column serialized and compressed until the files are made): a few granule-sized rows
 #: of huge values keep PartWriter's memory bound
@@ -65,9 +60,10 @@ SMALL_PART_MAX_BYTES = 4 << 20
 
 def small_part_fits(columns: Sequence[tuple[str, DataType]], rows: int, settings: WriterSettings,
                     nbytes: int = 0) -> bool:
-    """Whether :class:`SmallPartWriter` writes this part: 1..index_granularity rows of at most
-    :data:`SMALL_PART_MAX_BYTES` (``nbytes``: the block's Arrow size), no stateful column."""
-    return 0 < rows <= settings.index_granularity and nbytes <= SMALL_PART_MAX_BYTES and all(
+    """Whether :class:`SmallPartWriter` writes this part: rows of at most :data:`SMALL_PART_MAX_BYTES`
+    (``nbytes``: the block's Arrow size), no stateful column."""
+    del settings  # any granularity: the granules are cut by the writer
+    return 0 < rows and nbytes <= SMALL_PART_MAX_BYTES and all(
         getattr(dtype, "bulk_serializer", None) is None for _n, dtype in columns)
 
 
@@ -85,7 +81,7 @@ class _Sink:
 
 
 class SmallPartWriter:
-    """PartWriter's face for a part of at most one granule (:func:`small_part_fits`): :meth:`write` once
+    """PartWriter's face for a part held whole in memory (:func:`small_part_fits`): :meth:`write` once
     (the rows, or ``order`` into them), :meth:`seal` (the ``.bin`` checksums), :meth:`finish` (the files).
     On an exception in them, or leaving a ``with`` block unfinished, the temporary directory is removed."""
 
@@ -122,10 +118,11 @@ class SmallPartWriter:
         self.minmax_columns = list(minmax_columns)
         self.partition_value = None if partition_value is None else list(partition_value)
         self.rows = 0
+        self.marks_count = 0
         self._primary = b""
         self._minmax: dict[str, tuple[Any, Any]] = {}
-        #: (stream stem, .bin bytes, .bin checksum), in column and substream order
-        self._streams: list[tuple[str, bytes, Checksum]] = []
+        #: (stream stem, .bin bytes, .bin checksum, .mrk bytes), in column and substream order
+        self._streams: list[tuple[str, bytes, Checksum, bytes]] = []
         self._written = False
         self._closed = False
         # the directory is made with the files (finish): a system call less before the block id is known
@@ -163,18 +160,18 @@ class SmallPartWriter:
             else:
                 idx = np.ascontiguousarray(order, dtype=np.int64)
         n = batch.num_rows if idx is None else len(idx)
-        if not 0 < n <= self.settings.index_granularity:
-            raise ValueError(f"SmallPartWriter writes 1..index_granularity rows, not {n}")
+        if n < 1:
+            raise ValueError("SmallPartWriter writes 1 row or more")
         arrays = storage_arrays(batch, self.columns)
         method = _METHOD_BYTES.get(self.settings.method)
-        if method is None or not self._seal_natively(arrays, idx, perm, method):
-            compressor = BlockCompressor(self.settings.method, self.settings.level)
+        if method is None or not self._seal_natively(arrays, idx, perm, method, n):
             for name, dtype, stems in self._stems():
-                parts = _serialized(dtype, arrays[name], idx, perm)
+                pieces = _granule_pieces(dtype, arrays[name], idx, self.settings.index_granularity, n)
                 for suffix, stem in stems:
-                    self._streams.append(self._stream(compressor, stem, parts.get(suffix, b"")))
-        first = 0 if idx is None else int(idx[0])
-        primary = bytearray()
+                    self._streams.append(self._stream(stem, [p.get(suffix, b"") for p in pieces]))
+        granule = self.settings.index_granularity
+        firsts = [g if idx is None else int(idx[g]) for g in range(0, n, granule)]
+        keys: list[tuple[DataType, pa.Array]] = []
         for k in self.primary_key:
             arr = arrays.get(k)
             if arr is None:
@@ -184,8 +181,13 @@ class SmallPartWriter:
                 arr = combine_chunks(given)
                 if len(arr) != batch.num_rows:
                     raise ValueError(f"primary key array {k!r} has {len(arr)} rows, the batch does not")
-            primary += self._key_types[k].serialize_value(arr, first)
+            keys.append((self._key_types[k], arr))
+        primary = bytearray()
+        for row in firsts:  # the first row of each granule, key column after key column
+            for key_type, arr in keys:
+                primary += key_type.serialize_value(arr, row)
         self._primary = bytes(primary)
+        self.marks_count = len(firsts)
         for c in self.minmax_columns:
             values = arrays[c]
             if perm is not None and len(perm) != len(values):
@@ -213,50 +215,43 @@ class SmallPartWriter:
         return out
 
     def _seal_natively(self, arrays: Mapping[str, pa.Array], idx: npt.NDArray[np.int64] | None,
-                       perm: pa.Array | None, method: int) -> bool:
-        """Every stream serialized, compressed and hashed by one native call (native/onegranule.c): the
-        String and fixed-width columns' rows permuted there, the other columns' serialized here first.  False
-        (nothing done) when the system's compression library cannot be loaded."""
+                       perm: pa.Array | None, method: int, rows: int) -> bool:
+        """Every stream serialized, cut into blocks, compressed and hashed, its marks made, by one native
+        call (native/wholepart.c): the String and fixed-width columns' rows permuted there, the other
+        columns' serialized here first.  False (nothing done) when the system's compression library cannot
+        be loaded."""
+        s = self.settings
         stems: list[str] = []
         specs: list[tuple[int, Any, Any]] = []
         for name, dtype, pairs in self._stems():
-            given = _native_streams(dtype, arrays[name], idx, perm)
+            given = _native_streams(dtype, arrays[name], idx, perm, s.index_granularity)
             for suffix, stem in pairs:
                 stems.append(stem)
                 specs.append(given.get(suffix, _EMPTY_STREAM))
         try:
-            sealed = seal_streams(specs, idx, method, self.settings.level,
-                                  self.settings.max_compress_block_size)
+            sealed = seal_streams(specs, idx, method, s.level, s.max_compress_block_size, rows,
+                                  s.index_granularity, s.min_compress_block_size)
         except OSError:
             return False
-        compressor: BlockCompressor | None = None
-        for stem, out in zip(stems, sealed, strict=True):
-            body, second = out[0], out[1]
-            if body is None:  # more than one block: cut as PartWriter's stream cuts it
-                compressor = compressor or BlockCompressor(self.settings.method, self.settings.level)
-                self._streams.append(self._stream(compressor, stem, second))
-            else:
-                self._streams.append((stem, body, Checksum(
-                    file_size=len(body), file_hash=second, is_compressed=True, uncompressed_size=out[2],
-                    uncompressed_hash=out[3])))
+        for stem, (body, body_hash, size, plain_hash, marks) in zip(stems, sealed, strict=True):
+            self._streams.append((stem, body, Checksum(
+                file_size=len(body), file_hash=body_hash, is_compressed=True, uncompressed_size=size,
+                uncompressed_hash=plain_hash), marks))
         return True
 
-    def _stream(self, compressor: BlockCompressor, stem: str, data: bytes | memoryview
-                ) -> tuple[str, bytes, Checksum]:
-        size = len(data)
-        if not size:
-            body = b""
-        elif size <= self.settings.max_compress_block_size:
-            body = bytes(compressor.block(data))
-        else:  # longer than a block: cut as PartWriter's stream cuts it
-            sink = _Sink()
-            out = CompressedStreamWriter(sink, self.settings.method, self.settings.level,
-                                         self.settings.max_compress_block_size)
-            out.write(data)
-            out.close()
-            body = b"".join(sink.parts)
-        return stem, body, Checksum(file_size=len(body), file_hash=file_hash(body), is_compressed=True,
-                                    uncompressed_size=size, uncompressed_hash=file_hash(data))
+    def _stream(self, stem: str, pieces: Sequence[bytes | memoryview]) -> tuple[str, bytes, Checksum, bytes]:
+        """A stream cut, compressed and marked in Python: ``pieces`` are its granules' serialized rows."""
+        s = self.settings
+        sink = _Sink()
+        out = CompressedStreamWriter(sink, s.method, s.level, s.max_compress_block_size)
+        marks = bytearray()
+        for piece in pieces:
+            marks += out.mark(s.min_compress_block_size)
+            out.write(piece)
+        out.close()
+        return stem, b"".join(sink.parts), Checksum(
+            file_size=out.file_size, file_hash=out.file_hash, is_compressed=True,
+            uncompressed_size=out.uncompressed_size, uncompressed_hash=out.uncompressed_hash), bytes(marks)
 
     # ---- finishing -----------------------------------------------------------------------------------
 
@@ -264,7 +259,7 @@ class SmallPartWriter:
         """The part's ``.bin`` checksums (``<stream>.bin`` → checksum), hence its block id; no file made."""
         if not self._written or self._closed:
             raise RuntimeError("SmallPartWriter.seal before write, or after finish")
-        return {stem + DATA_EXT: checksum for stem, _b, checksum in self._streams}
+        return {stem + DATA_EXT: checksum for stem, _b, checksum, _m in self._streams}
 
     def finish(self) -> WrittenPart:
         """The part's files in its temporary directory; its description."""
@@ -273,15 +268,17 @@ class SmallPartWriter:
         try:
             files: dict[str, Checksum] = {}
             out: list[tuple[str, bytes]] = []
-            for stem, body, checksum in self._streams:
-                out += ((stem + DATA_EXT, body), (stem + MARKS_EXT, _FIRST_MARK))
+            for stem, body, checksum, marks in self._streams:
+                out += ((stem + DATA_EXT, body), (stem + MARKS_EXT, marks))
                 files[stem + DATA_EXT] = checksum
-                files[stem + MARKS_EXT] = _MARK_CHECKSUM
+                files[stem + MARKS_EXT] = (_MARK_CHECKSUM if marks == _FIRST_MARK
+                                           else plain_checksum(marks))
             closing, text, checksums = closing_files(
                 files, self.columns, rows=self.rows, primary=self._primary if self.primary_key else None,
                 partition_value=self.partition_value, minmax_columns=self.minmax_columns, minmax=self._minmax)
             self._write_files(out + closing)
-            written = written_part(self.path, checksums, closing, text, rows=self.rows, marks_count=1)
+            written = written_part(self.path, checksums, closing, text, rows=self.rows,
+                                   marks_count=self.marks_count)
         except BaseException:
             self.abort()
             raise
@@ -338,8 +335,9 @@ class SmallPartWriter:
             self.abort()
 
 
-_MARK_CHECKSUM = Checksum(file_size=16, file_hash=file_hash(_FIRST_MARK), is_compressed=False,
-                          uncompressed_size=0, uncompressed_hash=bytes(16))
+#: the one mark of a one-granule substream (compressed offset 0, offset in the block 0), and its checksum
+_FIRST_MARK = bytes(16)
+_MARK_CHECKSUM = plain_checksum(_FIRST_MARK)
 
 
 #: seal_streams' method byte of each method it compresses with (others: BlockCompressor)
@@ -349,19 +347,17 @@ _EMPTY_STREAM = (_RAW, b"", 0)
 
 
 def _native_streams(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64] | None,
-                    perm: pa.Array | None) -> Mapping[str, tuple[int, Any, Any]]:
+                    perm: pa.Array | None, granule: int) -> Mapping[str, tuple[int, Any, Any]]:
     """seal_streams' description of the column's substreams (suffix → (kind, a, b)): a String column
-    without NULLs as its Arrow buffers (serialized, and permuted by ``idx``, natively); with ``idx``, a
-    fixed-width column as its serialized rows to permute and a Nullable(String) whose NULL rows store ""
-    as its null map and buffers; any other column serialized (and permuted) here, as :func:`_serialized`."""
+    without NULLs as its Arrow buffers (serialized, and permuted by ``idx``, natively), a fixed-width column
+    as its serialized rows, a Nullable(String) whose NULL rows store "" as its null map and buffers; any
+    other column taken (permuted) and serialized here, granule by granule (:func:`_raw_streams`)."""
     strings = _plain_strings(dtype, arr)
     if strings is not None:
         return {"": (_STRING, *strings)}
     rows = _plain_rows(dtype, arr)
     if rows is not None:
         return {"": rows}
-    if idx is None:
-        return {suffix: (_RAW, data, 0) for suffix, data in dtype.serialize(arr).items()}
     nullable = _nullable_strings(dtype, arr)
     if nullable is not None:
         nulls, offsets, data = nullable
@@ -369,7 +365,30 @@ def _native_streams(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64] |
     fixed = _fixed_rows(dtype, arr)
     if fixed is not None:
         return {"": (_FIXED, *fixed)}
-    return {suffix: (_RAW, data, 0) for suffix, data in _taken(dtype, arr, idx, perm).items()}
+    return _raw_streams(dtype, arr if idx is None else _taken_array(arr, idx, perm), granule)
+
+
+def _raw_streams(dtype: DataType, rows: pa.Array, granule: int) -> Mapping[str, tuple[int, Any, Any]]:
+    """The rows (in the part's order) serialized granule by granule, as PartWriter's column writer
+    serializes them, as RAW streams with where each granule starts (0: one granule)."""
+    n = len(rows)
+    if n <= granule:
+        return {suffix: (_RAW, data, 0) for suffix, data in dtype.serialize(rows).items()}
+    pieces = [dtype.serialize(rows.slice(g, granule)) for g in range(0, n, granule)]
+    out: dict[str, tuple[int, Any, Any]] = {}
+    for suffix in dtype.substreams():
+        parts = [p.get(suffix, b"") for p in pieces]
+        starts = np.zeros(len(parts), dtype=np.int64)
+        np.cumsum([len(x) for x in parts[:-1]], out=starts[1:])
+        out[suffix] = (_RAW, b"".join(parts), starts)
+    return out
+
+
+def _granule_pieces(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64] | None, granule: int,
+                    rows: int) -> list[Mapping[str, bytes | memoryview]]:
+    """(the Python path) each granule's serialized rows per substream suffix."""
+    return [dtype.serialize(arr.slice(g, granule)) if idx is None
+            else _serialized(dtype, arr, idx[g:g + granule]) for g in range(0, rows, granule)]
 
 
 def _min_max(values: pa.Array) -> tuple[Any, Any] | None:
@@ -412,12 +431,10 @@ def _values(arr: pa.Array, width: int) -> memoryview:
     return memoryview(arr.buffers()[1])[start:start + len(arr) * width]
 
 
-def _serialized(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64] | None,
-                perm: pa.Array | None) -> Mapping[str, bytes | memoryview]:
-    """The column's serialized rows per substream suffix, permuted by ``idx`` (the same rows as ``perm``)
-    first if given: what PartWriter's column writer appends for one granule."""
-    if idx is None:
-        return dtype.serialize(arr)
+def _serialized(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64]
+                ) -> Mapping[str, bytes | memoryview]:
+    """The column's rows ``idx`` serialized per substream suffix: what PartWriter's column writer appends for
+    them."""
     strings = _plain_strings(dtype, arr)
     if strings is not None:
         return {"": _strings.encode_take(*strings, idx)}
@@ -429,7 +446,7 @@ def _serialized(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64] | Non
     if fixed is not None:  # rows one after another: permute the rows' bytes
         plain, width = fixed
         return {"": np.frombuffer(plain, dtype=np.dtype((np.void, width)))[idx].tobytes()}
-    return _taken(dtype, arr, idx, perm)
+    return dtype.serialize(_taken_array(arr, idx, None))
 
 
 def _plain_strings(dtype: DataType, arr: pa.Array) -> tuple[npt.NDArray[np.int32], Any] | None:
@@ -463,10 +480,9 @@ def _fixed_rows(dtype: DataType, arr: pa.Array) -> tuple[bytes | memoryview, int
     return (plain, width) if len(plain) == len(arr) * width else None
 
 
-def _taken(dtype: DataType, arr: pa.Array, idx: npt.NDArray[np.int64], perm: pa.Array | None
-           ) -> Mapping[str, bytes | memoryview]:
-    """The column's rows ``idx`` (``perm`` when given as Arrow) taken, then serialized."""
-    return dtype.serialize(arr.take(perm if perm is not None else pa.array(idx, pa.int64())))
+def _taken_array(arr: pa.Array, idx: npt.NDArray[np.int64], perm: pa.Array | None) -> pa.Array:
+    """The column's rows ``idx`` (``perm`` when given as Arrow: the same rows)."""
+    return arr.take(perm if perm is not None else pa.array(idx, pa.int64()))
 
 
 def _string_buffers(arr: pa.Array) -> tuple[npt.NDArray[np.int32], Any]:

@@ -210,26 +210,26 @@ def test_byte_identical_with_18_16(
 
 
 @pytest.mark.parametrize("method", ["lz4", "zstd"])
-@pytest.mark.parametrize("columns", [[c for c in BYTE_COLUMNS if c[0] != "lc"], NESTED],
-                         ids=["all_types", "nested"])
+@pytest.mark.parametrize(("columns", "n"), [([c for c in BYTE_COLUMNS if c[0] != "lc"], 1000), (NESTED, 1000),
+                                            ([c for c in BYTE_COLUMNS if c[0] != "lc"], 20_000)],
+                         ids=["all_types", "nested", "all_types_3_granules"])
 def test_small_part_byte_identical_with_18_16(
     ch_lz4: ClickHouseServer, ch_zstd: ClickHouseServer, tmp_path: Path, method: str,
-    columns: list[tuple[str, str]],
+    columns: list[tuple[str, str]], n: int,
 ) -> None:
-    """A one-granule part as a small insert writes it (SmallPartWriter, rows given out of order with the
-    ORDER BY permutation) is byte for byte the part 18.16 makes of the same 1,000-row insert."""
+    """A part as an insert block writes it (SmallPartWriter, rows given out of order with the ORDER BY
+    permutation), of one granule or three, is byte for byte the part 18.16 makes of the same insert."""
     from replicad.storage.block import sort_indices
     from replicad.storage.small_part import SmallPartWriter
 
     ch = ch_lz4 if method == "lz4" else ch_zstd
-    n = 1000
     table, tsv = make_rows(columns, n, seed=11)
     if columns is NESTED:
         table, tsv = nested_rows(n)
     create_table(ch, "t_small", columns)
     ch.query("INSERT INTO t_small FORMAT TabSeparated", data=tsv)
     theirs = only_part(ch, "t_small")
-    shuffled = table.take(pa.array([(i * 7919 + 500) % n for i in range(n)]))  # 7919 is prime to 1000
+    shuffled = table.take(pa.array([(i * 7919 + 500) % n for i in range(n)]))  # 7919 is prime to n
     types = [(c, parse_type(t)) for c, t in columns]
     settings = WriterSettings(method=method, fsync=False)  # type: ignore[arg-type]
     ours = tmp_path / theirs.name

@@ -15,6 +15,7 @@ from replicad.replication import sink
 from replicad.replication.sink import WRITES_IN_FLIGHT, TableSchema, write_parts
 from replicad.storage import writer as writer_module
 from replicad.storage.layout import TableDataLayout
+from replicad.storage.small_part import SMALL_PART_MAX_BYTES
 from replicad.storage.writer import PARALLEL_MIN_ROWS, WriterSettings
 from tests.support.call_log import record_first_arguments
 
@@ -22,12 +23,16 @@ ROWS = PARALLEL_MIN_ROWS + 1808  # enough rows for the column pool
 
 
 def _block() -> pa.Table:
+    """A block of more than SMALL_PART_MAX_BYTES: PartWriter's (a smaller one is written whole, in one
+    thread, by SmallPartWriter)."""
     rng = np.random.default_rng(5)
-    return pa.table({
+    t = pa.table({
         "d": pa.array(np.full(ROWS, 19723, dtype=np.int32), pa.date32()),
         "k": pa.array(rng.integers(0, 1 << 40, ROWS).astype(np.uint64)),
-        "s": pa.array([b"x" * int(i % 23) for i in range(ROWS)], pa.binary()),
+        "s": pa.array([b"x" * int(450 + i % 23) for i in range(ROWS)], pa.binary()),
     })
+    assert t.nbytes > SMALL_PART_MAX_BYTES
+    return t
 
 
 SCHEMA = TableSchema((("d", parse_type("Date")), ("k", parse_type("UInt64")), ("s", parse_type("String"))),

@@ -1,6 +1,6 @@
-"""SmallPartWriter (a part of one granule written in one go) against PartWriter: the same files, bytes,
-checksums and sealed ``.bin`` checksums, across types, NULLs, empty strings, permutations, compression
-methods, block sizes and the one-granule boundary."""
+"""SmallPartWriter (a part held whole in memory, written in one go) against PartWriter: the same files,
+bytes, checksums and sealed ``.bin`` checksums, across types, NULLs, empty strings, permutations,
+compression methods, block sizes, granularities and granule counts, natively and in Python."""
 
 from __future__ import annotations
 
@@ -53,28 +53,41 @@ def _same_parts(tmp: Path, cols: list[tuple[str, DataType]], s: WriterSettings, 
     n=st.integers(1, 300),
     granularity=st.sampled_from([1, 7, 300, 8192]),
     method=st.sampled_from(["lz4", "zstd", "none"]),
+    min_block=st.sampled_from([1, 8, 100, 65536]),
     max_block=st.sampled_from([16, 200, 1048576]),
     permuted=st.booleans(),
+    native=st.booleans(),
     seed=st.integers(0, 2**31),
 )
 def test_same_bytes_as_part_writer(
     tmp_path_factory: pytest.TempPathFactory, chosen: list[tuple[str, str]], n: int, granularity: int,
-    method: str, max_block: int, permuted: bool, seed: int,
+    method: str, min_block: int, max_block: int, permuted: bool, native: bool, seed: int,
 ) -> None:
-    """Every simple type (NULLs, empty strings, arrays included), permuted or not, one or many blocks in a
-    stream (a granule longer than max_compress_block_size), up to exactly one granule."""
-    n = min(n, granularity)
+    """Every simple type (NULLs, empty strings, arrays included), permuted or not, one granule or many (of
+    one row up to one granule of all rows), blocks cut before granules (min_compress_block_size) and inside
+    them (a granule longer than max_compress_block_size); sealed natively, and in Python as when the
+    system's compression library cannot be loaded."""
     columns = [("k", "UInt64"), *chosen]
     table, _tsv = make_rows(columns, n, seed)
     cols = [(c, parse_type(t)) for c, t in columns]
-    s = WriterSettings(index_granularity=granularity, min_compress_block_size=min(8, max_block),
+    s = WriterSettings(index_granularity=granularity, min_compress_block_size=min(min_block, max_block),
                        max_compress_block_size=max_block, method=method, fsync=False)  # type: ignore[arg-type]
     order = np.random.default_rng(seed).permutation(n).astype(np.int64) if permuted else None
     assert small_part_fits(cols, n, s)
     # partition key columns of every kind min/max is taken of (numpy's integer and date paths, pyarrow's)
     minmax = [c for c in ("d", "ts", "i8", "u32", "f64", "s") if c in table.column_names]
-    _same_parts(tmp_path_factory.mktemp("sp"), cols, s, table, order, primary_key=["k"],
-                minmax_columns=minmax, partition_value=[(U32, 202401)])
+    with pytest.MonkeyPatch.context() as mp:
+        if not native:
+            _unloadable(mp)
+        _same_parts(tmp_path_factory.mktemp("sp"), cols, s, table, order, primary_key=["k"],
+                    minmax_columns=minmax, partition_value=[(U32, 202401)])
+
+
+def _unloadable(mp: pytest.MonkeyPatch) -> None:
+    """SmallPartWriter as where the system's compression library cannot be loaded."""
+    def unloadable(*_a: Any) -> Any:
+        raise OSError("cannot load libzstd.so.1")
+    mp.setattr(small_part, "seal_streams", unloadable)
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -86,10 +99,8 @@ def test_permuted_strings_nested_and_key_expressions(tmp_path: Path, as_arrow: b
     Arrow permutation or a numpy one; sealed natively, and in Python as when the system's compression
     library cannot be loaded."""
     if not native:
-        def unloadable(*_a: Any) -> Any:
-            raise OSError("cannot load libzstd.so.1")
-        monkeypatch.setattr(small_part, "seal_streams", unloadable)
-    n = 500
+        _unloadable(monkeypatch)
+    n = 20_000
     rng = np.random.default_rng(3)
     lens = rng.integers(0, 4, n)
     t = pa.table({
@@ -108,7 +119,7 @@ def test_permuted_strings_nested_and_key_expressions(tmp_path: Path, as_arrow: b
             ("n.a", parse_type("Array(UInt16)")), ("n.b", parse_type("Array(String)"))]
     key = pa.array(rng.integers(0, 7, n).astype(np.uint32), pa.uint32())
     order = np.lexsort([rng.random(n), t.column("k").to_numpy()]).astype(np.int64)
-    s = WriterSettings(fsync=False)
+    s = WriterSettings(fsync=False)  # three granules of 8192 rows
     _same_parts(tmp_path, cols, s, t, pa.array(order) if as_arrow else order, {"e": key},
                 primary_key=["k", "e"], key_types={"e": U32}, minmax_columns=["d"],
                 partition_value=[(U32, 202201)])
@@ -116,25 +127,24 @@ def test_permuted_strings_nested_and_key_expressions(tmp_path: Path, as_arrow: b
     PartDirectory.at(tmp_path / "small").verify(require_all_files_listed=True)
 
 
-def test_fits_one_granule_of_stateless_columns() -> None:
+def test_fits_stateless_columns_of_at_most_4_mib() -> None:
     cols = [("k", parse_type("UInt64")), ("s", parse_type("String"))]
     s = WriterSettings(index_granularity=100)
-    assert small_part_fits(cols, 1, s) and small_part_fits(cols, 100, s)
-    assert not small_part_fits(cols, 0, s) and not small_part_fits(cols, 101, s)
+    assert small_part_fits(cols, 1, s) and small_part_fits(cols, 100, s) and small_part_fits(cols, 101, s)
+    assert not small_part_fits(cols, 0, s)
     assert small_part_fits(cols, 100, s, 4 << 20) and not small_part_fits(cols, 100, s, (4 << 20) + 1)
     if LOW_CARDINALITY:
         assert not small_part_fits([*cols, ("lc", parse_type("LowCardinality(String)"))], 10, s)
 
 
-def test_failure_removes_the_directory_and_more_rows_are_refused(tmp_path: Path) -> None:
+def test_failure_removes_the_directory_and_no_rows_are_refused(tmp_path: Path) -> None:
     cols = [("k", parse_type("UInt64"))]
     s = WriterSettings(index_granularity=4, fsync=False)
     with pytest.raises(BadInputError, match="storage type"), SmallPartWriter(tmp_path / "a", cols, s) as w:
         w.write(pa.table({"k": pa.array([1, 2], pa.int32())}))
     assert not (tmp_path / "a").exists()
-    with pytest.raises(ValueError, match=r"1\.\.index_granularity"), SmallPartWriter(tmp_path / "b", cols,
-                                                                                  s) as w:
-        w.write(pa.table({"k": pa.array(range(5), pa.uint64())}))
+    with pytest.raises(ValueError, match="1 row or more"), SmallPartWriter(tmp_path / "b", cols, s) as w:
+        w.write(pa.table({"k": pa.array([], pa.uint64())}))
     assert not (tmp_path / "b").exists()
     with SmallPartWriter(tmp_path / "c", cols, s) as w:  # sealed, never finished: nothing left
         w.write(pa.table({"k": pa.array([3], pa.uint64())}))
@@ -193,10 +203,10 @@ def test_write_files_makes_every_file_or_names_the_failure(tmp_path: Path, fsync
 
 
 @pytest.mark.parametrize(("rows", "value_bytes", "small"),
-                         [(10, 8, True), (9000, 8, False), (5, 1 << 20, False)])
-def test_write_temp_part_takes_the_small_writer_for_one_small_granule(
+                         [(10, 8, True), (9000, 8, True), (5, 1 << 20, False)])
+def test_write_temp_part_takes_the_small_writer_for_a_small_block(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int, value_bytes: int, small: bool) -> None:
-    """An insert's part of at most one granule and 4 MiB is SmallPartWriter's; more rows or bytes go to
+    """An insert's part of at most 4 MiB is SmallPartWriter's, one granule or more; more bytes go to
     PartWriter (same bytes either way)."""
     from replicad.replication import sink
     from replicad.storage.layout import TableDataLayout
