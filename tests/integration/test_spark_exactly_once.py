@@ -173,15 +173,18 @@ def test_task_failing_after_posting_is_retried_and_counted_once(spark: Any, clus
 # ---- the driver in its own process: no registration, job ids, driver death --------------------------------
 
 
-def test_fresh_session_without_registration_and_a_rerun_of_the_same_job_id(cluster: list[Daemon]) -> None:
+def test_fresh_session_without_registration_and_a_rerun_of_the_same_job_id(spark: Any, cluster: list[Daemon]
+                                                                           ) -> None:
     table = create(cluster, "db.rerun")
     opts = {"url": cluster[2].url, "table": table, "job_id": "orchestrator-run-42"}
     run_job(table, opts)
     assert_exactly(cluster, table, all_ids(ROWS))
-    run_job(table, opts)  # the orchestrator retries the finished job
+    run_job(table, opts)  # the orchestrator retries the finished job: a new driver process
     time.sleep(1.0)
     assert_exactly(cluster, table, all_ids(ROWS))
-    run_job(table, {**opts, "job_id": "orchestrator-run-43"}, rows=1000)  # another job does write
+    # another job does write (this process's driver: a third driver process would add ~20 s of JVM start)
+    rows_df(spark, 1000, 4).write.format("replicad").mode("append").options(
+        **{**opts, "job_id": "orchestrator-run-43"}).save()
     assert_exactly(cluster, table, all_ids(ROWS) + all_ids(1000))
     assert staged_batches(cluster) == []
 
