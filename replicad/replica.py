@@ -27,7 +27,6 @@ from replicad.errors import (
     KeeperNoNodeError,
     ReadOnlyError,
     ReplicadError,
-    TooManyPartsError,
 )
 from replicad.keeper.client import Keeper, SessionState
 from replicad.keeper.paths import TablePaths
@@ -106,13 +105,15 @@ class TableReplica:
         self._parts_checked = False  # the start-up part check runs once, when the table is loaded
         self._stopping = False
         self._inserts_in_flight = 0
+        #: blocks held back by parts_to_delay_insert (ClickHouse's DelayedInserts event)
+        self.delayed_inserts = 0
         self._task_group = f"table:{spec.name}:{id(self):x}"
         # total/active replicas, log_max_index: read when asked for (refresh_zk_summary)
         self._zk_summary: dict[str, int] = {}
         self._zk_summary_at = float("-inf")  # time.monotonic() of the last read
         c = build_collaborators(spec, keeper, env, self.paths, self.identifier, hooks=self)
         self.layout, self.store, self.schema, self.reader = c.layout, c.store, c.schema, c.reader
-        self.writer_settings, self.parts_to_throw_insert = c.writer_settings, c.parts_to_throw_insert
+        self.writer_settings, self.parts_limit = c.writer_settings, c.parts_limit
         self.queue_state, self.committer, self.fetcher = c.queue_state, c.committer, c.fetcher
         self.puller, self.queue_updating, self.executor = c.puller, c.queue_updating, c.executor
         self.leader, self.blockers = c.leader, c.blockers
@@ -381,7 +382,7 @@ class TableReplica:
                 stage_times.mark("parse_rows")
                 if self.is_readonly:
                     raise ReadOnlyError(f"Table {self.spec.name} is in readonly mode")
-                self._check_too_many_parts()
+                await self._delay_if_many_parts()
                 quorum = None
                 if settings.insert_quorum > 1:  # as 18.16: checked once per block, before writing it
                     quorum = await check_quorum_precondition(self.keeper, self.paths, settings.insert_quorum)
@@ -430,12 +431,15 @@ class TableReplica:
 
         return await self.insert(gen(), list(table.column_names), settings or InsertSettings())
 
-    def _check_too_many_parts(self) -> None:
+    async def _delay_if_many_parts(self) -> None:
+        """Before each block: wait while the busiest partition holds parts_to_delay_insert parts or more, or
+        refuse the block from parts_to_throw_insert on (replicad.replication.insert_delay)."""
         worst = self.store.max_active_in_partition()
-        if worst >= self.parts_to_throw_insert:
-            raise TooManyPartsError(
-                f"Too many parts ({worst}). Merges are processing significantly slower than inserts."
-            )
+        delay = self.parts_limit.delay_s(worst)
+        if delay > 0:
+            self.delayed_inserts += 1
+            log.info("delaying_insert", table=self.spec.name, ms=round(delay * 1000, 3), parts=worst)
+            await asyncio.sleep(delay)
 
     # ------------------------------------------------------------------------------------------- select
 

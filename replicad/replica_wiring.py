@@ -23,6 +23,7 @@ from replicad.replication.commit import PartCommitter
 from replicad.replication.executor import QueueExecutor
 from replicad.replication.fetcher import PartFetcher
 from replicad.replication.init import TableStructure
+from replicad.replication.insert_delay import PartsLimit
 from replicad.replication.leader import LeaderElection
 from replicad.replication.log_puller import LogPuller, QueueUpdatingTask
 from replicad.replication.part_check import PartCheckThread
@@ -63,7 +64,7 @@ class Collaborators:
     schema: TableSchema
     reader: TableReader  # SELECT / count / full reads of the active parts
     writer_settings: WriterSettings
-    parts_to_throw_insert: int
+    parts_limit: PartsLimit  # parts_to_delay_insert / parts_to_throw_insert / max_delay_to_insert
     queue_state: QueueState
     committer: PartCommitter
     fetcher: PartFetcher
@@ -146,7 +147,9 @@ def build_collaborators(
         schema=schema,
         reader=reader,
         writer_settings=writer_settings,
-        parts_to_throw_insert=int(s.get("parts_to_throw_insert", 300)),
+        parts_limit=PartsLimit(
+            int(s.get("parts_to_delay_insert", 150)), int(s.get("parts_to_throw_insert", 300)),
+            float(s.get("max_delay_to_insert", 1))),
         queue_state=queue_state,
         committer=committer,
         fetcher=fetcher,

@@ -90,7 +90,7 @@ def test_replica_runs_with_the_config_settings(tmp_path: Path) -> None:
     assert cs.min_replicated_logs_to_keep == 100  # ClickHouse's default
     assert replica.store.old_parts_lifetime_s == 60.0
     assert replica.writer_settings.index_granularity == 1024
-    assert replica.parts_to_throw_insert == 400
+    assert replica.parts_limit.throw_at == 400
 
 
 async def test_engine_catalog_applies_yaml_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,7 +107,7 @@ async def test_engine_catalog_applies_yaml_settings(tmp_path: Path, monkeypatch:
     assert (cs.old_parts_lifetime, cs.max_replicated_logs_to_keep, cs.min_replicated_logs_to_keep,
             cs.cleanup_delay_period) == (7, 500, 10, 1)
     assert replica.writer_settings.index_granularity == 1024
-    assert replica.parts_to_throw_insert == 400
+    assert replica.parts_limit.throw_at == 400
     assert "index granularity: 1024\n" in replica.spec.metadata_text
     assert "insert_quorum" not in replica.spec.settings
 
