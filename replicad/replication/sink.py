@@ -182,7 +182,7 @@ def write_temp_part(
         partition_value=block.partition_value,
     )
     writer: SmallPartWriter | PartWriter
-    if small_part_fits(schema.columns, rows.num_rows, settings, rows.nbytes):
+    if small_part_fits(schema.columns, rows.num_rows, rows.nbytes):
         # its files may go to a directory made ahead (storage/prepared_dirs.py)
         writer = SmallPartWriter(tmp_dir, list(schema.columns), settings,
                                  prepared=prepared_for(layout.data_path, layout.path), **shape)

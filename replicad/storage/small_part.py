@@ -58,11 +58,9 @@ __all__ = ["SmallPartWriter", "small_part_fits"]
 SMALL_PART_MAX_BYTES = 4 << 20
 
 
-def small_part_fits(columns: Sequence[tuple[str, DataType]], rows: int, settings: WriterSettings,
-                    nbytes: int = 0) -> bool:
-    """Whether :class:`SmallPartWriter` writes this part: rows of at most :data:`SMALL_PART_MAX_BYTES`
-    (``nbytes``: the block's Arrow size), no stateful column."""
-    del settings  # any granularity: the granules are cut by the writer
+def small_part_fits(columns: Sequence[tuple[str, DataType]], rows: int, nbytes: int = 0) -> bool:
+    """Whether :class:`SmallPartWriter` writes this part: rows (any number of granules) of at most
+    :data:`SMALL_PART_MAX_BYTES` (``nbytes``: the block's Arrow size), no stateful column."""
     return 0 < rows and nbytes <= SMALL_PART_MAX_BYTES and all(
         getattr(dtype, "bulk_serializer", None) is None for _n, dtype in columns)
 

@@ -4,7 +4,6 @@ block waits ClickHouse's delay once its partition holds parts_to_delay_insert ac
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 from replicad.devtools.daemon import Daemon
 from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.replication.insert_delay import PartsLimit
-from tests.support.replicad_daemon import ok, query, request, start_daemon
+from tests.support.replicad_daemon import log_events, ok, one_daemon, query, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -26,11 +25,7 @@ DDL = ("CREATE TABLE IF NOT EXISTS db.delayed (d Date, k UInt64) ENGINE = "
 
 @pytest.fixture
 def daemon(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> Iterator[Daemon]:
-    d = start_daemon(tmp_path, zookeeper, zk_root, "r1", tables=[DDL], wait_table=TABLE)
-    try:
-        yield d
-    finally:
-        d.kill()
+    yield from one_daemon(tmp_path, zookeeper, zk_root, DDL, TABLE)
 
 
 def insert(d: Daemon, k: int, month: int = 1) -> tuple[float, object]:
@@ -44,13 +39,7 @@ def active_parts(d: Daemon) -> list[str]:
 
 
 def delays(d: Daemon) -> list[tuple[float, int]]:
-    assert d.log_path is not None
-    out = []
-    for line in d.log_path.read_text().splitlines():
-        if "delaying_insert" in line:
-            event = json.loads(line[line.index("{"):])
-            out.append((event["ms"], event["parts"]))
-    return out
+    return [(e["ms"], e["parts"]) for e in log_events(d) if e.get("event") == "delaying_insert"]
 
 
 def test_inserts_wait_then_are_refused_then_pass_once_merged(daemon: Daemon) -> None:

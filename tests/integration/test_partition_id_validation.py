@@ -11,7 +11,7 @@ from kazoo.client import KazooClient
 
 from replicad.devtools.daemon import Daemon
 from replicad.devtools.zookeeper import ZooKeeperServer
-from tests.support.replicad_daemon import ok, query, start_daemon
+from tests.support.replicad_daemon import ok, one_daemon, query
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -23,11 +23,7 @@ DDL = ("CREATE TABLE IF NOT EXISTS db.pid (d Date, k UInt64) ENGINE = "
 
 @pytest.fixture
 def daemon(zookeeper: ZooKeeperServer, zk_root: str, tmp_path: Path) -> Iterator[Daemon]:
-    d = start_daemon(tmp_path, zookeeper, zk_root, "r1", tables=[DDL], wait_table=TABLE)
-    try:
-        yield d
-    finally:
-        d.kill()
+    yield from one_daemon(tmp_path, zookeeper, zk_root, DDL, TABLE)
 
 
 @pytest.fixture

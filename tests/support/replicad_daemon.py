@@ -14,7 +14,7 @@ import http.client
 import json
 import subprocess
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,15 @@ def start_daemon(base: Path, zookeeper: ZooKeeperServer, chroot: str, name: str 
         d.kill()
         raise
     return d
+
+
+def one_daemon(base: Path, zookeeper: ZooKeeperServer, chroot: str, ddl: str, table: str) -> Iterator[Daemon]:
+    """(a fixture's body) one daemon, ``r1``, serving ``ddl``'s ``table``; killed at the end."""
+    d = start_daemon(base, zookeeper, chroot, "r1", tables=[ddl], wait_table=table)
+    try:
+        yield d
+    finally:
+        d.kill()
 
 
 def stop_cleanly(d: Daemon) -> None:

@@ -73,7 +73,7 @@ def test_same_bytes_as_part_writer(
     s = WriterSettings(index_granularity=granularity, min_compress_block_size=min(min_block, max_block),
                        max_compress_block_size=max_block, method=method, fsync=False)  # type: ignore[arg-type]
     order = np.random.default_rng(seed).permutation(n).astype(np.int64) if permuted else None
-    assert small_part_fits(cols, n, s)
+    assert small_part_fits(cols, n)
     # partition key columns of every kind min/max is taken of (numpy's integer and date paths, pyarrow's)
     minmax = [c for c in ("d", "ts", "i8", "u32", "f64", "s") if c in table.column_names]
     with pytest.MonkeyPatch.context() as mp:
@@ -129,12 +129,11 @@ def test_permuted_strings_nested_and_key_expressions(tmp_path: Path, as_arrow: b
 
 def test_fits_stateless_columns_of_at_most_4_mib() -> None:
     cols = [("k", parse_type("UInt64")), ("s", parse_type("String"))]
-    s = WriterSettings(index_granularity=100)
-    assert small_part_fits(cols, 1, s) and small_part_fits(cols, 100, s) and small_part_fits(cols, 101, s)
-    assert not small_part_fits(cols, 0, s)
-    assert small_part_fits(cols, 100, s, 4 << 20) and not small_part_fits(cols, 100, s, (4 << 20) + 1)
+    assert small_part_fits(cols, 1) and small_part_fits(cols, 100) and small_part_fits(cols, 100_000)
+    assert not small_part_fits(cols, 0)
+    assert small_part_fits(cols, 100, 4 << 20) and not small_part_fits(cols, 100, (4 << 20) + 1)
     if LOW_CARDINALITY:
-        assert not small_part_fits([*cols, ("lc", parse_type("LowCardinality(String)"))], 10, s)
+        assert not small_part_fits([*cols, ("lc", parse_type("LowCardinality(String)"))], 10)
 
 
 def test_failure_removes_the_directory_and_no_rows_are_refused(tmp_path: Path) -> None:
