@@ -201,12 +201,15 @@ def test_write_files_makes_every_file_or_names_the_failure(tmp_path: Path, fsync
         write_files(tmp_path, [("d/x", b"1")], fsync)
 
 
-@pytest.mark.parametrize(("rows", "value_bytes", "small"),
-                         [(10, 8, True), (9000, 8, True), (5, 1 << 20, False)])
+@pytest.mark.parametrize(("rows", "value_bytes", "threads", "small"),
+                         [(10, 8, 0, True), (9000, 8, 0, True), (5, 1 << 20, 0, False),
+                          (3, 1 << 20, 0, False), (3, 1 << 20, 1, True)])
 def test_write_temp_part_takes_the_small_writer_for_a_small_block(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int, value_bytes: int, small: bool) -> None:
-    """An insert's part of at most 4 MiB is SmallPartWriter's, one granule or more; more bytes go to
-    PartWriter (same bytes either way)."""
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int, value_bytes: int, threads: int,
+        small: bool) -> None:
+    """An insert's part of at most 4 MiB is SmallPartWriter's, one granule or more, while other writes run
+    (threads=1); a lone write of more than 2 MiB and any of more than 4 MiB go to PartWriter (same bytes
+    either way)."""
     from replicad.replication import sink
     from replicad.storage.layout import TableDataLayout
 
@@ -220,6 +223,6 @@ def test_write_temp_part_takes_the_small_writer_for_a_small_block(
     layout.path.mkdir(parents=True)
     block = sink.PartitionBlock("all", None, pa.table({
         "k": pa.array(range(rows, 0, -1), pa.uint64()), "s": pa.array([b"v" * value_bytes] * rows)}))
-    written = sink.write_temp_part(block, schema, layout, WriterSettings(fsync=False))
+    written = sink.write_temp_part(block, schema, layout, WriterSettings(fsync=False, threads=threads))
     assert used == ["SmallPartWriter" if small else "PartWriter"]
     assert PartReader(written.path).read().column("k").to_pylist() == list(range(1, rows + 1))
