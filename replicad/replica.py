@@ -105,8 +105,6 @@ class TableReplica:
         self._parts_checked = False  # the start-up part check runs once, when the table is loaded
         self._stopping = False
         self._inserts_in_flight = 0
-        #: blocks held back by parts_to_delay_insert (ClickHouse's DelayedInserts event)
-        self.delayed_inserts = 0
         self._task_group = f"table:{spec.name}:{id(self):x}"
         # total/active replicas, log_max_index: read when asked for (refresh_zk_summary)
         self._zk_summary: dict[str, int] = {}
@@ -437,7 +435,6 @@ class TableReplica:
         worst = self.store.max_active_in_partition()
         delay = self.parts_limit.delay_s(worst)
         if delay > 0:
-            self.delayed_inserts += 1
             log.info("delaying_insert", table=self.spec.name, ms=round(delay * 1000, 3), parts=worst)
             await asyncio.sleep(delay)
 

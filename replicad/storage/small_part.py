@@ -372,7 +372,7 @@ def _raw_streams(dtype: DataType, rows: pa.Array, granule: int) -> Mapping[str, 
     n = len(rows)
     if n <= granule:
         return {suffix: (_RAW, data, 0) for suffix, data in dtype.serialize(rows).items()}
-    pieces = [dtype.serialize(rows.slice(g, granule)) for g in range(0, n, granule)]
+    pieces = _granule_pieces(dtype, rows, None, granule, n)
     out: dict[str, tuple[int, Any, Any]] = {}
     for suffix in dtype.substreams():
         parts = [p.get(suffix, b"") for p in pieces]
