@@ -204,6 +204,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 _LOCAL_OPTIONS = {"--work-dir": 1, "--keep": 0}  # --scratch-fs is recorded: it shapes the figures
 
 
+def interpreter_note() -> str:
+    """Which CPython runs replicad (the daemons are started with this interpreter).  A build whose executable
+    calls into a shared libpython (pyenv's default) runs the insert path's Python noticeably slower than one
+    with the interpreter linked in (Debian's, the python Docker images')."""
+    try:
+        with open("/proc/self/maps") as maps:
+            shared = any("libpython" in line for line in maps)
+    except OSError:
+        return f"replicad's interpreter: CPython {sys.version.split()[0]}"
+    linked = "through a shared libpython" if shared else "with the interpreter linked into the executable"
+    return f"replicad's interpreter: CPython {sys.version.split()[0]}, {linked}"
+
+
 def recorded_command(args: Sequence[str]) -> str:
     """The command line a report shows: ``python -m bench`` and the options that shape the figures, without
     the machine-local ones (a scratch directory's path)."""
@@ -297,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.notes.append(f"scratch directory's file system (both systems' data, ZooKeeper's, the storage "
                         f"benches' temporary files): {fs_text}")
     report.notes.append(cache_text)
+    report.notes.append(interpreter_note())
     report.seconds = time.monotonic() - ctx.t0
     report.notes += ctx.notes
     if ctx.clickhouse_version:
