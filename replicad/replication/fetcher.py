@@ -1,9 +1,10 @@
 """executeFetch / fetchPart: download a part from another replica over DataPartsExchange and commit it.
 Source choice: :mod:`replicad.replication.fetch_sources`.  Download: ``POST http://<host>:<port>/?endpoint=DataPartsExchange:<zk>/replicas/<src>&part=<name>
 &client_protocol_version=N&compress=false`` (Basic auth when configured); the ``server_protocol_version``
-cookie (absent = 0, as from 18.16) selects the body layout.  The body is streamed into ``tmp-fetch_<name>``
-(a stale directory of that name is removed first) by :func:`replicad.storage.part_transfer.receive_part`,
-which checks every file hash, EOF and the received checksums.txt.  Then the source's registration of the part
+cookie (absent = 0, as from 18.16) selects the body layout.  The body goes into ``tmp-fetch_<name>``
+(a stale directory of that name is removed first) by :mod:`replicad.storage.part_receive`, streamed, or
+when its sender gave a ``Content-Length`` of at most 2 MiB read whole and received in one worker-thread trip;
+either checks every file hash, EOF and the received checksums.txt.  Then the source's registration of the part
 (``parts/<name>`` with the same columns text) must have the same minimalistic checksums (uncompressed hashes
 of compressed files included): 18.16's ``checkPartChecksumsAndCommit`` compares with every replica, which
 made each fetch's requests grow with the replica count (see :mod:`replicad.replication.checksum_compare`;
@@ -51,13 +52,9 @@ from replicad.replication.part_store import LocalPart, PartStore
 from replicad.storage.checksums import Checksums, MinimalisticChecksums
 from replicad.storage.layout import TMP_FETCH
 from replicad.storage.part import fsync_part_files
+from replicad.storage.part_receive import WHOLE_BODY_MAX_BYTES, ReceivedPart, receive_part, receive_whole_body
 from replicad.storage.part_sink import PartSink
-from replicad.storage.part_transfer import (
-    MAX_PART_BYTES,
-    RECEIVE_MAX_PROTOCOL_VERSION,
-    ReceivedPart,
-    receive_part,
-)
+from replicad.storage.part_transfer import MAX_PART_BYTES, RECEIVE_MAX_PROTOCOL_VERSION
 
 log = get_logger(__name__)
 
@@ -140,6 +137,7 @@ class PartFetcher:
         self.zero_copy_fetches = 0  # fetches that moved metadata only (S3 zero-copy)
         self.bytes_received = 0  # DataPartsExchange body bytes of finished downloads
         self.early_fetches_taken = 0
+        self.whole_fetches = 0  # downloads of a small body read whole (receive_whole_body)
 
     async def close(self) -> None:
         self.sources.close()
@@ -459,9 +457,7 @@ class PartFetcher:
         if zero_copy:  # replicas sharing the bucket exchange metadata only
             params[zero_copy_fetch.COOKIE] = remote.disk.disk_type if remote is not None else ""
         url = f"{address.base_url}/"
-        # the directory is made while the request travels (a zero-copy answer fills it from the bucket)
-        sink = None if zero_copy else PartSink(tmp_dir, self.fsync, replace_stale=True,
-                                               prepared_in=self.store.layout.data_path)
+        sink: PartSink | None = None
         try:
             async with self._http().post(url, params=params, headers=self.credentials.headers(),
                                          ssl=await self.credentials.ssl_for(url)) as resp:
@@ -475,15 +471,24 @@ class PartFetcher:
                     raise FetchError(f"Fetching part {part_name} failed: HTTP {resp.status}: {text.strip()}")
                 cookie = resp.cookies.get("server_protocol_version")
                 version = int(cookie.value) if cookie is not None and cookie.value.isdigit() else 0
+                length = resp.content_length
                 if remote is not None and zero_copy and resp.cookies.get(zero_copy_fetch.COOKIE) is not None:
                     body = await resp.content.read(zero_copy_fetch.MAX_BODY + 1)
                     if len(body) > zero_copy_fetch.MAX_BODY or not resp.content.at_eof():
                         raise zero_copy_fetch.ZeroCopyFallback(f"zero-copy answer for {part_name} too large")
                     received = await zero_copy_fetch.receive(remote, part_name, body, version, tmp_dir)
                     self.zero_copy_fetches += 1
+                elif length is not None and length <= WHOLE_BODY_MAX_BYTES:
+                    # a small part's body, read whole: parsed, checked and written in one worker-thread trip
+                    whole = await resp.content.readexactly(length)
+                    received = await asyncio.to_thread(
+                        receive_whole_body, whole, tmp_dir, version, expected, fsync=self.fsync,
+                        max_part_bytes=self.max_part_bytes, prepared_in=self.store.layout.data_path,
+                        replace_stale=True)
+                    self.whole_fetches += 1
                 else:
-                    sink = sink or PartSink(tmp_dir, self.fsync, replace_stale=True,
-                                            prepared_in=self.store.layout.data_path)
+                    sink = PartSink(tmp_dir, self.fsync, replace_stale=True,
+                                    prepared_in=self.store.layout.data_path)
                     received = await receive_part(resp.content, tmp_dir, version, expected, sink=sink,
                                                   max_part_bytes=self.max_part_bytes)
         except BaseException as e:
@@ -493,6 +498,9 @@ class PartFetcher:
                 log.warning("zero_copy_fetch_failed_fetching_data", part=part_name, error=str(e))
                 return await self._download(address, source_replica_path, part_name, tmp_dir, expected,
                                             full=True)
+            if isinstance(e, asyncio.IncompleteReadError):
+                raise CorruptedDataError(f"Truncated part body for {part_name}: {len(e.partial)} of "
+                                         f"{e.expected} bytes") from e
             if isinstance(e, aiohttp.ClientError):
                 raise FetchError(
                     f"Fetching part {part_name} from {address.host}:{address.replication_port}: {e}"
@@ -500,7 +508,7 @@ class PartFetcher:
             if isinstance(e, TimeoutError):
                 raise FetchError(f"Timeout fetching part {part_name} from {address.host}") from e
             raise
-        if sink is not None and sink.replaced_stale:
+        if received.replaced_stale or (sink is not None and sink.replaced_stale):
             log.warning("removing_stale_fetch_dir", dir=str(tmp_dir))
         if received.body_size == 0:  # pragma: no cover - receive_part refuses empty bodies already
             raise CorruptedDataError(f"Empty answer for part {part_name}")

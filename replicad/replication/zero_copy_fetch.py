@@ -25,7 +25,7 @@ from replicad.replication.zero_copy import RemoteParts
 from replicad.replication.zero_copy_locks import ZeroCopyLockLostError
 from replicad.s3 import S3Error
 from replicad.storage.part import PartDirectory
-from replicad.storage.part_transfer import ReceivedPart
+from replicad.storage.part_receive import ReceivedPart
 from replicad.storage.zero_copy_wire import (
     COOKIE,
     MAX_BODY,

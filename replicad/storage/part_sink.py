@@ -1,7 +1,7 @@
 """Receiving a part's files: one writer thread per part (a pooled daemon thread), fed by the event loop in
 bounded batches.
 
-:class:`PartSink` is the file side of :func:`replicad.storage.part_transfer.receive_part`: the loop parses
+:class:`PartSink` is the file side of :func:`replicad.storage.part_receive.receive_part`: the loop parses
 the DataPartsExchange body and hands each file's bytes over as :class:`Write` jobs (slices of the network
 buffers, no copies); the thread creates the directory, writes and hashes every file and compares each
 file's hash with the one that followed it in the body.

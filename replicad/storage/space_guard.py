@@ -37,12 +37,34 @@ class SpaceGuard:
 
     async def part_declared(self, sum_size: int) -> None:
         """The sender declared the part's size (v>=1): it must fit, whole."""
-        self._check_limit(sum_size)
-        self._checked = 0
-        await self._check_free(sum_size)
+        need = self._part(sum_size)
+        if need is not None:
+            self._judge(need, await asyncio.to_thread(_free_bytes, self.directory))
+
+    def part_declared_now(self, sum_size: int) -> None:
+        """(blocking) :meth:`part_declared`, for a worker thread."""
+        need = self._part(sum_size)
+        if need is not None:
+            self._judge(need, _free_bytes(self.directory))
 
     async def file_declared(self, size: int, sum_size: int | None) -> None:
         """A file of ``size`` bytes comes next."""
+        need = self._file(size, sum_size)
+        if need is not None:
+            self._judge(need, await asyncio.to_thread(_free_bytes, self.directory))
+
+    def file_declared_now(self, size: int, sum_size: int | None) -> None:
+        """(blocking) :meth:`file_declared`, for a worker thread."""
+        need = self._file(size, sum_size)
+        if need is not None:
+            self._judge(need, _free_bytes(self.directory))
+
+    def _part(self, sum_size: int) -> int | None:
+        self._check_limit(sum_size)
+        self._checked = 0
+        return self._reading_needed(sum_size)
+
+    def _file(self, size: int, sum_size: int | None) -> int | None:
         self.total += size
         if sum_size is not None and self.total > sum_size:
             raise CorruptedDataError(f"The part's files add up to more than the {sum_size} bytes the sender "
@@ -51,24 +73,27 @@ class SpaceGuard:
         if sum_size is None and (self._checked is None or self.total - self._checked >= SPACE_CHECK_STEP
                                  or size >= SPACE_CHECK_STEP):
             self._checked = self.total
-            await self._check_free(size)
+            return self._reading_needed(size)
+        return None
 
     def _check_limit(self, total: int) -> None:
         if total > self.max_part_bytes:
             raise CorruptedDataError(f"The part is larger than {self.max_part_bytes} bytes "
                                      "(interserver.max_fetch_part_bytes)")
 
-    async def _check_free(self, need: int) -> None:
-        # a reading of the last second serves a part that needs a small share of it (a backlog of small
-        # parts made one thread trip per part for this); a larger need, or a short disk, reads it again
-        now = time.monotonic()
+    def _reading_needed(self, need: int) -> int | None:
+        """``need`` when the free space must be read for it, None when a reading of the last second serves
+        (a part that needs a small share of it: a backlog of small parts made one thread trip per part)."""
         seen = _RECENT_FREE.get(self.directory)
-        if seen is not None and now - seen[0] < FREE_SPACE_REUSE_S and need * FREE_SPACE_SHARE <= seen[1]:
-            return
-        free = await asyncio.to_thread(_free_bytes, self.directory)
+        if seen is not None and time.monotonic() - seen[0] < FREE_SPACE_REUSE_S \
+                and need * FREE_SPACE_SHARE <= seen[1]:
+            return None
+        return need
+
+    def _judge(self, need: int, free: int) -> None:
         if len(_RECENT_FREE) > 1000:
             _RECENT_FREE.clear()
-        _RECENT_FREE[self.directory] = (now, free)
+        _RECENT_FREE[self.directory] = (time.monotonic(), free)
         if need > free:
             raise NotEnoughSpaceError(f"Cannot fetch part: {need} more bytes are needed, the disk has {free} "
                                       "bytes free")

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import random
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import pytest_asyncio
 
@@ -54,10 +57,25 @@ async def test_small_inserts_are_downloaded_early(cluster: Cluster) -> None:
     # every part came through an early download (taken by the executor), nothing left behind
     assert r2.fetcher.early_fetches_taken == 6
     assert r2.fetcher.fetches_total == 6
+    assert r2.fetcher.whole_fetches == 6  # small bodies: read whole, received in one worker-thread trip
     assert table_cluster.part_checksums(r1) == table_cluster.part_checksums(r2)
     assert await r2.count(None) == 30
     assert leftovers(r2) == []
     assert not r2.fetcher._early
+
+
+async def test_a_body_larger_than_the_whole_limit_is_streamed(cluster: Cluster) -> None:
+    """A part whose body is over WHOLE_BODY_MAX_BYTES (incompressible names: ~3 MB of files) goes through the
+    streaming receiver, byte-identical to the sender's."""
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    big = rows(range(3000))
+    names = pa.array([random.Random(i).randbytes(1000).hex() for i in range(3000)], pa.string())
+    await r1.insert_table(big.set_column(big.schema.get_field_index("name"), "name", names))
+    await wait_for(lambda: holds([r1, r2], 1), what="the big part on r2")
+    assert r2.fetcher.fetches_total == 1 and r2.fetcher.whole_fetches == 0
+    assert table_cluster.part_checksums(r1) == table_cluster.part_checksums(r2)
+    assert await r2.count(None) == 3000 and leftovers(r2) == []
 
 
 async def test_failed_early_download_falls_back_to_the_queue(cluster: Cluster) -> None:
@@ -94,13 +112,13 @@ async def test_a_download_longer_than_the_ttl_is_not_thrown_away(cluster: Cluste
     """A big part takes longer to arrive than ``EARLY_TTL_S``: newer log entries read meanwhile must not
     cancel its download (which would start the same download again); the TTL counts from its arrival."""
     monkeypatch.setattr(fetcher_mod, "EARLY_TTL_S", 0.5)
-    real = fetcher_mod.receive_part
+    real = fetcher_mod.receive_whole_body  # a small part's body is read whole, received in a worker thread
 
-    async def slow(*args: object, **kwargs: object) -> object:
-        await asyncio.sleep(1.5)  # a long download
-        return await real(*args, **kwargs)  # type: ignore[arg-type]
+    def slow(*args: object, **kwargs: object) -> object:
+        time.sleep(1.5)  # a long download
+        return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(fetcher_mod, "receive_part", slow)
+    monkeypatch.setattr(fetcher_mod, "receive_whole_body", slow)
     r1 = await cluster.start("r1")
     r2 = await cluster.start("r2")
     for r in (r1, r2):

@@ -13,7 +13,8 @@ import pytest
 
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
 from replicad.storage.checksums import Checksums
-from replicad.storage.part_transfer import RECEIVE_MAX_PROTOCOL_VERSION, receive_part
+from replicad.storage.part_receive import receive_part
+from replicad.storage.part_transfer import RECEIVE_MAX_PROTOCOL_VERSION
 from tests.integration.test_modern_parts_chdb import chs, create, only_part, q, read_part
 from tests.support.part_rows import ALL_TYPES, make_rows
 

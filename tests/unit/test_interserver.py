@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend, read_request
 from replicad.storage import part_transfer
 from replicad.storage.checksums import Checksums
-from replicad.storage.part_transfer import iter_part_body_sync, receive_part
+from replicad.storage.part_receive import receive_part
+from replicad.storage.part_transfer import iter_part_body_sync
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ch18_part_basic"
 PART_DIR = FIXTURES / "202611_1_1_0"

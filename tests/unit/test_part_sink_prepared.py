@@ -9,9 +9,13 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
+from replicad.errors import CorruptedDataError
 from replicad.storage.checksums import Checksums
+from replicad.storage.part_receive import receive_part, receive_whole_body
 from replicad.storage.part_sink import PartSink
-from replicad.storage.part_transfer import files_to_send, receive_part
+from replicad.storage.part_transfer import files_to_send
 from replicad.storage.prepared_dirs import PER_SET, PreparedDirs, prepared_for
 
 FIXTURE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "ch18_part_basic"
@@ -81,3 +85,35 @@ async def test_a_leftover_at_the_target_is_replaced_and_the_directory_made_ahead
     assert sink.replaced_stale and files == SENT
     taken = before - set(pool.root.iterdir())
     assert len(taken) == 1 and not next(iter(taken)).exists()
+
+
+def test_a_body_received_whole_takes_a_directory_made_ahead_for_its_files(tmp_path: Path) -> None:
+    """receive_whole_body (a small body read whole): a directory holding exactly the part's files is taken
+    (what it held is cut to the received bytes); a leftover at the target is replaced and said, or left
+    alone and refused without ``replace_stale``; a body failing a check takes nothing and writes nothing."""
+    data, table, pool = _table(tmp_path)
+    pool.note(files_to_send(CHECKSUMS), table)
+    _wait(pool, PER_SET)
+    for d in pool.root.iterdir():
+        (d / "count.txt").write_bytes(b"9" * 1000)
+    hits = pool.hits
+    got = receive_whole_body(RESPONSE, table / "tmp-fetch_202611_0_0_0", 0, CHECKSUMS, prepared_in=data,
+                             replace_stale=True)
+    assert pool.hits == hits + 1 and not got.replaced_stale
+    assert {p.name: p.read_bytes() for p in got.path.iterdir()} == SENT
+    stale = table / "tmp-fetch_202611_1_1_0"
+    stale.mkdir()
+    (stale / "junk").write_bytes(b"x")
+    with pytest.raises(FileExistsError):
+        receive_whole_body(RESPONSE, stale, 0, CHECKSUMS, prepared_in=data)
+    assert (stale / "junk").read_bytes() == b"x"
+    again = receive_whole_body(RESPONSE, stale, 0, CHECKSUMS, prepared_in=data, replace_stale=True)
+    assert again.replaced_stale and {p.name: p.read_bytes() for p in stale.iterdir()} == SENT
+    _wait(pool, PER_SET)
+    ready, hits = pool.ready(), pool.hits
+    bad = bytearray(RESPONSE)
+    bad[-1] ^= 1
+    target = table / "tmp-fetch_202611_2_2_0"
+    with pytest.raises(CorruptedDataError, match="Checksum mismatch"):
+        receive_whole_body(bytes(bad), target, 0, CHECKSUMS, prepared_in=data)
+    assert not target.exists() and pool.ready() == ready and pool.hits == hits

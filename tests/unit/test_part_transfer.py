@@ -10,6 +10,7 @@ import struct
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,12 +19,12 @@ from hypothesis import strategies as st
 from replicad.errors import CorruptedDataError, InsecurePathError, NotEnoughSpaceError
 from replicad.model.cityhash import file_hash
 from replicad.storage import space_guard
-from replicad.storage.checksums import Checksum, Checksums
+from replicad.storage.checksums import Checksum, Checksums, MinimalisticChecksums
 from replicad.storage.part import PartDirectory
+from replicad.storage.part_receive import ReceivedPart, receive_part, receive_whole_body
 from replicad.storage.part_transfer import (
     EMPTY_TTL_INFOS,
     SMALL_PART_BYTES,
-    ReceivedPart,
     body_header,
     build_part_body,
     check_file_name,
@@ -31,7 +32,6 @@ from replicad.storage.part_transfer import (
     is_small_part,
     iter_part_body,
     iter_part_body_sync,
-    receive_part,
 )
 from tests.support.synthetic_part import write_part
 
@@ -52,10 +52,29 @@ def stream(data: bytes) -> asyncio.StreamReader:
     return r
 
 
+#: every test here that receives a body does so through both drivers (tests run once per driver)
+RECEIVER = ["stream"]
+
+
+@pytest.fixture(autouse=True, params=["stream", "whole"])
+def receiver(request: pytest.FixtureRequest) -> str:
+    RECEIVER[0] = request.param
+    return str(request.param)
+
+
+async def recv(body: bytes, target: Path, version: int = 0,
+               expected: Checksums | MinimalisticChecksums | None = None, **kw: Any) -> ReceivedPart:
+    """``body`` received by the driver of the running test: streamed (receive_part) or whole in a worker
+    thread (receive_whole_body, as the fetcher runs it)."""
+    if RECEIVER[0] == "stream":
+        return await receive_part(stream(body), target, version, expected, **kw)
+    return await asyncio.to_thread(receive_whole_body, body, target, version, expected, **kw)
+
+
 async def receive_from_bytes(
     body: bytes, target: Path, version: int, expected: Checksums | None = None
 ) -> ReceivedPart:
-    return await receive_part(stream(body), target, version, expected)
+    return await recv(body, target, version, expected)
 
 
 def varuint(n: int) -> bytes:
@@ -95,7 +114,7 @@ async def test_v0_body_equals_real_18_16_response() -> None:
 
 
 async def test_receive_real_response(tmp_path: Path) -> None:
-    got = await receive_part(stream(REAL_RESPONSE), tmp_path / "tmp-fetch_202611_0_0_0", 0, CHECKSUMS)
+    got = await recv(REAL_RESPONSE, tmp_path / "tmp-fetch_202611_0_0_0", 0, CHECKSUMS)
     assert isinstance(got, ReceivedPart)
     assert got.checksums == CHECKSUMS and got.body_size == len(REAL_RESPONSE)
     assert got.extra_files == ("checksums.txt", "columns.txt")
@@ -109,7 +128,7 @@ async def test_receive_real_response(tmp_path: Path) -> None:
     assert got.rows == int((PART / "count.txt").read_bytes())
     # the minimalistic value from ZooKeeper is accepted as the expectation as well
     zk = Checksums.parse((PART / "checksums.txt").read_bytes()).minimalistic()
-    got2 = await receive_part(stream(REAL_RESPONSE), tmp_path / "b", 0, zk, fsync=True)
+    got2 = await recv(REAL_RESPONSE, tmp_path / "b", 0, zk, fsync=True)
     assert got2.checksums == CHECKSUMS
 
 
@@ -125,7 +144,7 @@ async def test_roundtrip_versions(tmp_path: Path, version: int) -> None:
         assert body[8] == 24 and body[9:33] == EMPTY_TTL_INFOS.encode()
     if version >= 3:
         assert body[33:38] == b"\x04Wide"
-    got = await receive_part(stream(body), tmp_path / "recv", version, cs)
+    got = await recv(body, tmp_path / "recv", version, cs)
     assert got.checksums == cs and got.part_type == "Wide"
     assert got.sum_files_size == (cs.total_size if version >= 1 else None)
     assert got.ttl_infos == (EMPTY_TTL_INFOS if version >= 2 else None)
@@ -142,7 +161,7 @@ async def test_modern_extra_files_sent_and_accepted(tmp_path: Path) -> None:
     (part / "metadata_version.txt").write_bytes(b"0")
     body = body_of(part, cs)
     assert struct.unpack_from("<Q", body)[0] == struct.unpack_from("<Q", plain)[0] + 1
-    got = await receive_part(stream(body), tmp_path / "r", 0)
+    got = await recv(body, tmp_path / "r", 0)
     assert "metadata_version.txt" in got.extra_files
     assert (got.path / "metadata_version.txt").read_bytes() == b"0"
 
@@ -156,7 +175,7 @@ async def expect_failure(
 ) -> None:
     target = tmp_path / "tmp-fetch_x"
     with pytest.raises(exc, match=match):
-        await receive_part(stream(body), target, version, CHECKSUMS)
+        await recv(body, target, version, CHECKSUMS)
     assert not target.exists()  # nothing left behind
 
 
@@ -211,10 +230,10 @@ async def test_hostile_bodies(tmp_path: Path) -> None:
 async def test_expected_checksums_mismatch(tmp_path: Path) -> None:
     other = Checksums({**CHECKSUMS.files, "count.txt": Checksum(1, bytes(16))})
     with pytest.raises(CorruptedDataError, match=r"count\.txt"):
-        await receive_part(stream(REAL_RESPONSE), tmp_path / "t", 0, other)
+        await recv(REAL_RESPONSE, tmp_path / "t", 0, other)
     assert not (tmp_path / "t").exists()
     with pytest.raises(CorruptedDataError, match="don't match"):
-        await receive_part(stream(REAL_RESPONSE), tmp_path / "t", 0, other.minimalistic())
+        await recv(REAL_RESPONSE, tmp_path / "t", 0, other.minimalistic())
 
 
 async def test_truncated_anywhere(tmp_path: Path) -> None:
@@ -222,7 +241,7 @@ async def test_truncated_anywhere(tmp_path: Path) -> None:
     for cut in cuts:
         target = tmp_path / f"t{cut}"
         with pytest.raises(CorruptedDataError):
-            await receive_part(stream(REAL_RESPONSE[:cut]), target, 0)
+            await recv(REAL_RESPONSE[:cut], target, 0)
         assert not target.exists()
 
 
@@ -231,7 +250,7 @@ async def test_truncated_big_file(tmp_path: Path) -> None:
     body = body_of(part, cs)
     for cut in (200_000, len(body) - 17):
         with pytest.raises(CorruptedDataError, match="Truncated"):
-            await receive_part(stream(body[:cut]), tmp_path / "t", 0, cs)
+            await recv(body[:cut], tmp_path / "t", 0, cs)
         assert not (tmp_path / "t").exists()
 
 
@@ -239,7 +258,7 @@ async def test_existing_target_is_not_touched(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "keep").write_bytes(b"1")
     with pytest.raises(FileExistsError):
-        await receive_part(stream(REAL_RESPONSE), tmp_path / "t", 0)
+        await recv(REAL_RESPONSE, tmp_path / "t", 0)
     assert (tmp_path / "t" / "keep").exists()
 
 
@@ -342,7 +361,7 @@ async def test_declared_sizes_are_checked_against_the_limit_and_the_free_space(
     hold is refused as NOT_ENOUGH_SPACE (v1: the declared part size; v0: the declared file sizes)."""
     target = tmp_path / "tmp-fetch_x"
     with pytest.raises(CorruptedDataError, match="max_fetch_part_bytes"):
-        await receive_part(stream(REAL_RESPONSE), target, 0, CHECKSUMS, max_part_bytes=100)
+        await recv(REAL_RESPONSE, target, 0, CHECKSUMS, max_part_bytes=100)
     assert not target.exists()
     free = [0]
     monkeypatch.setattr(space_guard, "_free_bytes", lambda _d: free[0])
@@ -352,11 +371,11 @@ async def test_declared_sizes_are_checked_against_the_limit_and_the_free_space(
                                 (1, body_header(CHECKSUMS, 1) + REAL_RESPONSE, CHECKSUMS.total_size - 1)):
         free[0] = room
         with pytest.raises(NotEnoughSpaceError, match="bytes free") as e:
-            await receive_part(stream(body), target, version, CHECKSUMS)
+            await recv(body, target, version, CHECKSUMS)
         assert e.value.code == 243 and e.value.retriable
         assert not target.exists()
     free[0] = CHECKSUMS.total_size
-    got = await receive_part(stream(REAL_RESPONSE), target, 0, CHECKSUMS)
+    got = await recv(REAL_RESPONSE, target, 0, CHECKSUMS)
     assert got.checksums.total_size == CHECKSUMS.total_size
 
 
@@ -375,11 +394,11 @@ async def test_a_recent_free_space_reading_serves_small_parts_only(
     monkeypatch.setattr(space_guard, "_RECENT_FREE", {})
     body = body_header(CHECKSUMS, 1) + REAL_RESPONSE
     for i in range(3):
-        await receive_part(stream(body), tmp_path / f"p{i}", 1, CHECKSUMS)
+        await recv(body, tmp_path / f"p{i}", 1, CHECKSUMS)
     assert len(reads) == 1
     free[0] = CHECKSUMS.total_size - 1  # the disk filled up; the recent reading is too small for a share
     monkeypatch.setattr(space_guard, "_RECENT_FREE",
                         {tmp_path: (time.monotonic(), CHECKSUMS.total_size * 100)})
     with pytest.raises(NotEnoughSpaceError):
-        await receive_part(stream(body), tmp_path / "big", 1, CHECKSUMS)
+        await recv(body, tmp_path / "big", 1, CHECKSUMS)
     assert len(reads) == 2 and not (tmp_path / "big").exists()

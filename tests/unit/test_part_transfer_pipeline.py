@@ -17,7 +17,8 @@ from replicad.errors import CorruptedDataError
 from replicad.server.interserver import Endpoint, InterserverServer, PartToSend
 from replicad.storage import part_sink
 from replicad.storage.checksums import Checksums
-from replicad.storage.part_transfer import iter_part_body, iter_part_body_sync, receive_part
+from replicad.storage.part_receive import receive_part
+from replicad.storage.part_transfer import iter_part_body, iter_part_body_sync
 from tests.support.synthetic_part import write_part
 
 REPLICA = "/clickhouse/tables/t/replicas/r1"
