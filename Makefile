@@ -1,8 +1,8 @@
 # replicad — two commands on a fresh machine: `make run` and `make test`.
 # The venv's interpreter: the distribution's CPython 3.11 when it can make a venv and build the native modules
 # (ensurepip, Python.h), else the first python3.11 on PATH.  Debian's build has the interpreter linked into the
-# executable and profile-optimised, like the Docker image's python:3.11; a plain source build such as pyenv's
-# default (a shared libpython, no PGO) cost ~13 % more CPU per small insert and ~15 % more acknowledgement time
+# executable, like the Docker image's python:3.11; a plain source build such as pyenv's default (a shared
+# libpython, no --enable-optimizations) cost ~13 % more CPU per small insert and ~15 % more acknowledgement time
 # here.  An existing .venv keeps its interpreter (remove it to make it again).
 PY ?= $(shell [ -x /usr/bin/python3.11 ] && /usr/bin/python3.11 -c 'import ensurepip, os, sysconfig, venv; \
         assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null \
