@@ -481,6 +481,8 @@ class PartFetcher:
                 elif length is not None and length <= WHOLE_BODY_MAX_BYTES:
                     # a small part's body, read whole: parsed, checked and written in one worker-thread trip
                     whole = await resp.content.readexactly(length)
+                    if not resp.content.at_eof() and await resp.content.read(1):  # more than it said
+                        raise CorruptedDataError(f"Unexpected data after the part body of {part_name}")
                     received = await asyncio.to_thread(
                         receive_whole_body, whole, tmp_dir, version, expected, fsync=self.fsync,
                         max_part_bytes=self.max_part_bytes, prepared_in=self.store.layout.data_path,
