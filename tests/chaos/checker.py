@@ -323,8 +323,17 @@ def _check(v: Verdict, zk: ZkView, replicas: Sequence[ReplicaView], inserts: Seq
     if any(isinstance(x, str) for x in rows.values()) or flips:
         wait_drained(zk, replicas, time.monotonic() + 30)
         rows = {r.name: read_rows(r) for r in replicas}
-    _settle_parts(zk, replicas, time.monotonic() + 15)
-    _check_parts(v, zk, replicas, flips)
+    # the parts are read again after the settle: a merge the leader assigns in between leaves the replicas a
+    # merge apart in that reading (seen in CI: all three merged the same six parts within 40 ms, one read
+    # before its merge); a difference that holds over three settles is judged
+    for attempt in range(3):
+        _settle_parts(zk, replicas, time.monotonic() + (15 if attempt == 0 else 10))
+        parts = Verdict()
+        _check_parts(parts, zk, replicas, flips)
+        if not _only_parts_apart(parts):
+            break
+    v.violations += parts.violations
+    v.notes += parts.notes
     _check_rows(v, rows, inserts)
     for op in inserts:
         if op.quorum > 1 and op.quorum_probe not in ("", "ok", "unverified"):
@@ -367,6 +376,12 @@ def _check_rows(v: Verdict, rows: dict[str, list[tuple[int, int, int, int]] | st
             a, b = set(readable[names[0]]), set(readable[other])
             v.add("diverged", f"rows of {names[0]} and {other} differ: {len(a - b)} only on {names[0]}, "
                               f"{len(b - a)} only on {other}")
+
+
+def _only_parts_apart(v: Verdict) -> bool:
+    """Whether every violation is replicas serving different parts (as a merge under way leaves them)."""
+    return bool(v.violations) and all(kind == "diverged" and detail.startswith("parts of ")
+                                      for kind, detail in v.violations)
 
 
 def _settle_parts(zk: ZkView, replicas: Sequence[ReplicaView], until: float) -> None:
