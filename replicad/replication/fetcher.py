@@ -35,7 +35,10 @@ import aiohttp
 from replicad.errors import (
     CorruptedDataError,
     FetchError,
+    KeeperConnectionLossError,
+    KeeperError,
     KeeperNoNodeError,
+    KeeperOperationTimeoutError,
     NoReplicaHasPartError,
 )
 from replicad.keeper.client import Keeper
@@ -57,6 +60,10 @@ from replicad.storage.part_sink import PartSink
 from replicad.storage.part_transfer import MAX_PART_BYTES, RECEIVE_MAX_PROTOCOL_VERSION
 
 log = get_logger(__name__)
+
+#: how long a fetch or merge whose commit multi met a connection loss waits for the session to say whether the
+#: multi was applied (its part stays, active, if it was)
+COMMIT_OUTCOME_WAIT_S = 20.0
 
 T = TypeVar("T")
 
@@ -411,10 +418,32 @@ class PartFetcher:
             # its probe fail, and everything is checked again
             await self._commit_to_zookeeper(part_name, columns_text, checksums, absent, seen.columns_version,
                                             self_read=seen.self_read)
+        except (KeeperConnectionLossError, KeeperOperationTimeoutError):
+            # the multi may have been applied: a rollback would leave ZooKeeper listing a part the disk no
+            # longer has (seen in the network-and-disk chaos smoke). Ask once the session is back.
+            if await self._registered_after_loss(part_name):
+                log.warning("part_commit_outcome_resolved", part=part_name, registered=True)
+                return part, self.store.activate(part_name)
+            await self.store.rollback(part_name)
+            raise
         except BaseException:
             await self.store.rollback(part_name)
             raise
         return part, self.store.activate(part_name)
+
+    async def _registered_after_loss(self, part_name: str) -> bool:
+        """Whether ``replicas/<me>/parts/<part>`` exists, asked until the session answers (up to
+        ``COMMIT_OUTCOME_WAIT_S``); False when it does not answer in that time or the session is gone."""
+        deadline = time.monotonic() + COMMIT_OUTCOME_WAIT_S
+        while True:
+            try:
+                return await self.keeper.exists(self.paths.me.part(part_name)) is not None
+            except (KeeperConnectionLossError, KeeperOperationTimeoutError):
+                if time.monotonic() >= deadline:
+                    return False
+                await asyncio.sleep(0.5)
+            except KeeperError:
+                return False
 
     async def _abandon_zero_copy(self, part_name: str) -> None:
         if self.store.remote is not None:
