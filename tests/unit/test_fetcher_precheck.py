@@ -8,10 +8,13 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from replicad.errors import KeeperNoNodeError
+import pytest
+
+from replicad.errors import KeeperConnectionLossError, KeeperNoNodeError
 from replicad.keeper.ops import ZnodeStat
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry
+from replicad.replication import fetcher as fetcher_mod
 from replicad.replication.fetcher import MAX_PRECHECKS, PartFetcher
 from replicad.replication.part_store import PartStore
 from replicad.storage.layout import TableDataLayout
@@ -137,3 +140,30 @@ async def test_fetches_asking_together_share_the_replica_list_and_is_active(tmp_
     assert await fetcher.find_source("all_1_1_0") is not None
     assert keeper.requests.count(("get_children", f"{ZK}/replicas")) == 2
     await fetcher.close()
+
+
+async def test_a_commit_of_unknown_outcome_is_resolved_by_asking_zookeeper(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a connection loss on its commit multi, the fetcher asks whether its registration exists until the
+    session answers: registered (the multi was applied) keeps the part; absent, or no answer in time, not."""
+    fetcher, keeper = make(tmp_path)
+    me_part = fetcher.paths.me.part("all_1_1_0")
+    losses = [2]
+    real_exists = keeper.exists
+
+    async def flaky_exists(path: str, watch: Any = None) -> ZnodeStat | None:
+        if losses[0]:
+            losses[0] -= 1
+            raise KeeperConnectionLossError("exists: connection loss")
+        return await real_exists(path, watch)
+
+    monkeypatch.setattr(keeper, "exists", flaky_exists)
+    keeper.nodes[me_part] = b""
+    assert await fetcher._registered_after_loss("all_1_1_0") is True
+    del keeper.nodes[me_part]
+    losses[0] = 1
+    assert await fetcher._registered_after_loss("all_1_1_0") is False
+    monkeypatch.setattr(fetcher_mod, "COMMIT_OUTCOME_WAIT_S", 0.6)
+    losses[0] = 1000  # the session never answers in time: not known, so not kept
+    keeper.nodes[me_part] = b""
+    assert await fetcher._registered_after_loss("all_1_1_0") is False
