@@ -167,3 +167,63 @@ async def test_a_commit_of_unknown_outcome_is_resolved_by_asking_zookeeper(
     losses[0] = 1000  # the session never answers in time: not known, so not kept
     keeper.nodes[me_part] = b""
     assert await fetcher._registered_after_loss("all_1_1_0") is False
+
+
+@pytest.mark.parametrize("applied", [True, False])
+async def test_a_commit_multi_lost_on_the_wire_keeps_the_part_only_if_it_was_applied(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, applied: bool) -> None:
+    """commit_new_part itself through a commit multi whose answer is lost: applied by ZooKeeper (the part
+    node exists once the session answers again) the part stays active on disk, as ZooKeeper lists it; not
+    applied, it is rolled back and the connection loss reaches the caller (the entry is retried)."""
+    from replicad.model.part_info import PartInfo
+    from replicad.replication.checksum_compare import ReplicaState
+    from replicad.storage.checksums import Checksums
+    from replicad.storage.part import PartDirectory
+
+    monkeypatch.setattr(PartDirectory, "preload", lambda self: self)
+    fetcher, keeper = make(tmp_path)
+    layout = fetcher.store.layout
+    layout.path.mkdir(parents=True, exist_ok=True)
+    name = "all_3_3_0"
+    me_part = fetcher.paths.me.part(name)
+    answers = [0]
+    real_exists = keeper.exists
+
+    async def commit(part_name: str, *args: Any, **kwargs: Any) -> None:
+        if applied:
+            keeper.nodes[fetcher.paths.me.part(part_name)] = b""  # the multi took effect ...
+        raise KeeperConnectionLossError("multi: connection loss")  # ... its answer did not arrive
+
+    async def exists(path: str, watch: Any = None) -> ZnodeStat | None:
+        if path == me_part and answers[0] < 1:  # the session answers only on the second ask
+            answers[0] += 1
+            raise KeeperConnectionLossError("exists: connection loss")
+        return await real_exists(path, watch)
+
+    monkeypatch.setattr(fetcher, "_commit_to_zookeeper", commit)
+    monkeypatch.setattr(keeper, "exists", exists)
+    monkeypatch.setattr(asyncio, "sleep", _no_sleep)  # the waits between the asks
+    tmp_dir = layout.tmp_path("tmp-fetch_", name)
+    tmp_dir.mkdir()
+    (tmp_dir / "checksums.txt").write_bytes(b"x")
+    state: asyncio.Future[ReplicaState] = asyncio.get_running_loop().create_future()
+    state.set_result(ReplicaState(replicas=(), columns=(), answers=(), columns_version=0, self_read=False))
+    if applied:
+        part, _covered = await fetcher.commit_new_part(tmp_dir, PartInfo.parse(name), Checksums(),
+                                                       columns_text="", state=state)
+        assert part.name == name and fetcher.store.active_names() == [name]
+        assert (layout.path / name).is_dir()
+    else:
+        with pytest.raises(KeeperConnectionLossError):
+            await fetcher.commit_new_part(tmp_dir, PartInfo.parse(name), Checksums(), columns_text="",
+                                          state=state)
+        assert fetcher.store.active_names() == [] and not (layout.path / name).exists()
+    assert answers[0] == 1  # asked again after the lost answer
+    await fetcher.close()
+
+
+_real_sleep = asyncio.sleep
+
+
+async def _no_sleep(delay: float, result: Any = None) -> Any:
+    return await _real_sleep(0, result)
