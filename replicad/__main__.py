@@ -73,8 +73,15 @@ def cmd_check_config(path: str) -> int:
 
 
 def cmd_run(path: str) -> int:
-    from replicad.memory import defer_import, import_without_default_tls, keep_out, tune_allocators
+    from replicad.memory import (
+        defer_import,
+        import_without_default_tls,
+        keep_out,
+        limit_malloc_arenas,
+        tune_allocators,
+    )
 
+    limit_malloc_arenas()  # before any other thread allocates: the memory big inserts used is given back
     tune_allocators()  # before pyarrow loads (reading the config loads it): its allocator reads options once
     keep_out()  # pandas (pyarrow would import it), rich (structlog, imported with the config): never used
     defer_import()  # pyarrow.compute: imported when first used (a daemon that only replicates never does)

@@ -20,6 +20,9 @@ huge pages (the kernel's ``madvise`` mode), and the few small allocations a rest
 them, 4 MiB of its resident set (a resting daemon with one table: 122 -> 118 MiB, anonymous 65.4 -> 61.5).
 They must be set before pyarrow is loaded: mimalloc reads its options once, when the library initialises.
 
+:func:`limit_malloc_arenas`: one glibc malloc arena for the whole daemon, so that the trim after a big insert
+(:func:`release_unused_memory`) reaches all of malloc's free memory (see :data:`MALLOC_ARENAS`).
+
 :func:`import_without_default_tls`: aiohttp.connector makes two default TLS client contexts when imported,
 each parsing the system's CA bundle (~2 MiB of the resident set); the daemon never uses them (its fetcher
 checks HTTPS peers with a context of its own), so it imports aiohttp with the default CA locations unset.
@@ -51,18 +54,50 @@ RELEASE_AFTER_BYTES = 8 << 20
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
+def _libc_function(name: str, *argtypes: type) -> Callable[..., int] | None:
+    """glibc's ``name`` (int result), or None (another C library, or none found)."""
+    lib = ctypes.util.find_library("c")
     try:
-        fn = ctypes.CDLL(name).malloc_trim if name else None
+        fn = getattr(ctypes.CDLL(lib), name) if lib else None
     except (OSError, AttributeError):  # not glibc
         return None
     if fn is None:
         return None
-    fn.argtypes = [ctypes.c_size_t]
+    fn.argtypes = list(argtypes)
     fn.restype = ctypes.c_int
-    trim: Callable[[int], int] = fn
-    return trim
+    call: Callable[..., int] = fn
+    return call
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    return _libc_function("malloc_trim", ctypes.c_size_t)
+
+
+#: glibc malloc arenas of the daemon process.  By default glibc gives each new thread an arena of its own (up
+#: to 8 per core), and ``malloc_trim`` gives back the free pages inside an arena's chunks but never the free
+#: space at the top of a thread's arena, which glibc's dynamic trim threshold lets grow to 64 MiB: after the
+#: first 2 M-row insert the daemon went on holding ~65 MiB more (resting anonymous memory 56 -> 118-131
+#: MiB, the 146 MB TSV insert's peak 261 -> 302-317 MiB once an insert had run in other threads).  With one
+#: arena the top is the main heap's, which the trim returns: resting 61 MiB, that peak 233-242 MiB
+#: (ClickHouse 18.16: 246-259), the fresh 4 M-row insert's growth 201-205 -> 142-145 MiB.  Throughput did
+#: not move beyond the noise (2 M-row TSV and ArrowStream inserts, 4 clients of 10k-row blocks, 100-row
+#: inserts: alternating runs); the hot allocations are Python's own (pymalloc), Arrow's (mimalloc) and
+#: glibc's per-thread caches.
+MALLOC_ARENAS = 1
+_M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Make glibc's malloc use at most ``arenas`` arenas in this process (the daemon only; before it starts
+    threads: a thread that allocated already keeps its arena).  False, and nothing changed, when the user
+    chose (``MALLOC_ARENA_MAX``, or ``arena_max`` in ``GLIBC_TUNABLES``: glibc read it), when other threads
+    run already, or without glibc."""
+    if "MALLOC_ARENA_MAX" in os.environ or "arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    if threading.active_count() > 1:
+        return False
+    mallopt = _libc_function("mallopt", ctypes.c_int, ctypes.c_int)
+    return mallopt is not None and mallopt(_M_ARENA_MAX, arenas) == 1
 
 
 def release_thread_cache() -> None:

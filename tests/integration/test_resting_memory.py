@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,43 @@ def test_the_daemon_process_runs_with_the_allocator_options(zookeeper: ZooKeeper
     assert printed, "mimalloc printed no options"
     for env_name, value in MIMALLOC_OPTIONS.items():
         assert printed[env_name.removeprefix("MIMALLOC_").lower()] == value, env_name
+
+
+def anon_mib(d: Daemon) -> float:
+    assert d.proc is not None
+    status = Path(f"/proc/{d.proc.pid}/status").read_text()
+    return int(re.search(r"^RssAnon:\s+(\d+)", status, re.M).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def settled_anon_mib(d: Daemon, below: float, wait_s: float = 10.0) -> float:
+    """The daemon's anonymous resident memory once it is below ``below`` (the release after a big insert runs
+    in the background), or what it is after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while (now := anon_mib(d)) >= below and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return now
+
+
+def test_the_memory_of_big_inserts_is_given_back(zookeeper: ZooKeeperServer, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """After big inserts (parsed and written in worker threads) the daemon's anonymous memory returns to
+    about what it was before them: the daemon runs glibc's malloc with one arena
+    (replicad.memory.limit_malloc_arenas), so the trim after an insert reaches the free space the worker
+    threads left (with an arena per thread, as glibc's default, about 60 MiB stayed resident)."""
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    chroot = make_chroot(zookeeper, "arenas")
+    d = start_daemon(tmp_path, zookeeper, chroot, "r1", tables=[DDL], wait_table=TABLE)
+    try:
+        ok(query(d.url, f"INSERT INTO {TABLE} FORMAT TSV", rows(0, 20_000)))  # parsers loaded, caches made
+        before = settled_anon_mib(d, below=0.0, wait_s=1.0)
+        body = rows(100_000, 600_000)  # ~33 MB
+        for _ in range(3):
+            ok(query(d.url, f"INSERT INTO {TABLE} FORMAT TSV", body, insert_deduplicate=0))
+        assert ok(query(d.url, f"SELECT count() FROM {TABLE}")).text == "1820000\n"
+        after = settled_anon_mib(d, below=before + 20)
+        assert after < before + 20, f"anonymous memory {before:.0f} -> {after:.0f} MiB after the inserts"
+        assert d.stop() == 0
+    finally:
+        if d.running:
+            d.kill()

@@ -213,3 +213,91 @@ def test_daemon_imports_and_logs_without_rich() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+_ARENA_PROBE = r"""
+import ctypes, sys, threading
+from replicad.memory import _malloc_trim, limit_malloc_arenas
+
+limited = limit_malloc_arenas() if sys.argv[1] == "1" else False
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+
+
+def anon_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("RssAnon:"))
+
+
+# a big block freed, as an insert's body: glibc raises its mmap and trim thresholds (to 24 and 48 MiB)
+big = libc.malloc(24 << 20)
+ctypes.memset(big, 1, 24 << 20)
+libc.free(big)
+
+
+def work():  # a worker thread's 25 MiB of mid-sized buffers, used and freed
+    ptrs = [libc.malloc(64 << 10) for _ in range(400)]
+    for p in ptrs:
+        ctypes.memset(p, 1, 64 << 10)
+    for p in ptrs:
+        libc.free(p)
+
+
+base = anon_mib()
+threads = [threading.Thread(target=work) for _ in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+_malloc_trim()(0)  # what release_unused_memory does after a big insert
+print(limited, anon_mib() - base)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc and /proc")
+@pytest.mark.parametrize("limit", [False, True])
+def test_one_malloc_arena_lets_the_trim_return_what_worker_threads_freed(limit: bool) -> None:
+    """With an arena per thread (glibc's default) the free space at the top of a worker thread's arena stays
+    resident after malloc_trim (50 MiB of the 50 the threads used, measured); with limit_malloc_arenas (the
+    daemon calls it at start) it is the main heap's top, and the trim gives it back."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX" and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", _ARENA_PROBE, "1" if limit else "0"], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    limited, kept_mib = out[0] == "True", float(out[1])
+    assert limited is limit
+    if limit:
+        assert kept_mib < 8
+    else:
+        assert kept_mib > 30  # the probe still shows the retention the limit is for
+
+
+def test_malloc_arenas_are_left_alone_when_the_user_chose_or_threads_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from replicad import memory
+
+    calls: list[tuple[int, int]] = []
+
+    def mallopt(param: int, value: int) -> int:
+        calls.append((param, value))
+        return 1
+
+    monkeypatch.setattr(memory, "_libc_function", lambda name, *argtypes: mallopt)
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert memory.limit_malloc_arenas() is False
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    assert memory.limit_malloc_arenas() is False
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert memory.limit_malloc_arenas() is False  # a thread that allocated keeps its arena
+    finally:
+        stop.set()
+        t.join()
+    assert calls == []
+    if threading.active_count() == 1:
+        assert memory.limit_malloc_arenas() is True and calls == [(-8, 1)]
