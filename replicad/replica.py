@@ -354,7 +354,8 @@ class TableReplica:
         part = self.store.for_send(name)
         if part is None:
             return None
-        return ServedPart(part.path, part.directory.checksums)
+        checksums = part.directory.checksums
+        return ServedPart(part.path, checksums, self.store.fresh.get(name, checksums) or ())
 
     # ------------------------------------------------------------------------------------------- insert
 

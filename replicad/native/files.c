@@ -18,6 +18,14 @@
  *     replicad/storage/prepared_dirs.py): each is opened without O_TRUNC (truncating even an empty file
  *     costs ext4 a journal update: ~1 ms more per part, measured), and cut to what was written should it
  *     hold more (fstat after the write).  A file that is missing is created as without ``prepared``.
+ *   read_files(directory, [name, ...], optional=0, max_bytes=...) -> [bytes | None, ...]
+ *     Each file of ``directory`` read whole, in the order given, the GIL let go once for all of them (a small
+ *     part's ~20 files sent to a replica: four system calls each, every one a chance for another thread to
+ *     take the GIL).  A file is read with one request for one byte more than fstat said: a read that comes
+ *     back short or long means the file changed size meanwhile, and raises OSError (EIO) naming it.  The
+ *     last ``optional`` names may be missing: None for those; any other failure (a missing file among the
+ *     others included) raises OSError with its errno and path and reads no further.  More than
+ *     ``max_bytes`` in all (default 64 MiB): OSError (EFBIG) naming the file that passed it.
  */
 #include <sys/types.h>
 #define PY_SSIZE_T_CLEAN
@@ -162,7 +170,157 @@ fail:
     return NULL;
 }
 
+typedef struct {
+    PyObject *name; /* bytes (file-system encoding) */
+    char *data;
+    Py_ssize_t size;
+    int missing;
+} read_entry;
+
+static void release_read(read_entry *entries, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_XDECREF(entries[i].name);
+        free(entries[i].data);
+    }
+    PyMem_Free(entries);
+}
+
+/* (no Python) read the file ``name`` of ``dfd`` whole into e->data; 0, or an errno */
+static int read_whole(int dfd, read_entry *e, int optional, Py_ssize_t *budget) {
+    int fd = openat(dfd, PyBytes_AS_STRING(e->name), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (optional && errno == ENOENT) {
+            e->missing = 1;
+            return 0;
+        }
+        return errno;
+    }
+    struct stat st;
+    int err = 0;
+    if (fstat(fd, &st) < 0) {
+        err = errno;
+    } else if (!S_ISREG(st.st_mode)) {
+        err = EISDIR;
+    } else if ((Py_ssize_t)st.st_size > *budget) {
+        err = EFBIG;
+    } else {
+        size_t want = (size_t)st.st_size + 1;
+        e->data = malloc(want);
+        if (e->data == NULL) {
+            err = ENOMEM;
+        } else {
+            size_t got = 0;
+            for (;;) {
+                ssize_t r = read(fd, e->data + got, want - got);
+                if (r < 0 && errno == EINTR)
+                    continue;
+                if (r < 0) {
+                    err = errno;
+                    break;
+                }
+                got += (size_t)r;
+                if (r == 0 || got == want)
+                    break;
+            }
+            if (!err && got != (size_t)st.st_size)
+                err = EIO; /* grew or shrank since the fstat */
+            e->size = (Py_ssize_t)got;
+            *budget -= e->size;
+        }
+    }
+    close(fd);
+    return err;
+}
+
+static PyObject *read_files(PyObject *self, PyObject *args) {
+    PyObject *dir = NULL, *names, *seq, *out = NULL;
+    Py_ssize_t optional = 0, max_bytes = (Py_ssize_t)64 << 20;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O&O|nn", PyUnicode_FSConverter, &dir, &names, &optional, &max_bytes))
+        return NULL;
+    seq = PySequence_Fast(names, "read_files: names must be a sequence of str");
+    if (seq == NULL) {
+        Py_DECREF(dir);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    read_entry *entries = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(read_entry));
+    if (entries == NULL) {
+        Py_DECREF(seq);
+        Py_DECREF(dir);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(seq, i), &entries[i].name))
+            goto done;
+        const char *name = PyBytes_AS_STRING(entries[i].name);
+        if (memchr(name, '/', (size_t)PyBytes_GET_SIZE(entries[i].name)) || name[0] == '\0'
+            || strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
+            PyErr_SetString(PyExc_ValueError, "read_files: a file name cannot hold '/' nor be '', '.' or '..'");
+            goto done;
+        }
+    }
+    const char *dir_path = PyBytes_AS_STRING(dir);
+    int err = 0;
+    Py_ssize_t failed = -1, budget = max_bytes; /* the file that failed; n: the directory */
+    Py_BEGIN_ALLOW_THREADS
+    int dfd = open(dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        err = errno;
+        failed = n;
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            err = read_whole(dfd, &entries[i], i >= n - optional, &budget);
+            if (err) {
+                failed = i;
+                break;
+            }
+        }
+        close(dfd);
+    }
+    Py_END_ALLOW_THREADS
+    if (failed >= 0) {
+        PyObject *path = PyUnicode_DecodeFSDefault(dir_path);
+        if (path != NULL && failed < n) {
+            PyObject *name = PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(entries[failed].name));
+            PyObject *full = name != NULL ? PyUnicode_FromFormat("%U/%U", path, name) : NULL;
+            Py_XDECREF(name);
+            Py_DECREF(path);
+            path = full;
+        }
+        errno = err;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+        Py_XDECREF(path);
+        goto done;
+    }
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item;
+        if (entries[i].missing) {
+            item = Py_None;
+            Py_INCREF(item);
+        } else {
+            item = PyBytes_FromStringAndSize(entries[i].data != NULL ? entries[i].data : "", entries[i].size);
+            if (item == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+done:
+    release_read(entries, n);
+    Py_DECREF(seq);
+    Py_DECREF(dir);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"read_files", read_files, METH_VARARGS,
+     "read_files(directory, [name, ...], optional=0, max_bytes=64 MiB): the files' bytes (None for a missing "
+     "one of the last ``optional``), the GIL let go once"},
     {"write_files", write_files, METH_VARARGS,
      "write_files(directory, [(name, data), ...], fsync, make_dir=False, prepared=False): make the files, "
      "the GIL let go once"},

@@ -89,6 +89,9 @@ class TempPart:
     #: the block-number lock taken while the part was written (:mod:`replicad.replication.early_lock`);
     #: when its ``renamed`` is set, the part is there, no longer at ``path``
     early: EarlyLock | None = field(default=None, compare=False)
+    #: every file of the part as its writer held them (small parts written whole), for the replicas that
+    #: fetch it (replicad.storage.fresh_files); () otherwise
+    files: tuple[tuple[str, bytes], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def where(self) -> Path:
@@ -206,7 +209,8 @@ class PartCommitter:
             stage_times.mark("commit_ops")
             await self.store.precommit(part.path, info,
                                      (part.checksums, part.columns_text, part.rows, part.bytes_on_disk),
-                                     renamed=part.early.renamed if part.early is not None else None)
+                                     renamed=part.early.renamed if part.early is not None else None,
+                                     files=part.files)
         except BaseException:
             await _release_quietly(self.keeper, lock.unlock_ops())
             await _remove_tmp(part.where)

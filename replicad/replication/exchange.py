@@ -28,6 +28,8 @@ class ServedPart:
 
     path: Path
     checksums: Checksums
+    #: every file of the part held in memory (a part written here lately: replicad.storage.fresh_files)
+    files: tuple[tuple[str, bytes], ...] = ()
 
 
 #: part name -> the part (or None when this replica does not have it)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from replicad.errors import ReplicadError
 from replicad.logging import get_logger
 from replicad.model.part_info import PartInfo
+from replicad.storage.fresh_files import FreshFiles, PartFiles
 from replicad.storage.layout import TableDataLayout
 from replicad.storage.part import PartDirectory
 
@@ -74,6 +75,8 @@ class PartStore:
         self._live_by_partition: dict[str, dict[str, LocalPart]] = {}
         #: bumped on every change of the active set (SELECT snapshots, status)
         self.version = 0
+        #: the files of parts written whole here lately, for the replicas that fetch them
+        self.fresh = FreshFiles()
         self._active: list[LocalPart] = []
         self._active_version = -1  # the version ``_active`` was sorted at
         #: the table's parts live on an S3 disk (storage_policy): offloaded at pre-commit, locked in the
@@ -204,11 +207,13 @@ class PartStore:
 
     async def precommit(self, tmp_dir: Path, info: PartInfo,
                         written: tuple[Checksums, str, int, int | None] | None = None, *,
-                        renamed: Path | None = None) -> LocalPart:
+                        renamed: Path | None = None, files: PartFiles = ()) -> LocalPart:
         """Rename a finished temporary directory to the part's name; the part becomes servable.  ``written``:
         the (checksums, columns.txt text, rows, bytes on disk) its writer produced, taken instead of reading
         them back.  ``renamed``: the writer's thread already renamed it there (it checked that no part of
-        the name was known: see :mod:`replicad.replication.early_lock`), with ``written`` given."""
+        the name was known: see :mod:`replicad.replication.early_lock`), with ``written`` given.  ``files``:
+        every file of the part as its writer held them (kept a few seconds for the replicas that fetch it:
+        :mod:`replicad.storage.fresh_files`)."""
         name = info.name
         existing = self._parts.get(name)
         if renamed is not None:
@@ -226,6 +231,8 @@ class PartStore:
                 await self.remote.rollback(name)
                 await asyncio.to_thread(shutil.rmtree, directory.path, True)
                 raise
+        if files:
+            self.fresh.keep(name, directory.checksums, files)
         return self._precommitted(info, directory)
 
     async def _rename(self, tmp_dir: Path, name: str, existing: LocalPart | None,
@@ -286,6 +293,7 @@ class PartStore:
     async def rollback(self, name: str) -> None:
         """Forget a pre-committed part and delete its directory (duplicate or failed commit)."""
         part = self._parts.get(name)
+        self.fresh.forget(name)
         if part is None:
             return
         try:

@@ -341,6 +341,7 @@ async def write_block(
             block_id=bid,
             bytes_on_disk=written.bytes_on_disk,
             early=carried,
+            files=written.files,
         )
         out.append(part)
         ctx.parts.append(part)

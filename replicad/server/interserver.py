@@ -85,6 +85,8 @@ _REASONS = {
 class PartToSend:
     path: Path
     checksums: Checksums
+    #: every file of the part held in memory (a part written here lately: replicad.storage.fresh_files)
+    files: tuple[tuple[str, bytes], ...] = ()
 
 
 #: part name -> the part (or None when this replica does not have it)
@@ -517,7 +519,7 @@ class InterserverServer:
     ) -> bool:
         """A small part: the whole body is built (and checked) before the head, then one write, one drain."""
         try:
-            body = await self.small_bodies.body(part.path, part.checksums, version)
+            body = await self.small_bodies.body(part.path, part.checksums, version, part.files)
         except (OSError, CorruptedDataError) as e:
             await self._send_failed(writer, endpoint, part_name, e, keep)
             return True

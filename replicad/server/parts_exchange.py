@@ -29,7 +29,7 @@ class InterserverExchange:
     ) -> None:
         def part_to_send(name: str) -> PartToSend | None:
             part = lookup(name)
-            return None if part is None else PartToSend(part.path, part.checksums)
+            return None if part is None else PartToSend(part.path, part.checksums, part.files)
 
         self.server.register(replica_zk_path, Endpoint(lookup=part_to_send, on_broken_part=on_broken_part,
                                                        zero_copy=zero_copy))

@@ -20,11 +20,12 @@ import asyncio
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from replicad.storage.checksums import Checksums
-from replicad.storage.part_transfer import build_part_body
+from replicad.storage.part_transfer import body_from_files, build_part_body
 
 #: how long a built body is served again (the replicas of a set fetch a new part within this)
 TTL_S = 3.0
@@ -36,7 +37,7 @@ MAX_BYTES = 4 << 20
 @dataclass
 class _Body:
     checksums: Checksums  # held: its identity tells the same part
-    task: asyncio.Task[bytes]
+    task: asyncio.Future[bytes]
     built: float | None = None  # monotonic time the build ended (None: still building)
     size: int = 0
 
@@ -50,11 +51,15 @@ class SmallBodies:
         self._bodies: OrderedDict[tuple[str, int], _Body] = OrderedDict()
         self._bytes = 0
         self.builds = 0  # bodies read from disk
+        self.from_memory = 0  # bodies made from the files of a part written here lately
         self.shared = 0  # sends that took a body built for another one
 
-    async def body(self, path: Path, checksums: Checksums, version: int) -> bytes:
+    async def body(self, path: Path, checksums: Checksums, version: int,
+                   files: Sequence[tuple[str, bytes]] = ()) -> bytes:
         """The body of the part at ``path``; OSError or CorruptedDataError as ``build_part_body`` raises
-        them.  The build goes on when the caller is cancelled (others may wait for it)."""
+        them.  The build goes on when the caller is cancelled (others may wait for it).  ``files``: the
+        part's files held in memory (a part written here lately): the body is made from them, on the loop,
+        instead of reading the directory."""
         self._expire()
         key = (os.fspath(path), version)
         body = self._bodies.get(key)
@@ -63,10 +68,20 @@ class SmallBodies:
             return await asyncio.shield(body.task)
         if body is not None:
             self._drop(key)
-        task = asyncio.ensure_future(asyncio.to_thread(build_part_body, path, checksums, version))
+        made = body_from_files(checksums, version, files) if files else None
+        task: asyncio.Future[bytes]
+        if made is not None:
+            self.from_memory += 1
+            task = asyncio.get_running_loop().create_future()
+            task.set_result(made)
+        else:
+            task = asyncio.ensure_future(asyncio.to_thread(build_part_body, path, checksums, version))
+            self.builds += 1
         body = self._bodies[key] = _Body(checksums, task)
+        if made is not None:
+            self._built(body, key)
+            return made
         task.add_done_callback(lambda _t: self._built(body, key))
-        self.builds += 1
         return await asyncio.shield(task)
 
     def _built(self, body: _Body, key: tuple[str, int]) -> None:

@@ -24,11 +24,12 @@ thread of its own that reads 4 MiB pieces ahead of the socket (:func:`iter_part_
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import struct
 import threading
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -38,8 +39,9 @@ from replicad.errors import (
     InsecurePathError,
     UnsupportedPartFormatError,
 )
-from replicad.model.cityhash import FileHasher
+from replicad.model.cityhash import FileHasher, file_hash
 from replicad.model.varint import encode_varuint
+from replicad.native._files import read_files
 from replicad.storage.checksums import Checksums
 from replicad.storage.part import COMPACT_DATA_FILE, COMPACT_MARKS_FILES
 
@@ -71,7 +73,9 @@ MAX_FILES = 100_000
 MAX_FILE_SIZE = 1 << 40
 MAX_NAME_LENGTH = 255
 MAX_PART_BYTES = 1 << 40  # a received part's files add up to at most this (interserver.max_fetch_part_bytes)
-_WHOLE_BODY = 1 << 62  # a chunk size no body reaches
+#: a small part's files read whole for its body add up to at most this (its checksummed files are at most
+#: SMALL_PART_BYTES; checksums.txt, columns.txt and the few unchecksummed text files are small)
+MAX_SMALL_BODY_FILES = 64 << 20
 _U64 = struct.Struct("<Q")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.%+-]+")
 
@@ -206,9 +210,60 @@ def build_part_body(
     """The whole response body in one blocking call, for a small part (memory: the body).
 
     The same bytes as :func:`iter_part_body_sync` joined, with the same checks: CorruptedDataError when
-    a file does not match checksums.txt, OSError when one cannot be read."""
-    # one piece: every file is read in a single call and the body is copied out of its buffer once
-    return b"".join(iter_part_body_sync(part_dir, checksums, protocol_version, _WHOLE_BODY))
+    a file does not match checksums.txt (or changes size while read), OSError when one cannot be read.  The
+    files are read by one native call (:func:`replicad.native._files.read_files`: the GIL let go once, not
+    around each of ~80 system calls)."""
+    base = Path(part_dir)
+    dir_text = os.fspath(part_dir)
+    part_type = part_type_of(checksums)
+    if part_type != "Wide" and protocol_version < 3:
+        raise UnsupportedPartFormatError(f"Part {base.name} is {part_type}: a DataPartsExchange client of "
+                                         f"protocol {protocol_version} reads Wide parts only")
+    required = sorted({*checksums.files, CHECKSUMS_FILE, COLUMNS_FILE})
+    extra = sorted(NO_CHECKSUM_FILES - {CHECKSUMS_FILE, COLUMNS_FILE})  # sent where the part has them
+    try:
+        read = read_files(dir_text, [check_file_name(n) for n in (*required, *extra)], len(extra),
+                          MAX_SMALL_BODY_FILES)
+    except OSError as e:
+        if e.errno == errno.EIO:
+            raise CorruptedDataError(f"A file of part {base.name} changed size while being sent") from e
+        raise
+    files = sorted((n, d) for n, d in zip((*required, *extra), read, strict=True) if d is not None)
+    out = [body_header(checksums, protocol_version, part_type), _U64.pack(len(files))]
+    planted = fault_plant.planted("skip_fetch_checksum")  # test-only planted bug
+    for name, data in files:
+        expected = checksums.files.get(name)
+        if expected is not None and len(data) != expected.file_size:
+            raise CorruptedDataError(f"Unexpected size of file {name} in part {base.name}: "
+                                     f"{len(data)} instead of {expected.file_size}")
+        digest = file_hash(data)
+        if expected is not None and digest != expected.file_hash and not planted:
+            raise CorruptedDataError(f"Checksum mismatch for file {name} in part {base.name}")
+        out += (_string(name.encode()), _U64.pack(len(data)), data, digest)
+    return b"".join(out)
+
+
+def body_from_files(checksums: Checksums, protocol_version: int,
+                    files: Sequence[tuple[str, bytes]]) -> bytes | None:
+    """The body of a part from its files held in memory (:mod:`replicad.storage.fresh_files`: a part just
+    written whole), the same bytes as :func:`build_part_body` makes from its directory; None when the files
+    are not exactly checksums.txt's, checksums.txt and columns.txt (the caller reads the directory then).
+    Each checksummed file's size is checked against checksums.txt; its hash is the one there, which the
+    writer computed from these very bytes."""
+    names = sorted(name for name, _d in files)
+    if names != sorted({*checksums.files, CHECKSUMS_FILE, COLUMNS_FILE}) or len(names) != len(files):
+        return None
+    part_type = part_type_of(checksums)
+    if part_type != "Wide" and protocol_version < 3:
+        return None
+    out = [body_header(checksums, protocol_version, part_type), _U64.pack(len(files))]
+    for name, data in sorted(files):
+        expected = checksums.files.get(name)
+        if expected is not None and len(data) != expected.file_size:
+            return None
+        digest = expected.file_hash if expected is not None else file_hash(data)
+        out += (_string(name.encode()), _U64.pack(len(data)), data, digest)
+    return b"".join(out)
 
 
 async def iter_part_body(

@@ -45,6 +45,7 @@ from replicad.storage.compression import (
     METHOD_ZSTD,
     CompressedStreamWriter,
 )
+from replicad.storage.fresh_files import MAX_PART_BYTES as FRESH_PART_BYTES
 from replicad.storage.part import DATA_EXT, MARKS_EXT, stream_stem
 from replicad.storage.prepared_dirs import PreparedDirs
 from replicad.storage.reader import fixed_width
@@ -274,9 +275,12 @@ class SmallPartWriter:
             closing, text, checksums = closing_files(
                 files, self.columns, rows=self.rows, primary=self._primary if self.primary_key else None,
                 partition_value=self.partition_value, minmax_columns=self.minmax_columns, minmax=self._minmax)
-            self._write_files(out + closing)
+            every = out + closing
+            self._write_files(every)
+            size = sum(len(data) for _n, data in every)
             written = written_part(self.path, checksums, closing, text, rows=self.rows,
-                                   marks_count=self.marks_count)
+                                   marks_count=self.marks_count,
+                                   files=tuple(every) if size <= FRESH_PART_BYTES else ())
         except BaseException:
             self.abort()
             raise

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,9 @@ class WrittenPart:
     checksums: Checksums
     columns_text: str
     bytes_on_disk: int
+    #: every file of the part, (name, bytes), when its writer held them all (a small part written whole;
+    #: kept for the replicas that fetch it: replicad.storage.fresh_files); () otherwise
+    files: tuple[tuple[str, bytes], ...] = field(default=(), compare=False, repr=False)
 
 
 def closing_files(
@@ -111,11 +114,12 @@ def closing_files(
 
 
 def written_part(path: Path, checksums: Checksums, closing: Sequence[tuple[str, bytes]], text: str, *,
-                 rows: int, marks_count: int) -> WrittenPart:
-    """The description of a part whose files are all made (``closing``: :func:`closing_files`' list)."""
+                 rows: int, marks_count: int, files: tuple[tuple[str, bytes], ...] = ()) -> WrittenPart:
+    """The description of a part whose files are all made (``closing``: :func:`closing_files`' list;
+    ``files``: every file's bytes, when the writer held them all)."""
     # every file of the (fresh) directory is one of these: no stat of each
     size = sum(c.file_size for c in checksums.files.values()) + len(closing[-2][1]) + len(closing[-1][1])
-    return WrittenPart(path, rows, marks_count, checksums, text, size)
+    return WrittenPart(path, rows, marks_count, checksums, text, size, files)
 
 
 def write_part_metadata(

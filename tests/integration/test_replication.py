@@ -196,6 +196,28 @@ async def test_three_replicas_converge(cluster: Cluster) -> None:
     assert st["queue_size"] == 0 and st["active_parts"] == 4 and st["log_pointer"] == 4
 
 
+async def test_a_fresh_part_is_served_from_the_files_its_insert_held(cluster: Cluster) -> None:
+    """The replicas fetching a part just inserted get it from the files the insert's writer held
+    (replicad.storage.fresh_files), not read back from disk: the same part (checksums) on every replica;
+    once the files are no longer kept the part is read from its directory as before."""
+    r1 = await cluster.start("r1")
+    r2 = await cluster.start("r2")
+    r3 = await cluster.start("r3")
+    served = cluster.servers["r1"].small_bodies
+    await r1.insert_table(rows([1, 2, 3], month=11))
+    await wait_for(lambda: converged([r1, r2, r3], 1), what="the part on every replica")
+    assert served.from_memory >= 1 and served.builds == 0  # two fetches: one body, shared or not
+    assert part_checksums(r2) == part_checksums(r1) == part_checksums(r3)
+    r1.store.fresh.forget("202611_0_0_0")
+    served._bodies.clear()
+    await cluster.stop("r2")
+    await cluster.stop("r3")
+    r4 = await cluster.start("r4")  # its only source: r1
+    await wait_for(lambda: converged([r1, r4], 1), what="the part on the fourth replica")
+    assert served.builds == 1 and part_checksums(r4) == part_checksums(r1)
+    assert await r4.count(None) == 3
+
+
 async def test_deduplication(cluster: Cluster, keeper: Keeper) -> None:
     r1 = await cluster.start("r1")
     r2 = await cluster.start("r2")

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from replicad.errors import CorruptedDataError, InsecurePathError, NotEnoughSpaceError
 from replicad.model.cityhash import file_hash
+from replicad.native._files import read_files
 from replicad.storage import space_guard
 from replicad.storage.checksums import Checksum, Checksums, MinimalisticChecksums
 from replicad.storage.part import PartDirectory
@@ -316,6 +317,44 @@ def test_whole_body_checks_files(tmp_path: Path) -> None:
         build_part_body(part, CHECKSUMS, 0)
 
 
+def test_whole_body_sends_the_unchecksummed_files_a_part_has_and_refuses_odd_ones(tmp_path: Path) -> None:
+    """The one-call read sends the small unchecksummed files current ClickHouse keeps where the part has them
+    (as the streamed body does), and a name that is not a plain file is an error, not a body."""
+    part, cs = make_part(tmp_path)
+    (part / "metadata_version.txt").write_bytes(b"0")
+    (part / "default_compression_codec.txt").write_bytes(b"CODEC(LZ4)")
+    whole = build_part_body(part, cs, 3)
+    assert whole == body_of(part, cs, 3, 1000)
+    assert b"metadata_version.txt" in whole and b"default_compression_codec.txt" in whole
+    os.remove(part / "metadata_version.txt")
+    assert build_part_body(part, cs, 3) == body_of(part, cs, 3, 1000)
+    os.remove(part / "x.mrk")
+    os.mkdir(part / "x.mrk")  # a directory where checksums.txt lists a file
+    with pytest.raises(IsADirectoryError):
+        build_part_body(part, cs, 0)
+    bad = Checksums({"../escape.bin": Checksum(1, b"\0" * 16)})
+    with pytest.raises(InsecurePathError):
+        build_part_body(part, bad, 0)
+
+
+def test_read_files_reads_whole_files_in_one_call(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"hello")
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "big").write_bytes(b"x" * 100_000)
+    assert read_files(tmp_path, ["big", "a", "empty", "gone"], 1) == [b"x" * 100_000, b"hello", b"", None]
+    with pytest.raises(FileNotFoundError) as e:
+        read_files(tmp_path, ["a", "gone", "empty"], 1)  # only the last ``optional`` may be missing
+    assert e.value.filename == f"{tmp_path}/gone"
+    with pytest.raises(OSError, match="too large") as too_big:
+        read_files(tmp_path, ["a", "big"], 0, 50_000)  # more than max_bytes in all
+    assert too_big.value.filename == f"{tmp_path}/big"
+    for bad in ("../a", "", ".", ".."):
+        with pytest.raises(ValueError):
+            read_files(tmp_path, [bad])
+    with pytest.raises(NotADirectoryError):
+        read_files(tmp_path / "a", ["x"])
+
+
 def test_check_file_name() -> None:
     for good in ("id.bin", "n.null.mrk", "a%2E1.bin", "skp_idx_i.idx", "minmax_ctime.idx", "c-1+2.txt"):
         assert check_file_name(good) == good
@@ -341,6 +380,19 @@ def test_roundtrip_property(tmp_path: Path, files: dict[str, bytes], version: in
     assert {p.name: p.read_bytes() for p in got.path.iterdir()} == {
         p.name: p.read_bytes() for p in part.iterdir()
     }
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(NAME, st.binary(max_size=3000), min_size=0, max_size=8),
+       st.sets(st.sampled_from(["metadata_version.txt", "txn_version.txt", "columns_substreams.txt"])),
+       st.sampled_from([0, 1, 2, 3]))
+def test_whole_body_equals_the_streamed_body(tmp_path: Path, files: dict[str, bytes], extras: set[str],
+                                             version: int) -> None:
+    part = Path(tempfile.mkdtemp(dir=tmp_path)) / "part"
+    cs = write_part(part, files, b"columns format version: 1\n0 columns:\n")
+    for name in extras:
+        (part / name).write_bytes(name.encode())
+    assert build_part_body(part, cs, version) == body_of(part, cs, version, chunk=700)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
