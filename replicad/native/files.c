@@ -51,6 +51,21 @@ static void release(entry *entries, Py_ssize_t n) {
     PyMem_Free(entries);
 }
 
+/* OSError ``err`` naming ``dir_path``, or its file ``name`` (bytes) when given */
+static void set_os_error(int err, const char *dir_path, PyObject *name) {
+    PyObject *path = PyUnicode_DecodeFSDefault(dir_path);
+    if (path != NULL && name != NULL) {
+        PyObject *text = PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(name));
+        PyObject *full = text != NULL ? PyUnicode_FromFormat("%U/%U", path, text) : NULL;
+        Py_XDECREF(text);
+        Py_DECREF(path);
+        path = full;
+    }
+    errno = err;
+    PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+    Py_XDECREF(path);
+}
+
 static int write_whole(int fd, const char *p, Py_ssize_t left) {
     while (left > 0) {
         ssize_t n = write(fd, p, (size_t)left);
@@ -145,17 +160,7 @@ static PyObject *write_files(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
 
     if (failed >= 0) {
-        PyObject *path = PyUnicode_DecodeFSDefault(dir_path);
-        if (path != NULL && failed < n) {
-            PyObject *name = PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(entries[failed].name));
-            PyObject *full = name != NULL ? PyUnicode_FromFormat("%U/%U", path, name) : NULL;
-            Py_XDECREF(name);
-            Py_DECREF(path);
-            path = full;
-        }
-        errno = err;
-        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
-        Py_XDECREF(path);
+        set_os_error(err, dir_path, failed < n ? entries[failed].name : NULL);
         goto fail;
     }
     release(entries, n);
@@ -280,17 +285,7 @@ static PyObject *read_files(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     if (failed >= 0) {
-        PyObject *path = PyUnicode_DecodeFSDefault(dir_path);
-        if (path != NULL && failed < n) {
-            PyObject *name = PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(entries[failed].name));
-            PyObject *full = name != NULL ? PyUnicode_FromFormat("%U/%U", path, name) : NULL;
-            Py_XDECREF(name);
-            Py_DECREF(path);
-            path = full;
-        }
-        errno = err;
-        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
-        Py_XDECREF(path);
+        set_os_error(err, dir_path, failed < n ? entries[failed].name : NULL);
         goto done;
     }
     out = PyList_New(n);
