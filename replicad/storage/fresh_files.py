@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from replicad.storage.checksums import Checksums
@@ -45,9 +45,11 @@ class _Kept:
 class FreshFiles:
     """Recently written parts' files by part name."""
 
-    def __init__(self, ttl_s: float = TTL_S, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, ttl_s: float = TTL_S, max_bytes: int = MAX_BYTES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
+        self._clock = clock
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
         self._bytes = 0
         self.hits = 0  # parts served from here (tests, metrics)
@@ -58,7 +60,7 @@ class FreshFiles:
         if not files or size > MAX_PART_BYTES or size > self.max_bytes:
             return False
         self.forget(name)
-        self._kept[name] = _Kept(checksums, tuple(files), size, time.monotonic())
+        self._kept[name] = _Kept(checksums, tuple(files), size, self._clock())
         self._bytes += size
         while self._bytes > self.max_bytes:
             self._drop(next(iter(self._kept)))
@@ -88,7 +90,7 @@ class FreshFiles:
         self._bytes -= self._kept.pop(name).size
 
     def _expire(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         while self._kept:
             name, kept = next(iter(self._kept.items()))
             if now - kept.at <= self.ttl_s:

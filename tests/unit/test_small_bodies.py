@@ -14,6 +14,7 @@ from replicad.server import small_bodies
 from replicad.server.small_bodies import SmallBodies
 from replicad.storage.checksums import Checksums
 from replicad.storage.part_transfer import build_part_body
+from tests.support.call_log import record_first_arguments
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ch18_part_basic" / "202611_1_1_0"
 
@@ -29,13 +30,7 @@ async def test_sends_together_share_one_read(
     part: tuple[Path, Checksums], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, cs = part
-    reads: list[int] = []
-
-    def counted(*args: object) -> bytes:
-        reads.append(1)
-        return build_part_body(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(small_bodies, "build_part_body", counted)
+    reads = record_first_arguments(monkeypatch, small_bodies, "build_part_body")  # the part read from disk
     bodies = SmallBodies()
     got = await asyncio.gather(*(bodies.body(path, cs, 3) for _ in range(4)))
     assert got == [build_part_body(path, cs, 3)] * 4
