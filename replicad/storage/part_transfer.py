@@ -128,6 +128,16 @@ def part_type_of(checksums: Checksums) -> str:
     return "Wide"
 
 
+def sendable_part_type(checksums: Checksums, protocol_version: int, part_name: str) -> str:
+    """The part's type for the body (:func:`part_type_of`); UnsupportedPartFormatError when a client of
+    ``protocol_version`` cannot read it (before v3 the body has no type: Wide only)."""
+    part_type = part_type_of(checksums)
+    if part_type != "Wide" and protocol_version < 3:
+        raise UnsupportedPartFormatError(f"Part {part_name} is {part_type}: a DataPartsExchange client of "
+                                         f"protocol {protocol_version} reads Wide parts only")
+    return part_type
+
+
 def files_to_send(checksums: Checksums, part_dir: str | None = None) -> list[str]:
     """checksums.txt entries plus checksums.txt and columns.txt, in byte order of the names (as 18.16); with
     ``part_dir``, also the small unchecksummed files current ClickHouse keeps beside them (metadata
@@ -151,10 +161,7 @@ def iter_part_body_sync(
     base = Path(part_dir)
     dir_text = os.fspath(part_dir)  # plain string joins: a Path per file costs more than reading a small one
     names = files_to_send(checksums, dir_text)
-    part_type = part_type_of(checksums)
-    if part_type != "Wide" and protocol_version < 3:
-        raise UnsupportedPartFormatError(f"Part {base.name} is {part_type}: a DataPartsExchange client of "
-                                         f"protocol {protocol_version} reads Wide parts only")
+    part_type = sendable_part_type(checksums, protocol_version, base.name)
     buf = bytearray(body_header(checksums, protocol_version, part_type))
     buf += _U64.pack(len(names))
     for name in names:
@@ -215,10 +222,7 @@ def build_part_body(
     around each of ~80 system calls)."""
     base = Path(part_dir)
     dir_text = os.fspath(part_dir)
-    part_type = part_type_of(checksums)
-    if part_type != "Wide" and protocol_version < 3:
-        raise UnsupportedPartFormatError(f"Part {base.name} is {part_type}: a DataPartsExchange client of "
-                                         f"protocol {protocol_version} reads Wide parts only")
+    part_type = sendable_part_type(checksums, protocol_version, base.name)
     required = sorted({*checksums.files, CHECKSUMS_FILE, COLUMNS_FILE})
     extra = sorted(NO_CHECKSUM_FILES - {CHECKSUMS_FILE, COLUMNS_FILE})  # sent where the part has them
     try:
