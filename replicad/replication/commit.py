@@ -60,6 +60,7 @@ from replicad.replication.quorum import (
     wait_for_quorum,
 )
 from replicad.storage.checksums import Checksums
+from replicad.storage.fresh_files import PartFiles
 
 if TYPE_CHECKING:
     from replicad.replication.early_lock import EarlyLock
@@ -91,7 +92,7 @@ class TempPart:
     early: EarlyLock | None = field(default=None, compare=False)
     #: every file of the part as its writer held them (small parts written whole), for the replicas that
     #: fetch it (replicad.storage.fresh_files); () otherwise
-    files: tuple[tuple[str, bytes], ...] = field(default=(), compare=False, repr=False)
+    files: PartFiles = field(default=(), compare=False, repr=False)
 
     @property
     def where(self) -> Path:

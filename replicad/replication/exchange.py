@@ -20,6 +20,7 @@ from ssl import SSLContext
 from typing import Protocol
 
 from replicad.storage.checksums import Checksums
+from replicad.storage.fresh_files import PartFiles
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class ServedPart:
     path: Path
     checksums: Checksums
     #: every file of the part held in memory (a part written here lately: replicad.storage.fresh_files)
-    files: tuple[tuple[str, bytes], ...] = ()
+    files: PartFiles = ()
 
 
 #: part name -> the part (or None when this replica does not have it)

@@ -51,6 +51,7 @@ from replicad.server.small_bodies import SmallBodies
 from replicad.server.tls import server_context
 from replicad.storage import zero_copy_wire
 from replicad.storage.checksums import Checksums
+from replicad.storage.fresh_files import PartFiles
 from replicad.storage.part_transfer import (
     SEND_MAX_PROTOCOL_VERSION,
     is_small_part,
@@ -86,7 +87,7 @@ class PartToSend:
     path: Path
     checksums: Checksums
     #: every file of the part held in memory (a part written here lately: replicad.storage.fresh_files)
-    files: tuple[tuple[str, bytes], ...] = ()
+    files: PartFiles = ()
 
 
 #: part name -> the part (or None when this replica does not have it)

@@ -69,18 +69,16 @@ class SmallBodies:
         if body is not None:
             self._drop(key)
         made = body_from_files(checksums, version, files) if files else None
-        task: asyncio.Future[bytes]
-        if made is not None:
+        if made is not None:  # kept for the other replicas' requests, as a body read from disk
             self.from_memory += 1
-            task = asyncio.get_running_loop().create_future()
-            task.set_result(made)
-        else:
-            task = asyncio.ensure_future(asyncio.to_thread(build_part_body, path, checksums, version))
-            self.builds += 1
-        body = self._bodies[key] = _Body(checksums, task)
-        if made is not None:
+            done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+            done.set_result(made)
+            body = self._bodies[key] = _Body(checksums, done)
             self._built(body, key)
             return made
+        task = asyncio.ensure_future(asyncio.to_thread(build_part_body, path, checksums, version))
+        self.builds += 1
+        body = self._bodies[key] = _Body(checksums, task)
         task.add_done_callback(lambda _t: self._built(body, key))
         return await asyncio.shield(task)
 

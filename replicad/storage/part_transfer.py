@@ -42,7 +42,7 @@ from replicad.errors import (
 from replicad.model.cityhash import FileHasher, file_hash
 from replicad.model.varint import encode_varuint
 from replicad.native._files import read_files
-from replicad.storage.checksums import Checksums
+from replicad.storage.checksums import Checksum, Checksums
 from replicad.storage.part import COMPACT_DATA_FILE, COMPACT_MARKS_FILES
 
 CHECKSUMS_FILE = "checksums.txt"
@@ -138,6 +138,29 @@ def sendable_part_type(checksums: Checksums, protocol_version: int, part_name: s
     return part_type
 
 
+def _check_size(name: str, part_name: str, size: int, expected: Checksum | None) -> None:
+    """CorruptedDataError when checksums.txt lists file ``name`` with another size."""
+    if expected is not None and size != expected.file_size:
+        raise CorruptedDataError(f"Unexpected size of file {name} in part {part_name}: "
+                                 f"{size} instead of {expected.file_size}")
+
+
+def _check_digest(name: str, part_name: str, digest: bytes, expected: Checksum | None) -> None:
+    """CorruptedDataError when checksums.txt lists file ``name`` with another hash."""
+    planted = fault_plant.planted("skip_fetch_checksum")  # test-only planted bug
+    if expected is not None and digest != expected.file_hash and not planted:
+        raise CorruptedDataError(f"Checksum mismatch for file {name} in part {part_name}")
+
+
+def _whole_body(checksums: Checksums, protocol_version: int, part_type: str,
+                files: Sequence[tuple[str, bytes, bytes]]) -> bytes:
+    """A body of ``files`` given whole: (name, bytes, file hash), in the order to send."""
+    out = [body_header(checksums, protocol_version, part_type), _U64.pack(len(files))]
+    for name, data, digest in files:
+        out += (_string(name.encode()), _U64.pack(len(data)), data, digest)
+    return b"".join(out)
+
+
 def files_to_send(checksums: Checksums, part_dir: str | None = None) -> list[str]:
     """checksums.txt entries plus checksums.txt and columns.txt, in byte order of the names (as 18.16); with
     ``part_dir``, also the small unchecksummed files current ClickHouse keeps beside them (metadata
@@ -168,11 +191,7 @@ def iter_part_body_sync(
         expected = checksums.files.get(name)
         with open(os.path.join(dir_text, check_file_name(name)), "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            if expected is not None and size != expected.file_size:
-                raise CorruptedDataError(
-                    f"Unexpected size of file {name} in part {base.name}: "
-                    f"{size} instead of {expected.file_size}"
-                )
+            _check_size(name, base.name, size, expected)
             buf += _string(name.encode())
             buf += _U64.pack(size)
             hasher = FileHasher()
@@ -193,9 +212,7 @@ def iter_part_body_sync(
             if f.read(1):
                 raise CorruptedDataError(f"File {name} of part {base.name} grew while being sent")
         digest = hasher.digest()
-        planted = fault_plant.planted("skip_fetch_checksum")  # test-only planted bug
-        if expected is not None and digest != expected.file_hash and not planted:
-            raise CorruptedDataError(f"Checksum mismatch for file {name} in part {base.name}")
+        _check_digest(name, base.name, digest, expected)
         buf += digest
         if len(buf) >= chunk_size:
             yield bytes(buf)
@@ -232,19 +249,14 @@ def build_part_body(
         if e.errno == errno.EIO:
             raise CorruptedDataError(f"A file of part {base.name} changed size while being sent") from e
         raise
-    files = sorted((n, d) for n, d in zip((*required, *extra), read, strict=True) if d is not None)
-    out = [body_header(checksums, protocol_version, part_type), _U64.pack(len(files))]
-    planted = fault_plant.planted("skip_fetch_checksum")  # test-only planted bug
-    for name, data in files:
+    out: list[tuple[str, bytes, bytes]] = []
+    for name, data in sorted((n, d) for n, d in zip((*required, *extra), read, strict=True) if d is not None):
         expected = checksums.files.get(name)
-        if expected is not None and len(data) != expected.file_size:
-            raise CorruptedDataError(f"Unexpected size of file {name} in part {base.name}: "
-                                     f"{len(data)} instead of {expected.file_size}")
+        _check_size(name, base.name, len(data), expected)
         digest = file_hash(data)
-        if expected is not None and digest != expected.file_hash and not planted:
-            raise CorruptedDataError(f"Checksum mismatch for file {name} in part {base.name}")
-        out += (_string(name.encode()), _U64.pack(len(data)), data, digest)
-    return b"".join(out)
+        _check_digest(name, base.name, digest, expected)
+        out.append((name, data, digest))
+    return _whole_body(checksums, protocol_version, part_type, out)
 
 
 def body_from_files(checksums: Checksums, protocol_version: int,
@@ -260,14 +272,13 @@ def body_from_files(checksums: Checksums, protocol_version: int,
     part_type = part_type_of(checksums)
     if part_type != "Wide" and protocol_version < 3:
         return None
-    out = [body_header(checksums, protocol_version, part_type), _U64.pack(len(files))]
+    out: list[tuple[str, bytes, bytes]] = []
     for name, data in sorted(files):
         expected = checksums.files.get(name)
         if expected is not None and len(data) != expected.file_size:
             return None
-        digest = expected.file_hash if expected is not None else file_hash(data)
-        out += (_string(name.encode()), _U64.pack(len(data)), data, digest)
-    return b"".join(out)
+        out.append((name, data, expected.file_hash if expected is not None else file_hash(data)))
+    return _whole_body(checksums, protocol_version, part_type, out)
 
 
 async def iter_part_body(

@@ -17,6 +17,7 @@ from replicad.datatypes import DataType
 from replicad.errors import BadInputError
 from replicad.storage.checksums import Checksum, Checksums
 from replicad.storage.column_writer import combine_chunks, is_serialized, plain_checksum
+from replicad.storage.fresh_files import PartFiles
 from replicad.storage.part import (
     CHECKSUMS_FILE,
     COLUMNS_FILE,
@@ -65,7 +66,7 @@ class WrittenPart:
     bytes_on_disk: int
     #: every file of the part, (name, bytes), when its writer held them all (a small part written whole;
     #: kept for the replicas that fetch it: replicad.storage.fresh_files); () otherwise
-    files: tuple[tuple[str, bytes], ...] = field(default=(), compare=False, repr=False)
+    files: PartFiles = field(default=(), compare=False, repr=False)
 
 
 def closing_files(
@@ -114,7 +115,7 @@ def closing_files(
 
 
 def written_part(path: Path, checksums: Checksums, closing: Sequence[tuple[str, bytes]], text: str, *,
-                 rows: int, marks_count: int, files: tuple[tuple[str, bytes], ...] = ()) -> WrittenPart:
+                 rows: int, marks_count: int, files: PartFiles = ()) -> WrittenPart:
     """The description of a part whose files are all made (``closing``: :func:`closing_files`' list;
     ``files``: every file's bytes, when the writer held them all)."""
     # every file of the (fresh) directory is one of these: no stat of each
