@@ -49,6 +49,7 @@ from replicad.config import (
     load_config,
     restart_required,
 )
+from replicad.loop_monitor import LoopMonitor
 from replicad.memory import release_unused_memory
 from replicad.replication import background_pool
 from replicad.sd_notify import Notifier
@@ -132,7 +133,7 @@ class Daemon:
         self.plan = ShutdownPlan()
         self._stop = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
-        self._loop_monitor: asyncio.Task[None] | None = None
+        self._loop_monitor = LoopMonitor(self.metrics.observe_loop_lag)
         self._reloading: asyncio.Task[bool] | None = None
 
     # ---- run -------------------------------------------------------------------------------------------
@@ -223,8 +224,7 @@ class Daemon:
         if self.engine is None:  # start-up failed before the engine existed: close what did start
             with contextlib.suppress(Exception):
                 await self.api.stop()
-        if self._loop_monitor is not None:
-            self._loop_monitor.cancel()
+        self._loop_monitor.stop()
         if self._watchdog is not None:
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -285,27 +285,8 @@ class Daemon:
 
     # ---- systemd watchdog ----------------------------------------------------------------------------------
 
-    def _start_loop_monitor(self) -> None:
-        """Measure how late the event loop wakes a 100 ms sleep: its lag histogram and the count of stalls
-        over 100 ms go to /metrics (a stall is a request or task that blocked the loop).  A stall longer than
-        the sleep always covers a wake-up; a 50 ms sleep cost an idle daemon 20 wake-ups a second (a seventh
-        of its CPU with 200 tables)."""
-        period = 0.1
-
-        async def watch() -> None:
-            loop = asyncio.get_running_loop()
-            while True:
-                started = loop.time()
-                await asyncio.sleep(period)
-                lag = loop.time() - started - period
-                self.metrics.observe_loop_lag(max(0.0, lag))
-                if lag > 0.1:
-                    log.warning("event_loop_stalled", seconds=round(lag, 3))
-
-        self._loop_monitor = asyncio.get_running_loop().create_task(watch(), name="event-loop-monitor")
-
     def _start_watchdog(self) -> None:
-        self._start_loop_monitor()
+        self._loop_monitor.start()
         interval = self.notifier.watchdog_interval_s
         if interval is None:
             return

@@ -135,3 +135,36 @@ def test_the_memory_of_big_inserts_is_given_back(zookeeper: ZooKeeperServer, tmp
     finally:
         if d.running:
             d.kill()
+
+
+def wakeups(pid: int) -> int:
+    """Voluntary context switches of all the process's threads: each is a sleep, ended by a wake-up."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue  # a thread that just ended
+        total += int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+    return total
+
+
+def test_an_idle_daemon_sleeps(zookeeper: ZooKeeperServer, tmp_path: Path) -> None:
+    """A daemon whose replicated table sees no insert wakes about twice a second (ZooKeeper's pings, the event
+    loop monitor's idle period), not ten times (a 100 ms timer: each wake-up costs ~0.2 ms of CPU on a
+    virtual machine, nine tenths of an idle daemon's CPU)."""
+    chroot = make_chroot(zookeeper, "idle")
+    r1 = start_daemon(tmp_path, zookeeper, chroot, "r1", tables=[DDL], wait_table=TABLE)
+    try:
+        ok(query(r1.url, f"INSERT INTO {TABLE} FORMAT TSV", rows(0, 10)))
+        assert r1.proc is not None
+        time.sleep(6)  # start-up work and the insert's aftermath settle
+        before, started = wakeups(r1.proc.pid), time.monotonic()
+        time.sleep(8)
+        rate = (wakeups(r1.proc.pid) - before) / (time.monotonic() - started)
+        assert rate < 5, f"an idle daemon woke {rate:.1f} times a second"
+        assert ok(query(r1.url, f"SELECT count() FROM {TABLE}")).text == "10\n"  # asleep, not stuck
+        assert r1.stop() == 0
+    finally:
+        if r1.running:
+            r1.kill()
