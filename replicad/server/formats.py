@@ -86,14 +86,13 @@ async def parse_body(source: BodySource, spec: InputSpec, limit: int, prefix: by
     if whole:
         try:
             async with asyncio.timeout(spec.receive_timeout_s):
-                rest = await source.read(-1)
+                rest = await _read_pieces(source)
         except TimeoutError:
             raise ReceiveTimeoutError("Timeout exceeded while reading from socket: the body did not arrive "
                                       f"in {spec.receive_timeout_s:g} s (api.receive_timeout_s)") from None
-        whole_body = prefix + rest
-        body = SyncBody(source, loop, limit, whole_body, receive_timeout_s=spec.receive_timeout_s,
+        body = SyncBody(source, loop, limit, [prefix, *rest], receive_timeout_s=spec.receive_timeout_s,
                         max_line_bytes=spec.max_line_bytes, complete=True)
-        if len(whole_body) <= INLINE_PARSE_BYTES and fmt in _INLINE_FORMATS:
+        if body.bytes_read <= INLINE_PARSE_BYTES and fmt in _INLINE_FORMATS:
             try:  # in memory already, a text format: nothing here can block
                 items = _drain(_PARSERS[fmt](body, spec))
             except ReplicadError:
@@ -112,6 +111,20 @@ async def parse_body(source: BodySource, spec: InputSpec, limit: int, prefix: by
     if not isinstance(first, list):
         raise AssertionError("a parser must yield its column list first")
     return ParsedBody(first, _aiter(gen, body, spec.executor), body)
+
+
+async def _read_pieces(source: BodySource) -> list[bytes]:
+    """The rest of ``source`` in the pieces it arrived in: not joined on the loop (a copy of the whole body,
+    ~0.7 MB for 10k rows, and the page faults of a fresh buffer: ~0.25 ms); the parser joins what it needs in
+    its worker thread."""
+    readany = getattr(source, "readany", None)
+    if readany is None:
+        data = await source.read(-1)
+        return [data] if data else []
+    pieces: list[bytes] = []
+    while piece := await readany():
+        pieces.append(piece)
+    return pieces
 
 
 def _drain(gen: Iterator[Any]) -> list[Any]:

@@ -176,3 +176,40 @@ def test_the_rest_of_a_header_read_is_topped_up_to_a_whole_block() -> None:
     header, blocks = asyncio.run(go())
     assert header == b"a\tb\n" and b"".join(blocks) == b"".join(lines)
     assert len(blocks[0]) > 190_000  # a whole block, not the ~64 KiB left from the header's read
+
+
+@settings(max_examples=300, deadline=None)
+@given(_text, st.integers(0, 80), st.lists(st.integers(-1, 25), min_size=1, max_size=12),
+       st.lists(st.booleans(), max_size=12))
+@example(b"ab\ncd\n", 6, [2, -1], [True])
+def test_reads_of_any_size_and_lines_given_back_return_the_body_once(
+        body: bytes, prefix_len: int, sizes: list[int], lines: list[bool]) -> None:
+    """Reads of any size (all: -1), lines (a read whose rest is given back) and the prefix's bytes served
+    without a copy: the body comes out once, in order."""
+    prefix, rest = body[:prefix_len], body[prefix_len:]
+
+    async def go() -> bytes:
+        loop = asyncio.get_running_loop()
+        sb = SyncBody(_Pieces([rest[:7], rest[7:]]), loop, 1 << 30, prefix, 5)
+
+        def read_all() -> bytes:
+            out = bytearray()
+            for i, n in enumerate(sizes * 20):
+                data = sb.readline_raw() if i < len(lines) and lines[i] else sb.read(n)
+                if not data and n != 0:
+                    break
+                out += data
+            while data := sb.read(3):
+                out += data
+            return bytes(out)
+
+        return await loop.run_in_executor(None, read_all)
+
+    assert asyncio.run(go()) == body
+
+
+def test_a_whole_body_given_at_once_is_read_without_a_copy() -> None:
+    body = b"1\ta\n" * 1000
+    sb = SyncBody(_Pieces([]), asyncio.new_event_loop(), 1 << 30, body, complete=True)
+    assert sb.read() is body  # the object itself: no copy of a 0.7 MB body on the loop
+    assert sb.read() == b""
