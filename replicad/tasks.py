@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,12 @@ IDLE = Outcome("idle")
 #: How long a task whose work is announced by wake-ups (a ZooKeeper watch, a local event) sleeps when idle
 #: before it looks anyway (a safety net, not the way work is found): an idle table costs next to nothing.
 IDLE_RECHECK_S = 60.0
+
+#: sleeps of at least COALESCE_MIN_S end on a grid of COALESCE_GRID_S of the loop's clock (up to that much
+#: later than asked): the timers of many tables' tasks then fall due together and one wake-up of the process
+#: serves them all.  Idle with 500 tables a daemon woke ~280 times a second, ~0.17 ms of CPU each.
+COALESCE_MIN_S = 1.0
+COALESCE_GRID_S = 0.25
 
 
 class BackgroundTask:
@@ -133,7 +140,7 @@ class BackgroundTask:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self._waiter = waiter
-        timer = loop.call_later(max(seconds, 0.0), _resolve, waiter, False)
+        timer = loop.call_at(wake_time(loop.time(), seconds), _resolve, waiter, False)
         try:
             return await waiter
         finally:
@@ -185,6 +192,15 @@ async def stop_in_reverse(runners: Iterable[tuple[BackgroundTask, asyncio.Task[A
     started after it has stopped."""
     for task, runner in reversed(list(runners)):
         await stop_task(task, runner, timeout_s)
+
+
+def wake_time(now: float, seconds: float) -> float:
+    """When a sleep of ``seconds`` from ``now`` (the loop's clock) ends: at once for a sleep under
+    :data:`COALESCE_MIN_S`, else at the first multiple of :data:`COALESCE_GRID_S` at or after the end."""
+    due = now + max(seconds, 0.0)
+    if seconds < COALESCE_MIN_S:
+        return due
+    return math.ceil(due / COALESCE_GRID_S) * COALESCE_GRID_S
 
 
 def _resolve(waiter: asyncio.Future[bool] | None, woken: bool) -> None:

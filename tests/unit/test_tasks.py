@@ -7,7 +7,10 @@ import itertools
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from replicad import tasks
 from replicad.tasks import IDLE, BackgroundTask, FunctionTask, Outcome, Supervisor, TaskState, stop_in_reverse
 
 
@@ -329,3 +332,36 @@ async def test_stop_in_reverse_without_a_supervisor() -> None:
                            (tasks[1], runners[1]), (tasks[2], runners[2])], timeout_s=5)
     assert events == ["ask c", "stopped c", "ask b", "stopped b", "ask x", "ask a", "stopped a"]
     assert all(r.done() for r in runners)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0, 1e6, allow_nan=False), st.floats(0, 3600, allow_nan=False))
+def test_a_sleep_ends_no_earlier_than_asked_and_long_ones_on_the_grid(now: float, seconds: float) -> None:
+    when = tasks.wake_time(now, seconds)
+    assert when >= now + seconds - 1e-6
+    if seconds < tasks.COALESCE_MIN_S:
+        assert when == now + seconds
+    else:
+        assert when - (now + seconds) <= tasks.COALESCE_GRID_S + 1e-6
+        ticks = when / tasks.COALESCE_GRID_S
+        assert abs(ticks - round(ticks)) < 1e-6
+
+
+async def test_the_idle_sleeps_of_many_tasks_end_together() -> None:
+    """Forty tasks sleeping 1.0-1.2 s from moments spread over 0.2 s (ends spread over 0.4 s) wake on at most
+    three timer ticks, not forty: with every sleep ending on its own, an idle daemon with many tables woke
+    once per task and sleep."""
+    loop = asyncio.get_running_loop()
+    woke: list[float] = []
+
+    async def sleeper(i: int) -> None:
+        await asyncio.sleep(0.005 * i)
+        t = BackgroundTask(f"t{i}", period_s=1.0)
+        await t.wait(1.0 + 0.005 * (i % 40))
+        woke.append(loop.time())
+
+    await asyncio.gather(*(sleeper(i) for i in range(40)))
+    assert len(woke) == 40
+    woke.sort()
+    batches = 1 + sum(1 for a, b in itertools.pairwise(woke) if b - a > 0.003)  # one loop iteration each
+    assert batches <= 3, woke
