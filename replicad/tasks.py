@@ -195,8 +195,8 @@ async def stop_in_reverse(runners: Iterable[tuple[BackgroundTask, asyncio.Task[A
 
 
 def wake_time(now: float, seconds: float) -> float:
-    """When a sleep of ``seconds`` from ``now`` (the loop's clock) ends: at once for a sleep under
-    :data:`COALESCE_MIN_S`, else at the first multiple of :data:`COALESCE_GRID_S` at or after the end."""
+    """When a sleep of ``seconds`` from ``now`` (the loop's clock) ends: exactly ``now + seconds`` for a sleep
+    under :data:`COALESCE_MIN_S`, else the first multiple of :data:`COALESCE_GRID_S` at or after that."""
     due = now + max(seconds, 0.0)
     if seconds < COALESCE_MIN_S:
         return due
