@@ -26,8 +26,9 @@ from replicad.replication.init import TableStructure
 from replicad.replication.insert_delay import PartsLimit
 from replicad.replication.leader import LeaderElection
 from replicad.replication.log_puller import LogPuller, QueueUpdatingTask
+from replicad.replication.own_inserts import OwnInserts
 from replicad.replication.part_check import PartCheckThread
-from replicad.replication.part_store import PartStore
+from replicad.replication.part_store import PartState, PartStore
 from replicad.replication.restarting import RestartingThread
 from replicad.replication.sink import TableSchema, column_defaults
 from replicad.replication.table_context import ActionBlockers
@@ -116,6 +117,9 @@ def build_collaborators(
         tz=env.tz,
         enqueue_part_check=hooks.enqueue_part_check,
     )
+    own_inserts = OwnInserts(spec.replica_name, queue_state,
+                             lambda name: (p := store.get(name)) is not None and p.state is PartState.ACTIVE)
+    committer.on_committed = own_inserts.committed
     fetcher = PartFetcher(keeper, paths, store, table_columns_text=spec.columns_text,
                           credentials=env.credentials, min_bytes_to_fsync=fsync_fetched,
                           max_part_bytes=env.max_fetch_part_bytes)
@@ -124,6 +128,7 @@ def build_collaborators(
     puller = LogPuller(keeper, paths, hooks._on_pulled, tz=env.tz,
                        min_unprocessed_insert_time=lambda: queue_state.min_unprocessed_insert_time)
     puller.on_read = fetcher.precheck_sources
+    puller.own = own_inserts
     puller.known = lambda znode: znode in queue_state
     blockers = ActionBlockers()
     executor = QueueExecutor(f"{spec.name}:queue_executing", keeper, paths, queue_state, store, fetcher,

@@ -385,6 +385,15 @@ class QueueState:
         self._drop(qe)
         return self._apply_success(qe.entry)
 
+    def mark_done(self, entry: LogEntry) -> None:
+        """An entry executed without being queued (replicad.replication.own_inserts: this replica's own
+        insert): its parts are virtual and current as after its execution."""
+        for name in entry.virtual_part_names():
+            self.virtual_parts.add(name)
+        self._apply_success(entry)
+        if entry.type in _INSERTS and entry.create_time > self.max_processed_insert_time:
+            self.max_processed_insert_time = entry.create_time
+
     def _release_future_parts(self, qe: QueueEntry) -> None:
         for name in (*qe.entry.blocking_part_names(), qe.actual_new_part_name):
             if name and self.future_parts.get(name) == qe.znode_name:

@@ -142,7 +142,8 @@ class PartCommitter:
         self._columns_version = columns_version
         self.tz = tz
         self._enqueue_part_check = enqueue_part_check
-        self._on_committed = on_committed
+        #: told each part's name once its commit's multi succeeded (replicad.replication.own_inserts)
+        self.on_committed = on_committed
 
     def early_lock(self, *, deduplicate: bool, token: str | None, ordinal: int) -> EarlyLock:
         """A lock for the next insert block's first part, taken while it is written (pass it to
@@ -264,8 +265,8 @@ class PartCommitter:
         # rendering and write were ~1 % of an inserting daemon's loop time, inside the acknowledgement
         asyncio.get_running_loop().call_soon(functools.partial(
             log.info, "part_committed", part=name, rows=part.rows, block_id=block_id))
-        if self._on_committed is not None:
-            self._on_committed(name)
+        if self.on_committed is not None:
+            self.on_committed(name)
         stage_times.mark("activate")
         if quorum is not None:
             await wait_for_quorum(self.keeper, self.paths, name, quorum, quorum_timeout_s)

@@ -35,6 +35,7 @@ from replicad.keeper.ops import Create, Op, Set, ZnodeStat
 from replicad.keeper.paths import TablePaths, basename, pad_index, sequence_number
 from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry, LogEntryType
+from replicad.replication.own_inserts import OwnInserts
 from replicad.tasks import IDLE_RECHECK_S, BackgroundTask, Outcome
 
 log = get_logger(__name__)
@@ -93,6 +94,8 @@ class LogPuller:
         self._resync_needed = False
         #: the version of ``log_pointer`` as this replica last read or wrote it (None: read it first)
         self._pointer_version: int | None = None
+        #: this replica's own inserts, done when read back: not queued (replicad.replication.own_inserts)
+        self.own: OwnInserts | None = None
 
     def reset_pointer(self, pointer: int) -> None:
         """The pointer as just read from ZooKeeper with the queue (start-up): the next pass reads it again."""
@@ -151,6 +154,8 @@ class LogPuller:
         nodes = await self.keeper.get_many([self.paths.log_entry(n) for n in names])
         ops: list[Op] = []
         entries: list[LogEntry] = []
+        done: list[LogEntry] = []  # read in order: entries queued and done, for OwnInserts.take
+        read: list[LogEntry] = []
         min_insert_time = self._min_unprocessed()
         new_min: int | None = None
         for name, node in zip(names, nodes, strict=True):
@@ -165,6 +170,11 @@ class LogPuller:
                 raise ZnodeFormatError(f"cannot parse {self.paths.log_entry(name)}: {e}") from e
             if entry.type is LogEntryType.GET_PART and fault_plant.once("drop_log_entry"):
                 continue  # test-only planted bug: the entry is lost, the log pointer moves past it
+            taken = self.own is not None and self.own.take(entry, read)
+            read.append(entry)
+            if taken:
+                done.append(entry)
+                continue
             entries.append(entry)
             ops.append(Create(me.queue_prefix, data, sequence=True))
             if entry.type is LogEntryType.GET_PART and entry.create_time:
@@ -195,9 +205,13 @@ class LogPuller:
         self._pointer_version = written.version if isinstance(written, ZnodeStat) else None
         entries = [e.with_znode(basename(str(results[i]))) for i, e in enumerate(entries)]
         self.log_pointer = last_index + 1
-        log.debug("pulled_log_entries", count=len(entries), first=names[0], last=names[-1])
-        self.on_entries(entries)
-        return len(entries)
+        log.debug("pulled_log_entries", count=len(entries), done_here=len(done), first=names[0],
+                  last=names[-1])
+        if done and self.own is not None:
+            self.own.apply(done)
+        if entries or not done:
+            self.on_entries(entries)
+        return len(entries) + len(done)
 
 
     async def _resync(self) -> None:

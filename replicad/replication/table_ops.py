@@ -191,6 +191,13 @@ class TableOperations:
                 self._wake_assigner_soon()
 
         self.replica.puller.on_entries = pulled
+        own = self.replica.puller.own
+        if own is not None:  # our own inserts' entries, done as they are pulled: new parts all the same
+            own.on_done.append(self._wake_assigner_if_leader)
+
+    def _wake_assigner_if_leader(self) -> None:
+        if self.leader.is_leader:
+            self._wake_assigner_soon()
 
     def _wake_assigner_soon(self) -> None:
         if self._assigner_wake_pending:

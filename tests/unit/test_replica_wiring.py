@@ -81,4 +81,9 @@ def test_a_merge_or_an_executed_entry_wakes_the_cleanup_only_when_parts_fall_due
 
 def test_a_local_commit_leaves_our_own_log_entry_to_the_log_watch(tmp_path: Path) -> None:
     replica = make_replica(tmp_path)
-    assert replica.committer._on_committed is None  # no second pull per insert beside the watch's
+    own = replica.puller.own
+    assert own is not None and replica.committer.on_committed == own.committed
+    replica.queue_updating._wake.clear()
+    replica.committer.on_committed("202611_1_1_0")  # only remembered: no second pull beside the watch's
+    assert not replica.queue_updating._wake.is_set()
+    assert "202611_1_1_0" in own._parts
