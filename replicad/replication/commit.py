@@ -48,7 +48,7 @@ from replicad.errors import (
 from replicad.keeper.block_lock import BlockNumberAllocator, BlockNumberLock, SentLock
 from replicad.keeper.client import Keeper
 from replicad.keeper.ops import Check, Create, Op
-from replicad.keeper.paths import TablePaths
+from replicad.keeper.paths import TablePaths, basename
 from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry
 from replicad.model.part_info import PartInfo
@@ -133,7 +133,7 @@ class PartCommitter:
         columns_version: Callable[[], int],
         tz: str = "UTC",
         enqueue_part_check: Callable[[str], None] | None = None,
-        on_committed: Callable[[str], None] | None = None,
+        on_committed: Callable[[str, LogEntry, bytes], None] | None = None,
     ) -> None:
         self.keeper = keeper
         self.paths = paths
@@ -142,7 +142,8 @@ class PartCommitter:
         self._columns_version = columns_version
         self.tz = tz
         self._enqueue_part_check = enqueue_part_check
-        #: told each part's name once its commit's multi succeeded (replicad.replication.own_inserts)
+        #: told the ``log-`` node, entry and bytes of each part's commit once its multi succeeded
+        #: (replicad.replication.own_inserts)
         self.on_committed = on_committed
 
     def early_lock(self, *, deduplicate: bool, token: str | None, ordinal: int) -> EarlyLock:
@@ -201,7 +202,8 @@ class PartCommitter:
         if block_id:
             ops.append(Create(self.paths.block(block_id), name.encode()))
         ops += part_commit_ops(self.paths, name, part.columns_text, part.checksums, self._columns_version())
-        ops.append(Create(self.paths.log_prefix, entry.to_bytes(self.tz), sequence=True))
+        log_op, entry_bytes = len(ops), entry.to_bytes(self.tz)
+        ops.append(Create(self.paths.log_prefix, entry_bytes, sequence=True))
         ops += [Create(m, b"") for m in markers]
         ops += lock.unlock_ops()
         if quorum is not None:
@@ -224,7 +226,7 @@ class PartCommitter:
             # our own log entry's watch notification comes before the answer: the log puller's reaction
             # waits until the insert has its answer (replicad.keeper.session.SessionTracker.holding_watches)
             with self.keeper.holding_watches():
-                await self.keeper.multi(ops)
+                results = await self.keeper.multi(ops)
             stage_times.mark("zk_commit_multi")
         except KeeperMultiError as e:
             await self.store.rollback(name)
@@ -266,7 +268,7 @@ class PartCommitter:
         asyncio.get_running_loop().call_soon(functools.partial(
             log.info, "part_committed", part=name, rows=part.rows, block_id=block_id))
         if self.on_committed is not None:
-            self.on_committed(name)
+            self.on_committed(basename(str(results[log_op])), entry, entry_bytes)
         stage_times.mark("activate")
         if quorum is not None:
             await wait_for_quorum(self.keeper, self.paths, name, quorum, quorum_timeout_s)

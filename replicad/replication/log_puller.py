@@ -149,25 +149,39 @@ class LogPuller:
             copied += await self._copy_batch(todo[start : start + MAX_MULTI_OPS])
         return copied
 
-    async def _copy_batch(self, names: list[str]) -> int:
-        me = self.paths.me
-        nodes = await self.keeper.get_many([self.paths.log_entry(n) for n in names])
-        ops: list[Op] = []
-        entries: list[LogEntry] = []
-        done: list[LogEntry] = []  # read in order: entries queued and done, for OwnInserts.take
-        read: list[LogEntry] = []
-        min_insert_time = self._min_unprocessed()
-        new_min: int | None = None
-        for name, node in zip(names, nodes, strict=True):
+    async def _read_entries(self, names: list[str]) -> list[tuple[LogEntry, bytes]]:
+        """The entries ``names`` and their bytes: those this process wrote itself from memory
+        (:meth:`OwnInserts.known`), the others read in one pipelined round."""
+        own = self.own
+        known = [None if own is None else own.known(n) for n in names]
+        unread = [n for n, k in zip(names, known, strict=True) if k is None]
+        nodes = iter(await self.keeper.get_many([self.paths.log_entry(n) for n in unread]) if unread else ())
+        out: list[tuple[LogEntry, bytes]] = []
+        for name, mine in zip(names, known, strict=True):
+            if mine is not None:
+                out.append(mine)
+                continue
+            node = next(nodes)
             if node is None:  # removed by the cleanup thread between list and get: it was pulled by all
                 raise KeeperError(
                     f"log entry {name} disappeared while pulling (log_pointer moved?)", retriable=True
                 )
             data, stat = node
             try:
-                entry = parse_entry(data, name, stat.ctime_ms, self.tz)
+                out.append((parse_entry(data, name, stat.ctime_ms, self.tz), data))
             except ZnodeFormatError as e:
                 raise ZnodeFormatError(f"cannot parse {self.paths.log_entry(name)}: {e}") from e
+        return out
+
+    async def _copy_batch(self, names: list[str]) -> int:
+        me = self.paths.me
+        ops: list[Op] = []
+        entries: list[LogEntry] = []
+        done: list[LogEntry] = []  # read in order: entries queued and done, for OwnInserts.take
+        read: list[LogEntry] = []
+        min_insert_time = self._min_unprocessed()
+        new_min: int | None = None
+        for entry, data in await self._read_entries(names):
             if entry.type is LogEntryType.GET_PART and fault_plant.once("drop_log_entry"):
                 continue  # test-only planted bug: the entry is lost, the log pointer moves past it
             taken = self.own is not None and self.own.take(entry, read)

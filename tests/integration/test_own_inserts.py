@@ -5,7 +5,7 @@ replica).  Real ZooKeeper, two replicas."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -36,6 +36,23 @@ def record_queued(replica: TableReplica) -> list[LogEntry]:
     return queued
 
 
+def record_log_reads(replica: TableReplica) -> list[LogEntry]:
+    """The log entries ``replica`` reads from ZooKeeper from now on."""
+    read: list[LogEntry] = []
+    keeper = replica.keeper
+    real = keeper.get_many
+    log_prefix = replica.paths.log_prefix
+
+    async def get_many(paths: Sequence[str]) -> Any:
+        nodes = await real(paths)
+        read.extend(LogEntry.parse(node[0]) for path, node in zip(paths, nodes, strict=True)
+                    if node is not None and path.startswith(log_prefix))
+        return nodes
+
+    keeper.get_many = get_many  # type: ignore[method-assign]
+    return read
+
+
 def own_get_parts(entries: list[LogEntry], replica: str) -> list[str]:
     return [e.new_part_name for e in entries
             if e.type is LogEntryType.GET_PART and e.source_replica == replica]
@@ -54,14 +71,17 @@ async def test_own_inserts_are_not_queued_and_stay_mergeable(cluster: Cluster, k
     r2 = await cluster.start("r2")
     await wait_for(lambda: leaders(cluster) == ["r1"], what="r1 to lead")
     queued1, queued2 = record_queued(r1), record_queued(r2)
+    read1, read2 = record_log_reads(r1), record_log_reads(r2)
     for i in range(6):  # enough equal parts for the merge selector (base 5) to merge them unasked
         summary = await r1.insert_table(rows(range(i * 10, i * 10 + 10)))
         assert summary.written_parts == 1
     await wait_for(lambda: r1.puller.own is not None and r1.puller.own.done_total >= 6,
                    what="r1 to read its six entries back")
     assert own_get_parts(queued1, "r1") == []  # none of r1's own inserts went through its queue
+    assert own_get_parts(read1, "r1") == []  # nor were they read back: r1 knows what it wrote
     # the other replica queues and fetches them as before
     await wait_for(lambda: len(own_get_parts(queued2, "r1")) >= 6, what="r2 to queue r1's inserts")
+    assert len(own_get_parts(read2, "r1")) == 6
 
     async def pointer_past_log() -> bool:
         return await log_pointer(keeper, r1) > await last_log_index(keeper, r1) - 1

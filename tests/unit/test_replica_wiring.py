@@ -9,6 +9,7 @@ from pathlib import Path
 
 from replicad.catalog import spec_from_ddl
 from replicad.keeper.client import Keeper
+from replicad.model.log_entry import LogEntry
 from replicad.replica import ReplicaEnv, TableReplica
 from replicad.replication.exchange import ServedPartLookup
 from replicad.sql.ddl import parse_create_table
@@ -84,6 +85,7 @@ def test_a_local_commit_leaves_our_own_log_entry_to_the_log_watch(tmp_path: Path
     own = replica.puller.own
     assert own is not None and replica.committer.on_committed == own.committed
     replica.queue_updating._wake.clear()
-    replica.committer.on_committed("202611_1_1_0")  # only remembered: no second pull beside the watch's
+    entry = LogEntry.get_part("202611_1_1_0", source_replica="r1")
+    replica.committer.on_committed("log-0000000001", entry, entry.to_bytes())  # remembered, no second pull
     assert not replica.queue_updating._wake.is_set()
-    assert "202611_1_1_0" in own._parts
+    assert own.known("log-0000000001") == (entry.with_znode("log-0000000001"), entry.to_bytes())
