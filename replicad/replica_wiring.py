@@ -17,7 +17,8 @@ from typing import Protocol
 from replicad.keeper.client import Keeper
 from replicad.keeper.paths import TablePaths
 from replicad.model.log_entry import LogEntry
-from replicad.model.queue_state import BackoffSettings, QueueState
+from replicad.model.queue_entry import BackoffSettings
+from replicad.model.queue_state import QueueState
 from replicad.replication.cleanup import CleanupSettings, CleanupThread
 from replicad.replication.commit import PartCommitter
 from replicad.replication.executor import QueueExecutor

@@ -49,7 +49,7 @@ from replicad.errors import (
 from replicad.keeper.ops import Set
 from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntryType
-from replicad.model.queue_state import Selected
+from replicad.model.queue_entry import Selected
 from replicad.replication.commit import ColumnsVersionChangedError, CommitResult, TempPart
 from replicad.replication.init import default_columns_comparer
 from replicad.replication.sink import InsertContext, TableSchema, column_defaults, write_block

@@ -32,7 +32,8 @@ from replicad.keeper.paths import TablePaths, basename
 from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
-from replicad.model.queue_state import QueueState, Selected
+from replicad.model.queue_entry import Selected
+from replicad.model.queue_state import QueueState
 from replicad.model.quorum import QuorumEntry
 from replicad.replication.executor import EntryNotReadyError, remove_parts_from_zookeeper
 from replicad.replication.part_store import PartState, PartStore

@@ -30,7 +30,8 @@ from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
-from replicad.model.queue_state import QueueState, Selected
+from replicad.model.queue_entry import Selected
+from replicad.model.queue_state import QueueState
 from replicad.replication.fetcher import NoReplicaHasPartError, PartFetcher
 from replicad.replication.part_store import PartState, PartStore
 from replicad.replication.quorum import try_mark_quorum_failed, update_quorum

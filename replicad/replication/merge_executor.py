@@ -37,7 +37,8 @@ from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
-from replicad.model.queue_state import QueueState, Selected
+from replicad.model.queue_entry import Selected
+from replicad.model.queue_state import QueueState
 from replicad.replication import background_pool
 from replicad.replication.executor import EntryNotReadyError
 from replicad.replication.fetcher import NoReplicaHasPartError, PartFetcher

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
-from replicad.model.queue_state import BackoffSettings, QueueState
+from replicad.model.queue_entry import BackoffSettings
+from replicad.model.queue_state import QueueState
 
 
 def get(part: str, t: int = 100) -> LogEntry:
