@@ -254,7 +254,7 @@ class PartCommitter:
             # Releasing the lock is harmless either way (already gone if the multi was applied; if not, the
             # block number is abandoned instead of looking "committing" until our session ends).
             await _release_quietly(self.keeper, lock.unlock_ops())
-            self.store.activate(name)
+            self.store.activate(name, registered=False)
             if self._enqueue_part_check is not None:
                 self._enqueue_part_check(name)
             raise UnknownInsertStatusError(f"Unknown status, client must retry. Reason: {e}") from e

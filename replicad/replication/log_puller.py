@@ -12,12 +12,20 @@ multi sets it only at that version (18.16 reads it on every pass: one request pe
 Only this replica's puller moves it, but a clone of a lost replica sets it too: the multi then fails on the
 version, and the pass reads the pointer again.  After any failed pass it is read again as well.
 
+A batch of only this replica's own inserts, done here (replicad.replication.own_inserts), needs no queue
+node: its pass writes nothing at once.  The pointer moves in memory, and ZooKeeper's copy follows at most
+:data:`POINTER_FLUSH_DELAY_S` later (one ``set`` for all the batches deferred meanwhile), or with the next
+pass that writes queue nodes.  Until then ZooKeeper's pointer is behind, never ahead: a restart (or a clone
+copying it) pulls those entries again and finds their parts here, as after a crash between commit and
+pull in 18.16.  An active replica is never marked lost, so the lag only keeps a few log entries longer.
+
 ``load_queue`` reads ``queue/`` back at start-up (the queue survives restarts in ZooKeeper).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from replicad import fault_plant
@@ -43,6 +51,8 @@ log = get_logger(__name__)
 #: ZooKeeper closes the connection when a request exceeds jute.maxbuffer (1 MB): 18.16's batch size.
 MAX_MULTI_OPS = 100
 QUEUE_UPDATE_ERROR_SLEEP_S = 1.0
+#: how long ZooKeeper's ``log_pointer`` may stay behind the own entries done here without a queue node
+POINTER_FLUSH_DELAY_S = 0.5
 
 
 def parse_entry(data: bytes, znode_name: str, ctime_ms: int, tz: str) -> LogEntry:
@@ -96,11 +106,52 @@ class LogPuller:
         self._pointer_version: int | None = None
         #: this replica's own inserts, done when read back: not queued (replicad.replication.own_inserts)
         self.own: OwnInserts | None = None
+        #: 0: every pass writes the pointer it moved (as 18.16)
+        self.pointer_flush_delay_s = POINTER_FLUSH_DELAY_S
+        #: when the pointer first moved without being written (monotonic; None: ZooKeeper's is current)
+        self._deferred_since: float | None = None
+        #: pointer writes left out, and the deferred writes made (tests, /metrics-style counters)
+        self.pointer_writes_deferred = 0
+        self.pointer_flushes = 0
 
     def reset_pointer(self, pointer: int) -> None:
         """The pointer as just read from ZooKeeper with the queue (start-up): the next pass reads it again."""
         self.log_pointer = pointer
         self._pointer_version = None
+        self._deferred_since = None
+
+    def flush_in(self, now: float | None = None) -> float | None:
+        """Seconds until the deferred pointer write is due (0: now); None when nothing is deferred."""
+        since = self._deferred_since
+        if since is None:
+            return None
+        t = time.monotonic() if now is None else now
+        return max(0.0, since + self.pointer_flush_delay_s - t)
+
+    async def flush_pointer(self) -> bool:
+        """Write the pointer moved by deferred passes (at the version written last); True when one was
+        written.  A failure leaves the pointer to be read again by the next pass (it then pulls the deferred
+        entries again: they are queued and found done)."""
+        async with self._pull_lock:
+            if self._deferred_since is None:
+                return False
+            self._deferred_since = None
+            version = self._pointer_version
+            if version is None:  # read again by the next pass, which writes it
+                return False
+            try:
+                stat = await self.keeper.set(self.paths.me.log_pointer, str(self.log_pointer).encode(),
+                                             version)
+            except KeeperBadVersionError:  # moved by someone else (a clone): the next pass reads it
+                self._pointer_version = None
+                log.info("log_pointer_moved_rereading", log_pointer=self.log_pointer)
+                return False
+            except BaseException:
+                self._pointer_version = None
+                raise
+            self._pointer_version = stat.version
+            self.pointer_flushes += 1
+            return True
 
     def _on_watch(self, _event: WatchEvent) -> None:
         self.wake()
@@ -141,6 +192,7 @@ class LogPuller:
                 index = int(raw_pointer)
             self._pointer_version = stat.version
             self.log_pointer = index
+            self._deferred_since = None  # read back: what was deferred is pulled again
         first = f"log-{pad_index(index)}"
         # only the entries at or past the pointer are sorted (the log keeps ~100 and more already pulled)
         todo = sorted(c for c in children if c >= first and c.startswith("log-"))
@@ -198,6 +250,17 @@ class LogPuller:
         if self.on_read is not None:
             self.on_read(entries)
         last_index = sequence_number(names[-1])
+        deferrable = self._pointer_version is not None and self.pointer_flush_delay_s > 0
+        if not ops and new_min is None and deferrable:
+            # only own entries done here: nothing to write now (see the module's docstring)
+            self.log_pointer = last_index + 1
+            if self._deferred_since is None:
+                self._deferred_since = time.monotonic()
+            self.pointer_writes_deferred += 1
+            log.debug("pulled_own_entries", done_here=len(done), first=names[0], last=names[-1])
+            if self.own is not None:
+                self.own.apply(done)
+            return len(done)
         pointer_op = len(ops)
         version = self._pointer_version
         ops.append(Set(me.log_pointer, str(last_index + 1).encode(), -1 if version is None else version))
@@ -217,6 +280,7 @@ class LogPuller:
             raise
         written = results[pointer_op]
         self._pointer_version = written.version if isinstance(written, ZnodeStat) else None
+        self._deferred_since = None  # this write covers every deferred pass
         entries = [e.with_znode(basename(str(results[i]))) for i, e in enumerate(entries)]
         self.log_pointer = last_index + 1
         log.debug("pulled_log_entries", count=len(entries), done_here=len(done), first=names[0],
@@ -248,21 +312,45 @@ class _PointerMoved(KeeperError):
 
 
 class QueueUpdatingTask(BackgroundTask):
-    """Runs ``LogPuller.pull`` whenever the ``log/`` watch fires (and every ``period_s`` as a safety net)."""
+    """Runs ``LogPuller.pull`` whenever the ``log/`` watch fires (and every ``period_s`` as a safety net), and
+    writes a deferred ``log_pointer`` once it is due: a run the timer starts for that writes only the pointer.
+    """
 
     def __init__(self, name: str, puller: LogPuller, period_s: float = IDLE_RECHECK_S) -> None:
         super().__init__(name, period_s)
         self.puller = puller
         puller.wake = self.wakeup
+        self._woken = True  # the first run pulls
+
+    async def wait(self, seconds: float) -> bool:
+        self._woken = await super().wait(seconds)
+        return self._woken
 
     async def run_once(self) -> Outcome:
+        puller = self.puller
+        woken, self._woken = self._woken, True
+        n = 0
         try:
-            n = await self.puller.pull()
+            if woken or puller.flush_in() is None:  # the watch, or the safety net: pull
+                n = await puller.pull()
+            if puller.flush_in() == 0.0:
+                await puller.flush_pointer()
         except KeeperSessionExpiredError as e:
             return Outcome("session_expired", delay_s=QUEUE_UPDATE_ERROR_SLEEP_S, fields={"error": str(e)})
         except KeeperError as e:
             log.warning("queue_update_failed", error=str(e))
             return Outcome("keeper_error", delay_s=QUEUE_UPDATE_ERROR_SLEEP_S, fields={"error": str(e)})
-        return Outcome(
-            "pulled_entries" if n else "idle", fields={"entries": n, "log_pointer": self.puller.log_pointer}
-        )
+        due = puller.flush_in()
+        return Outcome("pulled_entries" if n else "idle",
+                       delay_s=None if due is None else min(due, self.period_s),
+                       fields={"entries": n, "log_pointer": puller.log_pointer})
+
+    async def on_stop(self) -> None:
+        """A deferred pointer is written before the task ends (a clean stop leaves ZooKeeper's current)."""
+        if self.puller.flush_in() is None:
+            return
+        try:
+            async with asyncio.timeout(2.0):
+                await self.puller.flush_pointer()
+        except (KeeperError, TimeoutError) as e:
+            log.info("log_pointer_not_written_at_stop", error=str(e), log_pointer=self.puller.log_pointer)

@@ -264,10 +264,13 @@ class MergeAssigner(BackgroundTask):
     # ------------------------------------------------------------------------------------------ entries
 
     async def _all_registered(self, names: Sequence[str]) -> bool:
-        stats = await asyncio.gather(*(self.keeper.exists(self.paths.me.part(n)) for n in names))
+        """Whether every part is under ``replicas/<me>/parts`` (18.16 asks ZooKeeper for each; the parts this
+        process registered itself are known to be: LocalPart.registered)."""
+        unknown = [n for n in names if not getattr(self.store.get(n), "registered", False)]
+        stats = await asyncio.gather(*(self.keeper.exists(self.paths.me.part(n)) for n in unknown))
         ok = True
         now = time.time()
-        for name, stat in zip(names, stats, strict=True):
+        for name, stat in zip(unknown, stats, strict=True):
             if stat is not None:
                 continue
             ok = False

@@ -45,6 +45,10 @@ class LocalPart:
     state: PartState
     modification_time: float = field(default_factory=time.time)
     remove_time: float | None = None
+    #: ``replicas/<me>/parts/<name>`` is known to exist: activated after this process registered it (the
+    #: merge selection need not ask ZooKeeper; a part loaded from disk, or one whose commit's answer was
+    #: lost, is asked about)
+    registered: bool = False
 
     @property
     def name(self) -> str:
@@ -264,8 +268,9 @@ class PartStore:
         """What the part's ZooKeeper commit multi must also do (its zero-copy lock); [] on a local disk."""
         return self.remote.commit_ops(name) if self.remote is not None else []
 
-    def activate(self, name: str) -> list[LocalPart]:
-        """Make a pre-committed part active; active parts it covers become outdated (returned).  A part an
+    def activate(self, name: str, *, registered: bool = True) -> list[LocalPart]:
+        """Make a pre-committed part active (``registered``: its part node is known to exist, made by this
+        process); active parts it covers become outdated (returned).  A part an
         active part already covers (a fetch that finished after the fetch of a merged part covering it) is
         added outdated at once, as 18.16's renameTempPartAndReplace does ("Tried to add obsolete part"): both
         active would serve its rows twice (found by the chaos suite's S3 run, seed 103)."""
@@ -283,6 +288,7 @@ class PartStore:
             return []
         self._set_live(part)
         part.state = PartState.ACTIVE
+        part.registered = registered
         replaced = self.covered_by(part.info)
         now = time.time()
         for p in replaced:
