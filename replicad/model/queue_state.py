@@ -322,6 +322,19 @@ class QueueState:
         self._drop(qe)
         return self._apply_success(qe.entry)
 
+    def times_if_done(self, znode_name: str) -> tuple[int, int]:
+        """``(min_unprocessed_insert_time, max_processed_insert_time)`` as they will be once the entry
+        ``znode_name`` leaves the queue executed (the others as they are now)."""
+        low, high = self.min_unprocessed_insert_time, self.max_processed_insert_time
+        qe = self._by_znode.get(znode_name)
+        if qe is None or qe.type not in _INSERTS:
+            return low, high
+        ct = qe.entry.create_time
+        high = max(high, ct)
+        if ct and ct <= low and self._insert_times.get(ct, 0) <= 1:
+            low = min((t for t in self._insert_times if t != ct), default=0)
+        return low, high
+
     def mark_done(self, entry: LogEntry) -> None:
         """An entry executed without being queued (replicad.replication.own_inserts: this replica's own
         insert): its parts are virtual and current as after its execution."""

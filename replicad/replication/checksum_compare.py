@@ -188,10 +188,11 @@ async def commit_registration(
     *,
     read_state: Callable[[bool], Awaitable[ReplicaState]],
     extra_ops: Callable[[], Sequence[Op]] = lambda: (),
+    optional_ops: Callable[[], Sequence[Op]] | None = None,
     absent: set[str] | None = None,
     columns_version: int | None = None,
     self_read: bool = True,
-) -> None:
+) -> bool:
     """Register a part made here under ``replicas/<me>/parts`` after comparing it with the replicas'
     registrations (``read_state(fresh_columns_version)`` reads them); ``absent`` / ``columns_version``: from
     a check just made (used by the first attempt); ``self_read``: whether that check read our own
@@ -199,7 +200,9 @@ async def commit_registration(
     included).  Every replica without the part is probed in the multi (create + delete), so one that
     registers it meanwhile makes the multi fail and is compared.  A multi refused by its ``check columns``
     (the version known is not current) is tried again with the version read from ZooKeeper.  ``extra_ops()``:
-    more of the same multi (a zero-copy lock)."""
+    more of the same multi (a zero-copy lock); ``optional_ops()``: more still, left out of a new try when
+    one of them fails (the queue entry's removal).  Returns whether the optional ops were applied (False as
+    well when our node was there already: nothing was written)."""
     me = paths.me
     fresh_columns_version = False
     recheck: set[str] = set()  # the part paths probed when a probe failed: only those are read again
@@ -216,7 +219,7 @@ async def commit_registration(
         missing, absent = absent, None
         if me.part(part_name) not in missing:  # our own node is there already
             log.warning("part_node_already_exists", part=part_name)
-            return
+            return False
         probes: list[Op] = []
         for path in sorted(missing):
             if path == me.part(part_name):
@@ -224,11 +227,19 @@ async def commit_registration(
             probes += [Create(path, b""), Delete(path)]
         ops = probes + part_commit_ops(paths, part_name, columns_text, checksums, columns_version)
         ops += extra_ops()
+        first_optional = len(ops)
+        if optional_ops is not None:
+            ops += optional_ops()
         try:
             await keeper.multi(ops)
-            return
+            return optional_ops is not None
         except KeeperMultiError as e:
             failed = ops[e.index].path if 0 <= e.index < len(ops) else ""
+            if optional_ops is not None and e.index >= first_optional:
+                log.info("part_committed_without_optional_ops", part=part_name, path=failed,
+                         error=str(e.cause))
+                optional_ops, absent = None, missing
+                continue
             if e.index < len(probes) and isinstance(e.cause, KeeperNodeExistsError):
                 log.info("part_appeared_on_replica_rechecking", part=part_name, path=failed)
                 recheck = missing

@@ -13,7 +13,8 @@ The selection rules are :class:`replicad.model.queue_state.QueueState`'s; this m
   can run them; nothing is lost).
 
 Success removes ``queue/<node>`` and updates ``min_unprocessed_insert_time`` / ``max_processed_insert_time``
-(one multi);
+(one multi; for a fetched part without quorum, in the multi that commits the part:
+:mod:`replicad.replication.queue_finish`);
 failure keeps the entry with ``num_tries``, ``last_exception`` and a back-off (``retry_not_before``).
 """
 
@@ -34,6 +35,7 @@ from replicad.model.queue_entry import Selected
 from replicad.model.queue_state import QueueState
 from replicad.replication.fetcher import NoReplicaHasPartError, PartFetcher
 from replicad.replication.part_store import PartState, PartStore
+from replicad.replication.queue_finish import QueueFinish
 from replicad.replication.quorum import try_mark_quorum_failed, update_quorum
 from replicad.tasks import IDLE_RECHECK_S, BackgroundTask, Outcome
 
@@ -95,8 +97,12 @@ class QueueExecutor(BackgroundTask):
         #: queue nodes of done entries that could not be removed yet (see _delete_leftover_nodes)
         self._undeleted: set[str] = set()
         self._fetches = 0
+        #: the running fetches' queue removals, made by their commits (replicad.replication.queue_finish)
+        self._finishes: dict[str, QueueFinish] = {}
         self.executed_total = 0
         self.failed_total = 0
+        #: entries whose queue node the commit of their part removed
+        self.removed_in_commit = 0
         #: hooks for entry types other modules implement: type -> coroutine(selected) -> None
         self.handlers: dict[LogEntryType, Callable[[Selected], Awaitable[None]]] = {}
         #: no new entries start while this says so (read-only: no ZooKeeper session)
@@ -185,17 +191,29 @@ class QueueExecutor(BackgroundTask):
             if selected.entry.type in _PRODUCING:
                 self._fetches -= 1
             self._running.pop(znode, None)
+            finish = self._finishes.pop(znode, None)
             if not ok:
                 self.failed_total += 1
                 self.state.finish(znode, success=False, now=time.time(), error=error, mono=time.monotonic())
             self.wakeup()
         if ok:
-            await self._on_success(znode)
+            await self._on_success(znode, finish)
 
-    async def _on_success(self, znode: str) -> None:
+    async def _on_success(self, znode: str, finish: QueueFinish | None = None) -> None:
         """Remove the entry's queue node and write the insert times it changes, in one multi (one ZooKeeper
         request per executed entry instead of two).  The times are read and updated with no wait in between,
-        so entries finishing together each write only their own change."""
+        so entries finishing together each write only their own change.  When the part's commit did both
+        (``finish``), only the times that differ from those it wrote are written."""
+        if finish is not None and finish.applied and finish.written is not None:
+            self.state.finish(znode, success=True, now=time.time())
+            self.executed_total += 1
+            self.removed_in_commit += 1
+            times = self._time_ops(*finish.written)
+            if times:
+                await self._write_times(times)
+            if self.on_parts_changed is not None:
+                self.on_parts_changed()
+            return
         before_min = self.state.min_unprocessed_insert_time
         before_max = self.state.max_processed_insert_time
         self.state.finish(znode, success=True, now=time.time())
@@ -320,7 +338,12 @@ class QueueExecutor(BackgroundTask):
                 )
         else:
             self.state.add_future_part_if_not_covered(qe.znode_name, source.part_name)
-        result = await self.fetcher.fetch_part(source.part_name, source.replica)
+        finish = None
+        if not entry.quorum:  # a quorum entry stays queued until its quorum is updated
+            finish = self._finishes[qe.znode_name] = QueueFinish(
+                self.paths.me, qe.znode_name, lambda: self.state.times_if_done(qe.znode_name),
+                lambda: (self.state.min_unprocessed_insert_time, self.state.max_processed_insert_time))
+        result = await self.fetcher.fetch_part(source.part_name, source.replica, finish)
         if result is None:
             raise EntryNotReadyError(f"Part {source.part_name} is already being fetched")
         if entry.quorum:

@@ -26,7 +26,6 @@ import asyncio
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -42,6 +41,7 @@ from replicad.errors import (
     NoReplicaHasPartError,
 )
 from replicad.keeper.client import Keeper
+from replicad.keeper.ops import Op
 from replicad.keeper.paths import TablePaths
 from replicad.logging import get_logger
 from replicad.model.address import ReplicaAddress
@@ -49,9 +49,11 @@ from replicad.model.log_entry import LogEntry, LogEntryType
 from replicad.model.part_info import PartInfo
 from replicad.replication import checksum_compare, zero_copy_fetch
 from replicad.replication.checksum_compare import ReplicaState, compare_with_replicas, read_registrations
+from replicad.replication.early_fetch import MAX_EARLY_FETCHES, EarlyDownload
 from replicad.replication.exchange import FetchCredentials
 from replicad.replication.fetch_sources import MAX_PRECHECKS, FetchSource, SourceFinder, consume_error
 from replicad.replication.part_store import LocalPart, PartStore
+from replicad.replication.queue_finish import QueueFinish
 from replicad.storage.checksums import Checksums, MinimalisticChecksums
 from replicad.storage.layout import TMP_FETCH
 from replicad.storage.part import fsync_part_files
@@ -67,12 +69,6 @@ COMMIT_OUTCOME_WAIT_S = 20.0
 
 T = TypeVar("T")
 
-#: early downloads running at once (each beyond the executor's fetch limits)
-MAX_EARLY_FETCHES = 2
-#: a downloaded part is taken only this soon after its download started (else removed: the source may have
-#: gone since, and the queue executor no longer runs into that as it would have)
-EARLY_TTL_S = 3.0
-
 __all__ = [
     "MAX_PRECHECKS",
     "FetchCredentials",
@@ -81,21 +77,6 @@ __all__ = [
     "NoReplicaHasPartError",
     "PartFetcher",
 ]
-
-
-@dataclass
-class _Early:
-    """A download started as its GET_PART entry was read: from ``source``, into the part's tmp-fetch_ dir."""
-
-    source: str
-    task: asyncio.Task[tuple[ReceivedPart, ReplicaState | None] | None]
-    started: float
-    finished: float | None = None  # when the download ended
-
-    def stale(self) -> bool:
-        """Downloaded ``EARLY_TTL_S`` ago and not taken.  A download still running is never stale: a big
-        part may take longer than the TTL to arrive, and dropping it would start the same download again."""
-        return self.finished is not None and time.monotonic() - self.finished > EARLY_TTL_S
 
 
 class PartFetcher:
@@ -136,7 +117,7 @@ class PartFetcher:
         self._session: aiohttp.ClientSession | None = None
         self._fetching: set[str] = set()
         #: part -> its early download
-        self._early: dict[str, _Early] = {}
+        self._early: dict[str, EarlyDownload] = {}
         self.max_early_fetches = MAX_EARLY_FETCHES
         #: whether early downloads may start (the replica wires it to "the queue executor is not paused")
         self.early_allowed: Callable[[], bool] = lambda: True
@@ -217,7 +198,7 @@ class PartFetcher:
     def _start_early(self, part_name: str, source: str, check: Awaitable[bool] | None) -> None:
         task = asyncio.ensure_future(self._early_download(part_name, source, check))
         task.add_done_callback(consume_error)
-        early = self._early[part_name] = _Early(source, task, time.monotonic())
+        early = self._early[part_name] = EarlyDownload(source, task, time.monotonic())
         task.add_done_callback(lambda _t: setattr(early, "finished", time.monotonic()))
 
     def _have(self, part_name: str) -> bool:
@@ -247,7 +228,7 @@ class PartFetcher:
         except Exception:  # read again by the commit
             return received, None
 
-    async def _drop_early(self, early: _Early, abandon: bool = True) -> None:
+    async def _drop_early(self, early: EarlyDownload, abandon: bool = True) -> None:
         """Wait for an early download to end and remove what it left (a part nobody took)."""
         try:
             result = await early.task
@@ -290,16 +271,17 @@ class PartFetcher:
     # ------------------------------------------------------------------------------------- fetch + commit
 
     async def fetch_part(
-        self, part_name: str, source_replica: str
+        self, part_name: str, source_replica: str, finish: QueueFinish | None = None
     ) -> tuple[LocalPart, list[LocalPart]] | None:
-        """Download ``part_name`` from ``source_replica``, verify and commit it.  Returns the new part and the
-        parts it made obsolete, or None if the part is already being fetched."""
+        """Download ``part_name`` from ``source_replica``, verify and commit it (``finish``: the queue entry's
+        removal, in the same multi).  Returns the new part and the parts it made obsolete, or None if the
+        part is already being fetched."""
         if part_name in self._fetching:
             log.debug("part_already_fetching", part=part_name)
             return None
         self._fetching.add(part_name)
         try:
-            result = await self._fetch(part_name, source_replica)
+            result = await self._fetch(part_name, source_replica, finish)
         except BaseException:
             self.sources.failed(part_name, source_replica)
             raise
@@ -309,7 +291,8 @@ class PartFetcher:
         finally:
             self._fetching.discard(part_name)
 
-    async def _fetch(self, part_name: str, source_replica: str) -> tuple[LocalPart, list[LocalPart]]:
+    async def _fetch(self, part_name: str, source_replica: str,
+                     finish: QueueFinish | None) -> tuple[LocalPart, list[LocalPart]]:
         info = PartInfo.parse(part_name)
         early = await self._take_early(part_name, source_replica)
         state: Awaitable[ReplicaState] | None
@@ -320,7 +303,8 @@ class PartFetcher:
             received, state = await self._download_from(part_name, source_replica)
         written = received.written if self.store.remote is None else None  # (zero-copy: other files)
         part, replaced = await self.commit_new_part(received.path, info, received.checksums,
-                                                    received.columns_text, state=state, written=written)
+                                                    received.columns_text, state=state, written=written,
+                                                    finish=finish)
         self.fetches_total += 1
         log.info("fetched_part", part=part_name, source=source_replica, replaced=[p.name for p in replaced])
         return part, replaced
@@ -381,6 +365,7 @@ class PartFetcher:
         *,
         state: Awaitable[ReplicaState] | None = None,
         written: tuple[Checksums, str, int, int | None] | None = None,
+        finish: QueueFinish | None = None,
     ) -> tuple[LocalPart, list[LocalPart]]:
         """checkPartChecksumsAndCommit for a part made here (fetched, merged): compare with the replicas that
         have it (CorruptedDataError on a mismatch), rename it into place, register it in ZooKeeper and make
@@ -416,8 +401,9 @@ class PartFetcher:
         try:
             # the check above stands for the first attempt: a replica registering the part meanwhile makes
             # its probe fail, and everything is checked again
-            await self._commit_to_zookeeper(part_name, columns_text, checksums, absent, seen.columns_version,
-                                            self_read=seen.self_read)
+            applied = await self._commit_to_zookeeper(part_name, columns_text, checksums, absent,
+                                                      seen.columns_version, self_read=seen.self_read,
+                                                      optional_ops=finish.ops if finish else None)
         except (KeeperConnectionLossError, KeeperOperationTimeoutError):
             # the multi may have been applied: a rollback would leave ZooKeeper listing a part the disk no
             # longer has (seen in the network-and-disk chaos smoke). Ask once the session is back.
@@ -429,6 +415,8 @@ class PartFetcher:
         except BaseException:
             await self.store.rollback(part_name)
             raise
+        if finish is not None:
+            finish.applied = applied
         return part, self.store.activate(part_name)
 
     async def _registered_after_loss(self, part_name: str) -> bool:
@@ -456,6 +444,7 @@ class PartFetcher:
         seen = await self._read_replica_state(part.name)
         absent = compare_with_replicas(seen, part.name, columns_text, checksums)
         await self._commit_to_zookeeper(part.name, columns_text, checksums, absent, seen.columns_version)
+        part.registered = True
         log.warning("registered_local_part", part=part.name)
 
     async def download_from_address(
@@ -581,13 +570,14 @@ class PartFetcher:
         columns_version: int | None = None,
         *,
         self_read: bool = True,
-    ) -> None:
+        optional_ops: Callable[[], Sequence[Op]] | None = None,
+    ) -> bool:
         """Register the part (see :func:`checksum_compare.commit_registration`)."""
-        await checksum_compare.commit_registration(
+        return await checksum_compare.commit_registration(
             self.keeper, self.paths, part_name, columns_text, checksums,
             read_state=lambda fresh: self._read_replica_state(part_name, fresh_columns_version=fresh),
             extra_ops=lambda: self.store.commit_ops(part_name),  # the zero-copy lock, in the same multi
-            absent=absent, columns_version=columns_version, self_read=self_read)
+            optional_ops=optional_ops, absent=absent, columns_version=columns_version, self_read=self_read)
 
     async def _columns_version(self) -> int:
         return (await self.keeper.get(self.paths.columns))[1].version

@@ -18,6 +18,7 @@ import pytest_asyncio
 from replicad.devtools.zookeeper import ZooKeeperServer
 from replicad.keeper.paths import TablePaths
 from replicad.replica import TableReplica
+from replicad.replication import early_fetch
 from replicad.replication import fetcher as fetcher_mod
 from replicad.storage.layout import TMP_FETCH
 from tests.support import table_cluster
@@ -111,7 +112,7 @@ async def test_a_download_longer_than_the_ttl_is_not_thrown_away(cluster: Cluste
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A big part takes longer to arrive than ``EARLY_TTL_S``: newer log entries read meanwhile must not
     cancel its download (which would start the same download again); the TTL counts from its arrival."""
-    monkeypatch.setattr(fetcher_mod, "EARLY_TTL_S", 0.5)
+    monkeypatch.setattr(early_fetch, "EARLY_TTL_S", 0.5)
     real = fetcher_mod.receive_whole_body  # a small part's body is read whole, received in a worker thread
 
     def slow(*args: object, **kwargs: object) -> object:

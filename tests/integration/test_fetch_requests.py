@@ -38,10 +38,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 N_PARTS = 20  # more than MAX_PRECHECKS: a backlog, checked entry by entry as the entries run
 #: requests of one fetch: source choice (clone: the replica list, the source's part and is_active; backlog:
 #: the named source's part and is_active), the source's columns and checksums of the part (compared with the
-#: source only), the commit, the queue node's removal
-FETCH_PATH = 8
+#: source only), the commit with the queue node's removal
+FETCH_PATH = 7
 #: the same with what the replica's other tasks send meanwhile
-MAX_PER_FETCH = 10
+MAX_PER_FETCH = 9
 
 
 def one_row_parts(n: int) -> list[pa.Table]:
@@ -109,7 +109,7 @@ def check_costs(sent: list[str], r: TableReplica, source: str) -> None:
     me = r.paths.me
     times = [w for w in sent if w.startswith(f"multi (1 ops, first: set {me.root}/m")
              or w.startswith(f"multi (2 ops, first: set {me.root}/m")]
-    commits = [w for w in sent if w.startswith(f"multi (4 ops, first: check {r.paths.columns})")]
+    commits = [w for w in sent if w.startswith("multi (") and f" ops, first: check {r.paths.columns})" in w]
     src = r.paths.replica(source)
     fetch_path = [w for w in sent if w == f"get_children {r.paths.replicas}" or f"{src.root}/" in w
                   or f"{me.root}/queue/" in w or f"{me.root}/parts/" in w or w in commits]
@@ -122,6 +122,12 @@ def check_costs(sent: list[str], r: TableReplica, source: str) -> None:
     # once more by every entry that finished meanwhile
     assert len(times) <= N_PARTS // 2, times
     assert len(commits) == N_PARTS  # one commit each
+    # a fetched part's queue node goes in its commit's multi (replicad.replication.queue_finish); only the
+    # entries that fetched nothing (a clone's log entries for parts it queued already) are removed apart
+    removals = [w for w in sent if w.startswith(f"delete {me.root}/queue/") or (w.startswith("multi (")
+                and f" ops, first: delete {me.root}/queue/" in w)]
+    assert r.executor.removed_in_commit == N_PARTS
+    assert len(removals) == r.executor.executed_total - N_PARTS, removals
     assert sent.count(f"get {r.paths.columns}") <= 1  # the version is the replica's (not read per fetch)
     assert sent.count(f"get {src.host}") <= 1  # the address is kept while its is_active is the same
     checksums = [w for w in sent if w.startswith(f"get {src.root}/parts/") and w.endswith("/checksums")]
@@ -142,6 +148,13 @@ async def test_new_replica_clones_with_a_bounded_number_of_requests_per_fetch(
     sent = await fetch_all(r2, held, requests)
     check_costs(sent, r2, "r1")
     assert await r2.count(None) == N_PARTS
+    # the insert times the commits wrote, entries finishing together: ZooKeeper ends with the queue's own
+    me = r2.paths.me
+    zk_times = [int((await r2.keeper.get(path))[0]) for path in (me.min_unprocessed_insert_time,
+                                                                    me.max_processed_insert_time)]
+    state = r2.queue_state
+    assert zk_times == [state.min_unprocessed_insert_time, state.max_processed_insert_time], zk_times
+    assert zk_times[0] == 0 and zk_times[1] > 0
 
 
 async def test_backlog_drains_with_a_bounded_number_of_requests_per_fetch(
@@ -160,3 +173,10 @@ async def test_backlog_drains_with_a_bounded_number_of_requests_per_fetch(
     sent = await fetch_all(r2, held, requests)
     check_costs(sent, r2, "r1")
     assert await r2.count(None) == N_PARTS
+    # the insert times the commits wrote, entries finishing together: ZooKeeper ends with the queue's own
+    me = r2.paths.me
+    zk_times = [int((await r2.keeper.get(path))[0]) for path in (me.min_unprocessed_insert_time,
+                                                                    me.max_processed_insert_time)]
+    state = r2.queue_state
+    assert zk_times == [state.min_unprocessed_insert_time, state.max_processed_insert_time], zk_times
+    assert zk_times[0] == 0 and zk_times[1] > 0

@@ -377,3 +377,23 @@ def test_initialize_rebuilds_the_part_sets_without_parts_of_removed_entries() ->
     q.initialize(["1_1_1_0"])  # 1_2_2_0 still queued
     assert q.virtual_parts.parts() == ["1_1_1_0", "1_2_2_0"]
     assert q.current_parts.parts() == ["1_1_1_0"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=12), st.integers(0, 3))
+def test_times_if_done_are_the_times_after_the_entry_finished(times: list[int], running: int) -> None:
+    q = q_with(*(get(f"all_{i}_{i}_0", t=t) for i, t in enumerate(times)))
+    executing = []
+    while True:
+        while len(executing) <= running:  # a few executing at once, finished oldest first
+            s = q.select_entry_to_process(now=1)
+            if s is None:
+                break
+            executing.append(s.queue_entry.znode_name)
+        if not executing:
+            break
+        znode = executing.pop(0)
+        predicted = q.times_if_done(znode)
+        q.finish(znode, success=True, now=2)
+        assert (q.min_unprocessed_insert_time, q.max_processed_insert_time) == predicted
+    assert (q.min_unprocessed_insert_time, q.max_processed_insert_time) == (0, max(times))
