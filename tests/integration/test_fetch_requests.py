@@ -135,6 +135,16 @@ def check_costs(sent: list[str], r: TableReplica, source: str) -> None:
     assert not [w for w in sent if w.startswith(f"get {me.root}/parts/")]  # ours: the commit proves absence
 
 
+async def check_insert_times(r: TableReplica) -> None:
+    """The insert times the commits wrote, entries finishing together: ZooKeeper ends with the queue's own."""
+    me = r.paths.me
+    zk_times = [int((await r.keeper.get(path))[0]) for path in (me.min_unprocessed_insert_time,
+                                                                   me.max_processed_insert_time)]
+    state = r.queue_state
+    assert zk_times == [state.min_unprocessed_insert_time, state.max_processed_insert_time], zk_times
+    assert zk_times[0] == 0 and zk_times[1] > 0
+
+
 async def test_new_replica_clones_with_a_bounded_number_of_requests_per_fetch(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -148,13 +158,7 @@ async def test_new_replica_clones_with_a_bounded_number_of_requests_per_fetch(
     sent = await fetch_all(r2, held, requests)
     check_costs(sent, r2, "r1")
     assert await r2.count(None) == N_PARTS
-    # the insert times the commits wrote, entries finishing together: ZooKeeper ends with the queue's own
-    me = r2.paths.me
-    zk_times = [int((await r2.keeper.get(path))[0]) for path in (me.min_unprocessed_insert_time,
-                                                                    me.max_processed_insert_time)]
-    state = r2.queue_state
-    assert zk_times == [state.min_unprocessed_insert_time, state.max_processed_insert_time], zk_times
-    assert zk_times[0] == 0 and zk_times[1] > 0
+    await check_insert_times(r2)
 
 
 async def test_backlog_drains_with_a_bounded_number_of_requests_per_fetch(
@@ -173,10 +177,4 @@ async def test_backlog_drains_with_a_bounded_number_of_requests_per_fetch(
     sent = await fetch_all(r2, held, requests)
     check_costs(sent, r2, "r1")
     assert await r2.count(None) == N_PARTS
-    # the insert times the commits wrote, entries finishing together: ZooKeeper ends with the queue's own
-    me = r2.paths.me
-    zk_times = [int((await r2.keeper.get(path))[0]) for path in (me.min_unprocessed_insert_time,
-                                                                    me.max_processed_insert_time)]
-    state = r2.queue_state
-    assert zk_times == [state.min_unprocessed_insert_time, state.max_processed_insert_time], zk_times
-    assert zk_times[0] == 0 and zk_times[1] > 0
+    await check_insert_times(r2)
