@@ -383,7 +383,7 @@ def test_initialize_rebuilds_the_part_sets_without_parts_of_removed_entries() ->
 @given(st.lists(st.integers(1, 12), min_size=1, max_size=12), st.integers(0, 3))
 def test_times_if_done_are_the_times_after_the_entry_finished(times: list[int], running: int) -> None:
     q = q_with(*(get(f"all_{i}_{i}_0", t=t) for i, t in enumerate(times)))
-    executing = []
+    executing: list[str] = []
     while True:
         while len(executing) <= running:  # a few executing at once, finished oldest first
             s = q.select_entry_to_process(now=1)
@@ -397,3 +397,22 @@ def test_times_if_done_are_the_times_after_the_entry_finished(times: list[int], 
         q.finish(znode, success=True, now=2)
         assert (q.min_unprocessed_insert_time, q.max_processed_insert_time) == predicted
     assert (q.min_unprocessed_insert_time, q.max_processed_insert_time) == (0, max(times))
+
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 8), min_size=1, max_size=16), st.data())
+def test_min_unprocessed_insert_time_is_the_least_queued(times: list[int], data: st.DataObject) -> None:
+    q = q_with(*(get(f"all_{i}_{i}_0", t=t) for i, t in enumerate(times)))
+    queued = {f"queue-{i:010d}": t for i, t in enumerate(times)}
+    while queued:  # each entry leaves, executed (in the selection's order) or removed unexecuted
+        if data.draw(st.booleans()):
+            s = q.select_entry_to_process(now=1)
+            assert s is not None
+            znode = s.queue_entry.znode_name
+            q.finish(znode, success=True, now=2)
+        else:
+            znode = data.draw(st.sampled_from(sorted(queued)))
+            q.remove_entry(znode)
+        del queued[znode]
+        assert q.min_unprocessed_insert_time == min(queued.values(), default=0)
