@@ -53,7 +53,7 @@ from replicad.tasks import BackgroundTask, Outcome
 
 log = get_logger(__name__)
 
-#: deletes per multi when trimming the log (ClickHouse: 4 * MULTI_BATCH_SIZE)
+#: deletes per multi when trimming the log (ClickHouse: 4 * MULTI_BATCH_SIZE) or ``blocks/``
 LOG_REMOVE_BATCH = 400
 #: concurrent requests when reading block stats / removing blocks
 PIPELINE = 500
@@ -269,8 +269,15 @@ async def clear_old_blocks(
             await keeper.delete(paths.block(block), recursive=True)
         ctime_cache.pop(block, None)
 
-    for start in range(0, len(doomed), PIPELINE):
-        await asyncio.gather(*(remove(b) for b in doomed[start : start + PIPELINE]))
+    for start in range(0, len(doomed), LOG_REMOVE_BATCH):  # 18.16 removes each in a request of its own
+        batch = doomed[start : start + LOG_REMOVE_BATCH]
+        try:
+            await keeper.multi([Delete(paths.block(b)) for b in batch])
+        except KeeperMultiError:  # one gone meanwhile, or one with children: each on its own
+            await asyncio.gather(*(remove(b) for b in batch))
+        else:
+            for b in batch:
+                ctime_cache.pop(b, None)
     if doomed:
         log.debug("cleared_old_blocks", count=len(doomed))
     return len(doomed)
