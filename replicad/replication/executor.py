@@ -204,23 +204,19 @@ class QueueExecutor(BackgroundTask):
         request per executed entry instead of two).  The times are read and updated with no wait in between,
         so entries finishing together each write only their own change.  When the part's commit did both
         (``finish``), only the times that differ from those it wrote are written."""
-        if finish is not None and finish.applied and finish.written is not None:
-            self.state.finish(znode, success=True, now=time.time())
-            self.executed_total += 1
-            self.removed_in_commit += 1
-            times = self._time_ops(*finish.written)
-            if times:
-                await self._write_times(times)
-            if self.on_parts_changed is not None:
-                self.on_parts_changed()
-            return
-        before_min = self.state.min_unprocessed_insert_time
-        before_max = self.state.max_processed_insert_time
+        written = finish.written if finish is not None and finish.applied else None
+        # the times ZooKeeper holds: those the commit wrote, else the queue's before this entry leaves it
+        held = written if written is not None else (self.state.min_unprocessed_insert_time,
+                                                    self.state.max_processed_insert_time)
         self.state.finish(znode, success=True, now=time.time())
         self.executed_total += 1
         removal = Delete(self.paths.me.queue_entry(znode))
-        times = self._time_ops(before_min, before_max)
-        if not times:
+        times = self._time_ops(*held)
+        if written is not None:
+            self.removed_in_commit += 1
+            if times:
+                await self._write_times(times)
+        elif not times:
             await self._remove(znode)
         else:
             try:

@@ -266,7 +266,7 @@ class MergeAssigner(BackgroundTask):
     async def _all_registered(self, names: Sequence[str]) -> bool:
         """Whether every part is under ``replicas/<me>/parts`` (18.16 asks ZooKeeper for each; the parts this
         process registered itself are known to be: LocalPart.registered)."""
-        unknown = [n for n in names if not getattr(self.store.get(n), "registered", False)]
+        unknown = [n for n in names if not ((p := self.store.get(n)) is not None and p.registered)]
         stats = await asyncio.gather(*(self.keeper.exists(self.paths.me.part(n)) for n in unknown))
         ok = True
         now = time.time()
