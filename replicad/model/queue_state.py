@@ -132,8 +132,7 @@ class QueueState:
             self._insert_times[entry.create_time] += 1
             if self._insert_times[entry.create_time] == 1:
                 bisect.insort(self._insert_time_order, entry.create_time)
-            if not self.min_unprocessed_insert_time or entry.create_time < self.min_unprocessed_insert_time:
-                self.min_unprocessed_insert_time = entry.create_time
+            self.min_unprocessed_insert_time = self._insert_time_order[0]
         if now:
             self.last_queue_update = now
         return qe

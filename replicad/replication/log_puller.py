@@ -110,8 +110,7 @@ class LogPuller:
         self.pointer_flush_delay_s = POINTER_FLUSH_DELAY_S
         #: when the pointer first moved without being written (monotonic; None: ZooKeeper's is current)
         self._deferred_since: float | None = None
-        #: pointer writes left out, and the deferred writes made (tests, /metrics-style counters)
-        self.pointer_writes_deferred = 0
+        #: deferred pointer writes made (tests)
         self.pointer_flushes = 0
 
     def reset_pointer(self, pointer: int) -> None:
@@ -256,7 +255,6 @@ class LogPuller:
             self.log_pointer = last_index + 1
             if self._deferred_since is None:
                 self._deferred_since = time.monotonic()
-            self.pointer_writes_deferred += 1
             log.debug("pulled_own_entries", done_here=len(done), first=names[0], last=names[-1])
             if self.own is not None:
                 self.own.apply(done)
